@@ -1,0 +1,1 @@
+"""clawback daemon: OpenAI-compatible serving, exact call capture, durable store."""

@@ -1,0 +1,117 @@
+"""The one settings object: defaults < clawback.toml < CLAWBACK_* env vars < CLI flags.
+
+Built once at start, frozen, and passed down explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("CLAWBACK_DATA_DIR") or Path.home() / ".clawback")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLAWBACK_", frozen=True, extra="forbid")
+
+    # Where clawback.toml is looked for: explicit path, else <data_dir>/clawback.toml, else ./clawback.toml.
+    config_file: Path | None = None
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    host: str = "127.0.0.1"
+    port: int = Field(30000, ge=0, le=65535)
+
+    # Model: the embedded alias, a local HF model dir, or a hub id where the machine has network.
+    model: str = EMBEDDED_MODEL
+    served_model_name: str = "clawback"
+    engine: Literal["embedded"] = "embedded"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    torch_threads: int = Field(0, ge=0)  # 0 = torch's default
+
+    # Auth: a key given here wins; otherwise <data_dir>/api_key (created on first start).
+    api_key: SecretStr | None = None
+    no_auth: bool = False
+
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    default_max_tokens: int = Field(1024, ge=1)
+
+    session_idle_timeout_s: float = Field(1800.0, gt=0)
+    session_sweep_interval_s: float = Field(30.0, gt=0)
+    session_cache_size: int = Field(10_000, ge=1)
+
+    store_queue_size: int = Field(10_000, ge=1)
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("data_dir", mode="after")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Earlier sources win: CLI flags (init kwargs) > env > toml > field defaults.
+        toml_path = _find_toml(init_settings, env_settings)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        return tuple(sources)
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "clawback.db"
+
+    @property
+    def api_key_path(self) -> Path:
+        return self.data_dir / "api_key"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def _find_toml(init: PydanticBaseSettingsSource, env: PydanticBaseSettingsSource) -> Path | None:
+    def pick(source: PydanticBaseSettingsSource, key: str) -> Any:
+        return source().get(key)
+
+    explicit = pick(init, "config_file") or pick(env, "config_file")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        return path
+    data_dir = Path(pick(init, "data_dir") or pick(env, "data_dir") or default_data_dir()).expanduser()
+    for candidate in (data_dir / "clawback.toml", Path.cwd() / "clawback.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_settings(**cli_flags: Any) -> Settings:
+    """Build settings; CLI flags that were not given (None) do not override anything."""
+    return Settings(**{k: v for k, v in cli_flags.items() if v is not None})

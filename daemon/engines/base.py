@@ -1,0 +1,63 @@
+"""The engine interface the rest of the daemon uses.
+
+Every engine (embedded transformers+PEFT now; SGLang and vLLM later) generates from exact prompt
+token ids and reports, for each sampled token, its id and its logprob under the *unscaled*
+(temperature 1, no top-p) distribution of the model that served it. Those logprobs are the
+behaviour logprobs that training uses, so `score()` on the same ids must reproduce them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # end the generation after emitting one of these
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+class Engine(Protocol):
+    info: ModelInfo
+
+    def generate(
+        self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None
+    ) -> AsyncIterator[Token]:
+        """Stream sampled tokens. Closing the iterator early cancels the generation."""
+
+    async def score(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int], adapter: str | None = None
+    ) -> list[float]:
+        """Logprob of each response token given the prompt and the tokens before it."""
+
+    async def load_adapter(self, version: str, path: str) -> None: ...
+
+    async def activate(self, version: str | None) -> None:
+        """Route new requests to `version` (None = base model); in-flight ones keep theirs."""
+
+    async def unload(self, version: str) -> None: ...
+
+    def active_version(self) -> str | None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,348 @@
+"""In-process transformers + PEFT engine: CPU by default, CUDA when available.
+
+One worker thread owns the model. It takes commands (start a generation, score, load/unload an
+adapter) from a queue and steps every running generation one token at a time, round-robin, so
+concurrent requests interleave and the asyncio loop never waits on torch. Tokens reach the loop
+through `call_soon_threadsafe`. Because only the worker touches the model, adapter changes need
+no locks: they happen between steps.
+
+Mixed adapters in flight are served with PEFT's per-call `adapter_names`, so a generation that
+started on version N finishes on N even after N+1 is activated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Sequence
+
+import torch
+
+from .base import EngineError, ModelInfo, Sampling, Token
+
+log = logging.getLogger(__name__)
+
+BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+@dataclass(eq=False)
+class _Generation:
+    prompt_ids: list[int]
+    sampling: Sampling
+    adapter: str | None
+    emit: Callable[[Any], None]  # thread-safe put into the consumer's asyncio queue
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    cache: Any = None
+    next_input: list[int] = field(default_factory=list)
+    n_generated: int = 0
+    rng: torch.Generator | None = None
+
+
+_END = object()
+
+
+class EmbeddedEngine:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        device: str = "auto",
+        dtype: str = "auto",
+        name: str | None = None,
+        torch_threads: int = 0,
+    ) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.device = pick_device(device)
+        self.dtype = pick_dtype(dtype, self.device)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
+        self.model = model.to(self.device).eval()
+        config = AutoConfig.from_pretrained(str(model_dir))
+        eos = config.eos_token_id
+        try:  # generation_config.json often lists more end tokens (e.g. <|im_end|>) than config.json
+            gen_eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+            eos = gen_eos if gen_eos is not None else eos
+        except OSError:
+            pass
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+        self.info = ModelInfo(
+            name=name or Path(str(model_dir)).name,
+            context_length=int(getattr(config, "max_position_embeddings", 2048)),
+            eos_token_ids=eos_ids,
+        )
+        self._peft = False
+        self._adapters: dict[str, str] = {}  # version -> path
+        self._active: str | None = None
+        self._inflight: dict[str, int] = {}  # version -> running generations
+        self._retiring: set[str] = set()  # unload requested while still in use
+        self._lock = threading.Lock()  # guards the three dicts above across loop and worker
+        self._commands: queue.Queue = queue.Queue()
+        self._running: list[_Generation] = []
+        self._stopped = False
+        self._thread = threading.Thread(target=self._work, name="clawback-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public interface (called on the event loop) ----
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None
+    ) -> AsyncIterator[Token]:
+        if not prompt_ids:
+            raise EngineError("empty prompt")
+        self._acquire(adapter)
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+        gen = _Generation(
+            prompt_ids=list(prompt_ids),
+            sampling=sampling,
+            adapter=adapter,
+            emit=lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
+        )
+        self._commands.put(("generate", gen))
+        try:
+            while True:
+                item = await out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise EngineError(str(item)) from item
+                yield item
+        finally:
+            gen.cancelled.set()  # the worker drops it at its next step (and releases the adapter)
+
+    async def score(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int], adapter: str | None = None
+    ) -> list[float]:
+        if not prompt_ids:
+            raise EngineError("empty prompt")
+        if not response_ids:
+            return []
+        return await self._call("score", list(prompt_ids), list(response_ids), adapter)
+
+    async def load_adapter(self, version: str, path: str) -> None:
+        if version == BASE:
+            raise EngineError(f"{BASE!r} is reserved")
+        await self._call("load", version, str(path))
+
+    async def activate(self, version: str | None) -> None:
+        with self._lock:
+            if version is not None and version not in self._adapters:
+                raise EngineError(f"adapter {version!r} is not loaded")
+            self._active = version
+
+    async def unload(self, version: str) -> None:
+        with self._lock:
+            if version == self._active:
+                raise EngineError(f"adapter {version!r} is active; activate another first")
+            if version not in self._adapters:
+                raise EngineError(f"adapter {version!r} is not loaded")
+        await self._call("unload", version)
+
+    def active_version(self) -> str | None:
+        return self._active
+
+    def loaded_versions(self) -> list[str]:
+        with self._lock:
+            return [v for v in self._adapters if v not in self._retiring]
+
+    def running(self) -> int:
+        return len(self._running)
+
+    async def close(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._commands.put(("stop",))
+            await asyncio.to_thread(self._thread.join, 30)
+
+    # ---- helpers on the loop side ----
+
+    def _acquire(self, adapter: str | None) -> None:
+        if adapter is None:
+            return
+        with self._lock:
+            if adapter not in self._adapters or adapter in self._retiring:
+                raise EngineError(f"adapter {adapter!r} is not loaded")
+            self._inflight[adapter] = self._inflight.get(adapter, 0) + 1
+
+    async def _call(self, op: str, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+
+        def reply(result: Any, error: BaseException | None) -> None:
+            def settle() -> None:
+                if fut.cancelled():
+                    return
+                if error is not None:
+                    fut.set_exception(EngineError(str(error)))
+                else:
+                    fut.set_result(result)
+
+            loop.call_soon_threadsafe(settle)
+
+        self._commands.put((op, reply, *args))
+        return await fut
+
+    # ---- worker thread ----
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while True:
+                try:
+                    block = not self._running
+                    while True:
+                        cmd = self._commands.get(block=block)
+                        block = False
+                        if cmd[0] == "stop":
+                            for gen in self._running:
+                                gen.emit(EngineError("engine stopped"))
+                            return
+                        self._handle(cmd)
+                except queue.Empty:
+                    pass
+                for gen in list(self._running):
+                    self._step(gen)
+
+    def _handle(self, cmd: tuple) -> None:
+        op = cmd[0]
+        if op == "generate":
+            gen = cmd[1]
+            self._running.append(gen)
+            return
+        reply = cmd[1]
+        try:
+            if op == "score":
+                result = self._score(*cmd[2:])
+            elif op == "load":
+                result = self._load(*cmd[2:])
+            elif op == "unload":
+                result = self._unload(cmd[2])
+            else:
+                raise EngineError(f"unknown command {op}")
+        except Exception as e:  # reported to the caller, never kills the worker
+            reply(None, e)
+        else:
+            reply(result, None)
+
+    def _forward(self, input_ids: list[int], adapter: str | None, cache: Any) -> Any:
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {"use_cache": True, "cache": cache}
+        if self._peft:
+            kwargs["adapter_names"] = [adapter or BASE]
+        return self.model(input_ids=ids, **kwargs)
+
+    def _step(self, gen: _Generation) -> None:
+        if gen.cancelled.is_set():
+            self._finish(gen, None)
+            return
+        try:
+            if gen.cache is None:  # prefill
+                from transformers import DynamicCache
+
+                gen.cache = DynamicCache()
+                gen.next_input = gen.prompt_ids
+                if gen.sampling.seed is not None:
+                    gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
+            out = self._forward(gen.next_input, gen.adapter, gen.cache)
+            gen.cache = out.cache
+            logits = out.logits[0, -1].float()
+            token_id = self._sample(logits, gen.sampling, gen.rng)
+            logprob = float(torch.log_softmax(logits, dim=-1)[token_id])
+            gen.n_generated += 1
+            gen.next_input = [token_id]
+            gen.emit(Token(token_id, logprob))
+            done = (
+                token_id in gen.sampling.stop_token_ids
+                or gen.n_generated >= gen.sampling.max_tokens
+                or len(gen.prompt_ids) + gen.n_generated >= self.info.context_length
+            )
+            if done:
+                self._finish(gen, _END)
+        except Exception as e:
+            log.exception("generation failed")
+            self._finish(gen, e)
+
+    def _finish(self, gen: _Generation, item: Any) -> None:
+        self._running.remove(gen)
+        gen.cache = None
+        if item is not None:
+            gen.emit(item)
+        if gen.adapter is not None:
+            with self._lock:
+                self._inflight[gen.adapter] -= 1
+                ready = gen.adapter in self._retiring and self._inflight[gen.adapter] == 0
+            if ready:
+                self._delete_adapter(gen.adapter)
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> int:
+        if sampling.temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p  # always keeps the top
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+        return int(torch.multinomial(probs, 1, generator=rng))
+
+    def _score(self, prompt_ids: list[int], response_ids: list[int], adapter: str | None) -> list[float]:
+        if len(prompt_ids) + len(response_ids) > self.info.context_length:
+            raise EngineError("prompt + response exceed the context length")
+        if adapter is not None and adapter not in self._adapters:
+            raise EngineError(f"adapter {adapter!r} is not loaded")
+        out = self._forward(prompt_ids + response_ids, adapter, None)
+        start = len(prompt_ids) - 1
+        logits = out.logits[0, start : start + len(response_ids)].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        target = torch.tensor(response_ids, device=logp.device).unsqueeze(1)
+        return logp.gather(1, target).squeeze(1).tolist()
+
+    def _load(self, version: str, path: str) -> None:
+        from peft import PeftModel
+
+        with self._lock:
+            if version in self._adapters:
+                raise EngineError(f"adapter {version!r} is already loaded")
+        if not self._peft:
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=version).eval()
+            self._peft = True
+        else:
+            self.model.load_adapter(path, adapter_name=version)
+        with self._lock:
+            self._adapters[version] = path
+            self._inflight.setdefault(version, 0)
+
+    def _unload(self, version: str) -> None:
+        with self._lock:
+            busy = self._inflight.get(version, 0) > 0
+            if busy:
+                self._retiring.add(version)
+        if not busy:
+            self._delete_adapter(version)
+
+    def _delete_adapter(self, version: str) -> None:
+        # PEFT refuses to delete the last adapter; keep the wrapper and route everything to base.
+        names = list(getattr(self.model, "peft_config", {}))
+        if len(names) > 1:
+            self.model.delete_adapter(version)
+        with self._lock:
+            self._adapters.pop(version, None)
+            self._inflight.pop(version, None)
+            self._retiring.discard(version)
+

@@ -1,0 +1,1 @@
+"""clawback trainer: background LoRA training (built in the trainer issue)."""
