@@ -1,0 +1,493 @@
+"""HTTP routes: OpenAI-compatible chat completions with real streaming, models, health, metrics.
+
+The serving path renders the request once, streams tokens from the engine as they are sampled,
+and hands the finished call to capture, which queues it for the store; nothing here waits on the
+disk, the judge or the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import ValidationError
+
+from .capture import Capture, CallMeta, MetaError, parse_meta
+from .chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
+from .config import Settings
+from .engines.base import Engine, EngineError, Sampling
+from .store import CallRecord, Store
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status)
+
+
+def resolve_api_key(settings: Settings) -> str | None:
+    """The bearer key: from settings, else <data_dir>/api_key, created on first start."""
+    if settings.no_auth:
+        return None
+    if settings.api_key is not None:
+        return settings.api_key.get_secret_value()
+    path = settings.api_key_path
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another process may have just created it
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write("cb-" + secrets.token_urlsafe(32) + "\n")
+            log.warning("created an API key in %s (the key itself is never logged)", path)
+    return path.read_text().strip()
+
+
+# ---------------------------------------------------------------- metrics
+
+
+class _LiveMetrics:
+    """Values read from live state at scrape time (queue depth, drops, sessions, capture counters)."""
+
+    def __init__(self, state: "AppState") -> None:
+        self.state = state
+
+    def collect(self):  # noqa: D401 - prometheus collector protocol
+        s = self.state
+        yield GaugeMetricFamily("clawback_store_queue_depth", "Writes waiting for the store writer", s.store.queue_depth())
+        dropped = CounterMetricFamily("clawback_store_dropped", "Store writes dropped (queue full or write error)", labels=["op"])
+        for op, n in s.store.dropped.items():
+            dropped.add_metric([op], n)
+        yield dropped
+        yield CounterMetricFamily("clawback_store_written", "Store writes committed", s.store.written)
+        yield GaugeMetricFamily("clawback_generations_running", "Generations in the engine", s.running)
+        yield GaugeMetricFamily("clawback_sessions_open", "Open sessions held in memory", s.capture.open_sessions())
+        capture = CounterMetricFamily("clawback_capture_events", "Capture outcomes", labels=["kind"])
+        for kind, n in s.capture.counters.items():
+            capture.add_metric([kind], n)
+        yield capture
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: Engine
+    renderer: ChatRenderer
+    store: Store
+    capture: Capture
+    api_key: str | None
+    started_at: float = field(default_factory=time.time)
+    running: int = 0
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter("clawback_requests", "HTTP requests", ["route", "status"], registry=r)
+        self.latency = Histogram("clawback_request_seconds", "Chat completion latency", ["stream"], registry=r,
+                                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.ttft = Histogram("clawback_time_to_first_token_seconds", "Time to first token", registry=r,
+                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.tokens = Counter("clawback_tokens", "Tokens processed", ["kind"], registry=r)
+        self.calls = Counter("clawback_calls", "Served chat calls", ["turn_type"], registry=r)
+        r.register(_LiveMetrics(self))
+
+
+# ---------------------------------------------------------------- ASGI middleware: auth, body limit, counting
+
+
+class Gate:
+    """Bearer auth (all but /healthz), request counting. Pure ASGI so streaming stays untouched."""
+
+    def __init__(self, app: Any, state: AppState) -> None:
+        self.app, self.state = app, state
+        key = state.api_key
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        status_box = [500]
+
+        async def counting_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status_box[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.expected is not None and path != "/healthz":
+                given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+                if not hmac.compare_digest(given, self.expected):
+                    msg = "missing bearer token" if not given else "invalid API key"
+                    err = ApiError(401, msg, "authentication_error", code="invalid_api_key")
+                    return await err.response()(scope, receive, counting_send)
+            await self.app(scope, receive, counting_send)
+        finally:
+            route = path if path in ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status") else "other"
+            self.state.requests.labels(route, str(status_box[0])).inc()
+
+
+# ---------------------------------------------------------------- app
+
+
+def create_app(state: AppState, lifespan: Any = None) -> Any:
+    app = FastAPI(title="clawback", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.clawback = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, e: ApiError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(404)
+    async def _not_found(request: Request, _: Exception) -> JSONResponse:
+        return ApiError(404, f"no route {request.method} {request.url.path}", code="not_found").response()
+
+    @app.exception_handler(405)
+    async def _bad_method(request: Request, _: Exception) -> JSONResponse:
+        return ApiError(405, f"method {request.method} not allowed on {request.url.path}").response()
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, e: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return ApiError(500, "internal error", "server_error").response()
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"ok": True}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        info = state.engine.info
+        return {
+            "object": "list",
+            "data": [{
+                "id": state.settings.served_model_name,
+                "object": "model",
+                "created": int(state.started_at),
+                "owned_by": "clawback",
+                "root": info.name,
+                "context_length": info.context_length,
+                "max_model_len": info.context_length,
+                "adapter_version": state.engine.active_version(),
+            }],
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/status")
+    async def status() -> dict:
+        counts = await asyncio.to_thread(state.store.counts)
+        return {
+            "version": _version(),
+            "model": state.engine.info.name,
+            "served_model_name": state.settings.served_model_name,
+            "context_length": state.engine.info.context_length,
+            "adapter_version": state.engine.active_version(),
+            "uptime_s": round(time.time() - state.started_at, 1),
+            "generations_running": state.running,
+            "sessions_open": state.capture.open_sessions(),
+            "capture": dict(state.capture.counters),
+            "store": {
+                "path": str(state.store.db_path),
+                "schema_version": state.store.schema_version,
+                "queue_depth": state.store.queue_depth(),
+                "written": state.store.written,
+                "dropped": dict(state.store.dropped),
+                **counts,
+            },
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _chat(state, request)
+
+    return Gate(app, state)
+
+
+def _version() -> str:
+    from clawback import __version__
+
+    return __version__
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"request body is over the {limit}-byte limit", code="request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"request body is over the {limit}-byte limit", code="request_too_large")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def _validation_error(e: ValidationError) -> ApiError:
+    first = e.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    msg = first["msg"].removeprefix("Value error, ")
+    return ApiError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value")
+
+
+@dataclass
+class _Prepared:
+    req: ChatRequest
+    meta: CallMeta
+    prompt_text: str
+    prompt_ids: list[int]
+    sampling: Sampling
+    adapter: str | None
+    call_id: str
+    arrived: float
+    rendered: float
+
+
+async def _prepare(state: AppState, request: Request) -> _Prepared:
+    arrived = time.time()
+    raw = await _read_json(request, state.settings.max_body_bytes)
+    if not isinstance(raw, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        req = ChatRequest.model_validate(raw)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    if req.model not in (state.settings.served_model_name, state.engine.info.name):
+        raise ApiError(404, f"model {req.model!r} does not exist; this daemon serves "
+                            f"{state.settings.served_model_name!r}", param="model", code="model_not_found")
+    try:
+        meta = parse_meta(request.headers, req)
+    except MetaError as e:
+        raise ApiError(400, str(e), param="turn_type", code="invalid_value") from None
+    try:
+        prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)
+    except Exception as e:  # the chat template rejected this conversation (role order etc.)
+        raise ApiError(400, f"the model's chat template cannot render these messages: {e}",
+                       param="messages", code="invalid_messages") from None
+    ctx = state.engine.info.context_length
+    if len(prompt_ids) >= ctx:
+        raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, your messages "
+                            f"resulted in {len(prompt_ids)} tokens. Please reduce the length of the messages.",
+                       param="messages", code="context_length_exceeded")
+    wanted = req.max_completion_tokens or req.max_tokens or state.settings.default_max_tokens
+    sampling = Sampling(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        max_tokens=min(wanted, ctx - len(prompt_ids)),  # the room left in the context
+        seed=req.seed,
+        stop_token_ids=state.engine.info.eos_token_ids,
+    )
+    return _Prepared(req, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
+                     f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
+
+
+class _Run:
+    """One generation: tokens in, text deltas out, and the record for the store at the end."""
+
+    def __init__(self, state: AppState, p: _Prepared) -> None:
+        self.state, self.p = state, p
+        self.detok = IncrementalDetokenizer(state.renderer.tokenizer)
+        self.gate = TextGate(p.req.stop_list(), p.req.tools_enabled())
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.first_token_at: float | None = None
+        self.finish_reason = "cancelled"
+        self.tool_calls: list[dict[str, Any]] = []
+        self.content: str | None = None
+
+    async def deltas(self) -> AsyncIterator[str]:
+        eos = set(self.p.sampling.stop_token_ids)
+        stream = self.state.engine.generate(self.p.prompt_ids, self.p.sampling, self.p.adapter)
+        try:
+            async for tok in stream:
+                if self.first_token_at is None:
+                    self.first_token_at = time.time()
+                self.ids.append(tok.id)
+                self.logprobs.append(tok.logprob)
+                if tok.id in eos:
+                    break
+                out = self.gate.feed(self.detok.push(tok.id))
+                if out:
+                    yield out
+                if self.gate.stopped:
+                    break
+        finally:
+            await stream.aclose()  # stops the engine early on a stop string or a client disconnect
+        hit_eos = bool(self.ids) and self.ids[-1] in eos
+        tail = self.gate.finish()
+        if tail:
+            yield tail
+        self.finish_reason = "stop" if (hit_eos or self.gate.stopped) else "length"
+        if self.gate.tool_text:
+            self.content, self.tool_calls = parse_tool_calls(self.gate.text)
+            if self.tool_calls:
+                self.finish_reason = "tool_calls"
+        else:
+            self.content = self.gate.content
+
+    def usage(self) -> dict[str, int]:
+        n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+    def record(self) -> CallRecord:
+        p, now = self.p, time.time()
+        ttft = (self.first_token_at or now) - p.arrived
+        return CallRecord(
+            call_id=p.call_id, session_id=p.meta.session_id, turn_id=p.meta.turn_id,
+            request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
+            created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
+            adapter_version=p.adapter, request=p.req.openai_body(), prompt_text=p.prompt_text,
+            prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
+            response_text=self.gate.text, tool_calls=self.tool_calls or None,
+            finish_reason=self.finish_reason,
+            timings={"render_s": p.rendered - p.arrived, "ttft_s": ttft, "total_s": now - p.arrived,
+                     "completion_tokens": len(self.ids)},
+        )
+
+    def finish(self) -> None:
+        """Runs exactly once, also when the client went away mid-stream."""
+        s = self.state
+        s.running -= 1
+        rec = self.record()
+        s.capture.finish(self.p.meta, rec, self.p.req)
+        s.calls.labels(self.p.meta.turn_type).inc()
+        s.tokens.labels("prompt").inc(len(self.p.prompt_ids))
+        s.tokens.labels("completion").inc(len(self.ids))
+        s.ttft.observe(rec.timings["ttft_s"])
+        s.latency.labels(str(self.p.req.stream).lower()).observe(rec.timings["total_s"])
+
+
+def _headers(p: _Prepared) -> dict[str, str]:
+    return {"x-request-id": p.meta.request_id, "x-clawback-call-id": p.call_id,
+            "x-clawback-adapter": p.adapter or "base"}
+
+
+async def _chat(state: AppState, request: Request) -> Response:
+    p = await _prepare(state, request)
+    await state.capture.begin(p.meta, p.req, p.call_id)
+    state.running += 1
+    run = _Run(state, p)
+    if p.req.stream:
+        return StreamingResponse(_sse(state, run), media_type="text/event-stream",
+                                 headers={**_headers(p), "cache-control": "no-cache"})
+    try:
+        async for _ in run.deltas():
+            pass
+    except EngineError as e:
+        raise ApiError(500, f"generation failed: {e}", "server_error") from None
+    finally:
+        run.finish()
+    message: dict[str, Any] = {"role": "assistant", "content": run.content}
+    if run.tool_calls:
+        message["tool_calls"] = run.tool_calls
+    body = {
+        "id": p.call_id, "object": "chat.completion", "created": int(p.arrived),
+        "model": p.req.model, "system_fingerprint": p.adapter or "base",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": run.finish_reason}],
+        "usage": run.usage(),
+    }
+    return JSONResponse(body, headers=_headers(p))
+
+
+async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
+    p = run.p
+    base = {"id": p.call_id, "object": "chat.completion.chunk", "created": int(p.arrived),
+            "model": p.req.model, "system_fingerprint": p.adapter or "base"}
+    include_usage = bool(p.req.stream_options and p.req.stream_options.include_usage)
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if include_usage:
+            body["usage"] = None
+        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        try:
+            async for text in run.deltas():
+                yield chunk({"content": text})
+        except EngineError as e:
+            err = {"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None, "code": None}}
+            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            return
+        for i, call in enumerate(run.tool_calls):
+            yield chunk({"tool_calls": [{"index": i, **call}]})
+        yield chunk({}, run.finish_reason)
+        if include_usage:
+            body = {**base, "choices": [], "usage": run.usage()}
+            yield b"data: " + json.dumps(body).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        run.finish()
+
+
+# ---------------------------------------------------------------- assembling a daemon
+
+
+def build_state(settings: Settings) -> AppState:
+    """Load model, tokenizer, store: everything the routes need."""
+    from transformers import AutoTokenizer
+
+    from .engines.embedded import EmbeddedEngine
+    from .models import resolve_model
+
+    model_dir = resolve_model(settings.model, settings.models_dir)
+    engine = EmbeddedEngine(model_dir, device=settings.device, dtype=settings.dtype,
+                            name=Path(model_dir).name, torch_threads=settings.torch_threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    store = Store(settings.db_path, queue_size=settings.store_queue_size)
+    capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
+    return AppState(settings, engine, ChatRenderer(tokenizer), store, capture, resolve_api_key(settings))
+
+
+def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
+    """The ASGI app with a lifespan that sweeps idle sessions and shuts everything down cleanly."""
+    state = state or build_state(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        async def sweeper() -> None:
+            await state.capture.sweep_store()  # sessions a previous run left open
+            while True:
+                await asyncio.sleep(settings.session_sweep_interval_s)
+                try:
+                    state.capture.sweep()
+                    await state.capture.sweep_store()
+                except Exception:
+                    log.exception("session sweep failed")
+
+        task = asyncio.create_task(sweeper())
+        log.info("clawback serving %s on %s (auth %s)", state.engine.info.name, settings.base_url,
+                 "off" if state.api_key is None else "on")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await state.engine.close()
+            await asyncio.to_thread(state.store.close)
+
+    return create_app(state, lifespan)

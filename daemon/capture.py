@@ -1,0 +1,230 @@
+"""From a served call to a stored call, and from the next main call to a *next state*.
+
+The contract (one state machine per call, each transition an event in the store):
+    served (side calls stay here)
+    main: awaiting_next_state -> paired | closed_without_next_state
+
+When the next main call of a session arrives, every message it brings after the last assistant
+message (the user's reply, or every tool result of a parallel tool call) is the next state of the
+session's previous main call. A session ends on `session_done` or after an idle timeout; its
+waiting call is then closed without a next state. In memory we keep a bounded LRU of sessions;
+the store is the source of truth and is read back (off the event loop) on a cache miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .chat import ChatRequest, Message
+from .store import CallRecord, Store
+
+log = logging.getLogger(__name__)
+
+TRUTHY = {"1", "true", "yes", "on"}
+
+
+class MetaError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class CallMeta:
+    session_id: str
+    turn_type: str  # main | side
+    turn_id: str | None
+    request_id: str
+    session_done: bool
+    tagged: bool  # the client said which turn type this is
+
+
+def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
+    """Headers first (OpenClaw-RL names), then body fields, then defaults."""
+
+    def pick(header: str, body_value: Any) -> str | None:
+        value = headers.get(header)
+        if value is None and body_value is not None:
+            value = str(body_value).lower() if isinstance(body_value, bool) else str(body_value)
+        value = value.strip() if value is not None else None
+        return value or None
+
+    turn_type = pick("x-turn-type", req.turn_type)
+    if turn_type is not None:
+        turn_type = turn_type.lower()
+        if turn_type not in ("main", "side"):
+            raise MetaError(f"turn type must be 'main' or 'side', got {turn_type!r}")
+    done = pick("x-session-done", req.session_done)
+    request_id = pick("x-request-id", req.request_id) or f"req-{uuid.uuid4().hex}"
+    return CallMeta(
+        session_id=pick("x-session-id", req.session_id) or f"anon-{uuid.uuid4().hex}",
+        turn_type=turn_type or "side",  # untagged calls are served and logged, never trained
+        turn_id=pick("x-turn-id", req.turn_id),
+        request_id=request_id,
+        session_done=(done or "").lower() in TRUTHY,
+        tagged=turn_type is not None,
+    )
+
+
+def messages_digest(messages: list[Message]) -> str:
+    raw = json.dumps([m.model_dump(exclude_none=True) for m in messages], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def next_state_messages(messages: list[Message]) -> list[Message]:
+    """The messages after the last assistant message (system injections excluded)."""
+    tail: list[Message] = []
+    for m in reversed(messages):
+        if m.role == "assistant":
+            break
+        if m.role not in ("system", "developer"):
+            tail.append(m)
+    return list(reversed(tail))
+
+
+def _reply_signature(content: str | None, tool_calls: list[dict[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
+    names = tuple(c["function"]["name"] for c in tool_calls or [])
+    return (content or "").strip(), names
+
+
+@dataclass
+class _Session:
+    session_id: str
+    last_seen: float
+    awaiting: str | None = None  # call id of the main call waiting for its next state
+    awaiting_reply: tuple[str, tuple[str, ...]] | None = None
+    awaiting_digest: str | None = None  # messages of that call's request, to spot retries
+    latest_main: str | None = None  # the newest main call that started (running or done)
+    closed: bool = False
+
+
+class Capture:
+    def __init__(self, store: Store, idle_timeout_s: float, cache_size: int, clock=time.time) -> None:
+        self.store = store
+        self.idle_timeout_s = idle_timeout_s
+        self.cache_size = cache_size
+        self.clock = clock
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self.counters: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    async def _session(self, session_id: str) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None:
+            s = await asyncio.to_thread(self._load, session_id)
+            self._sessions[session_id] = s
+            while len(self._sessions) > self.cache_size:
+                self._sessions.popitem(last=False)  # the store still has it
+        self._sessions.move_to_end(session_id)
+        return s
+
+    def _load(self, session_id: str) -> _Session:
+        s = _Session(session_id, last_seen=self.clock())
+        row = self.store.session_row(session_id)
+        if row is None:
+            return s
+        s.closed = row["state"] == "closed"
+        call = self.store.last_awaiting_call(session_id)
+        if call is not None:
+            s.awaiting = s.latest_main = call["call_id"]
+            s.awaiting_reply = _reply_signature(call["response_text"], json.loads(call["tool_calls_json"] or "null"))
+            request = json.loads(call["request_json"])
+            s.awaiting_digest = messages_digest([Message.model_validate(m) for m in request["messages"]])
+        return s
+
+    async def begin(self, meta: CallMeta, req: ChatRequest, call_id: str) -> None:
+        """A main call arrived: its new trailing messages are the previous main call's next state."""
+        if not meta.tagged:
+            self._count("untagged_calls")
+        if meta.turn_type != "main":
+            return
+        now = self.clock()
+        s = await self._session(meta.session_id)
+        s.last_seen = now
+        if s.closed:
+            s.closed = False
+            self.store.submit("reopen_session", meta.session_id, now)
+        s.latest_main = call_id
+        if s.awaiting is None:
+            return
+        previous, s.awaiting = s.awaiting, None
+        digest = messages_digest(req.messages)
+        if digest == s.awaiting_digest:
+            # The same request again: the client retried or regenerated, so nobody answered ours.
+            self.store.submit("close_call", previous, "retried")
+            self._count("calls_closed_retried")
+            return
+        tail = next_state_messages(req.messages)
+        if not tail:
+            self.store.submit("close_call", previous, "no_new_messages")
+            self._count("calls_closed_no_new_messages")
+            return
+        last_assistant = next((m for m in reversed(req.messages) if m.role == "assistant"), None)
+        matched = last_assistant is not None and s.awaiting_reply == _reply_signature(
+            last_assistant.text() or None,
+            [{"function": {"name": c.function.name}} for c in last_assistant.tool_calls or []],
+        )
+        messages = [m.model_dump(exclude_none=True) for m in tail]
+        self.store.submit("next_state", previous, call_id, messages, matched, now)
+        self._count("next_states")
+
+    def finish(self, meta: CallMeta, record: CallRecord, req: ChatRequest) -> None:
+        """The call was served: store it and, for a main call, wait for its next state.
+
+        Synchronous on purpose: it also runs in the cleanup of a stream whose client went away.
+        """
+        if meta.turn_type != "main":
+            record.state = "served"
+            self.store.submit("call", record)
+            return
+        record.state = "awaiting_next_state"
+        self.store.submit("call", record)
+        s = self._sessions.get(meta.session_id)
+        if s is None:  # evicted while the call ran (cache full): its pairing state starts afresh
+            s = self._sessions[meta.session_id] = _Session(meta.session_id, last_seen=self.clock())
+        s.last_seen = self.clock()
+        if s.latest_main != record.call_id:
+            # A newer main call of this session started while this one ran; it already took the
+            # pairing slot, so this reply can never be followed by its own next state.
+            self.store.submit("close_call", record.call_id, "superseded")
+            self._count("calls_closed_superseded")
+        elif meta.session_done:
+            self.store.submit("close_session", meta.session_id, "session_done", s.last_seen)
+            s.closed, s.awaiting = True, None
+        else:
+            s.awaiting = record.call_id
+            s.awaiting_reply = _reply_signature(record.response_text or None, record.tool_calls)
+            s.awaiting_digest = messages_digest(req.messages)
+
+    def sweep(self) -> int:
+        """Close sessions idle for longer than the timeout; returns how many were closed."""
+        now = self.clock()
+        cutoff = now - self.idle_timeout_s
+        closed = 0
+        for sid, s in list(self._sessions.items()):
+            if s.last_seen < cutoff:
+                if not s.closed:
+                    self.store.submit("close_session", sid, "idle_timeout", now)
+                    closed += 1
+                del self._sessions[sid]
+        return closed
+
+    async def sweep_store(self) -> int:
+        """Close idle sessions that are not in memory (e.g. left open by a previous run)."""
+        cutoff = self.clock() - self.idle_timeout_s
+        stale = await asyncio.to_thread(self.store.stale_open_sessions, cutoff)
+        stale = [sid for sid in stale if sid not in self._sessions]
+        for sid in stale:
+            self.store.submit("close_session", sid, "idle_timeout", self.clock())
+        return len(stale)
+
+    def open_sessions(self) -> int:
+        return sum(1 for s in self._sessions.values() if not s.closed)

@@ -1,0 +1,397 @@
+"""OpenAI chat requests: validation, rendering to exact prompt ids, and reading replies back.
+
+Rendering happens once per request; the ids it produces are what the engine sees and what the
+store keeps. Models whose chat template knows no tools (SmolLM2's does not) get the tools and
+earlier tool calls written in the Hermes `<tool_call>` convention that Qwen-family templates use,
+so one parser reads tool calls back from every model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+# ---------------------------------------------------------------- request schema
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> "TextPart":
+        if self.type not in ("text", "input_text", "refusal"):
+            raise ValueError(f"content part type {self.type!r} is not supported: this model reads text only")
+        if (self.text if self.type != "refusal" else self.refusal) is None:
+            raise ValueError(f"content part of type {self.type!r} has no text")
+        return self
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")  # e.g. reasoning_content, cache hints: kept, not rendered
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, v: str) -> str:
+        if v not in ROLES:
+            raise ValueError(f"unknown role {v!r}; expected one of {', '.join(ROLES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Message":
+        if self.role != "assistant" and self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "assistant" and self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text if p.type != "refusal" else p.refusal for p in self.content)  # type: ignore[misc]
+
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"invalid function name {v!r}: use 1-64 of a-z, A-Z, 0-9, _ . -")
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "object") != "object":
+            raise ValueError("function parameters must be a JSON Schema of type 'object'")
+        if v is not None and "properties" in v and not isinstance(v["properties"], dict):
+            raise ValueError("function parameters.properties must be an object")
+        return v
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: dict[str, str]
+
+    @field_validator("function")
+    @classmethod
+    def _has_name(cls, v: dict[str, str]) -> dict[str, str]:
+        if "name" not in v:
+            raise ValueError("tool_choice.function needs a name")
+        return v
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields (user, store, metadata...) are ignored
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1, le=1)  # one choice per call: each one is a recorded sample
+    # clawback metadata, also accepted as headers; stripped before rendering
+    session_id: str | None = None
+    turn_type: str | None = None
+    turn_id: str | None = None
+    request_id: str | None = None
+    session_done: bool | str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty")
+        return v
+
+    @model_validator(mode="after")
+    def _tools(self) -> "ChatRequest":
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function["name"] not in names:
+            raise ValueError(f"tool_choice names {self.tool_choice.function['name']!r}, which is not in tools")
+        if self.tool_choice in ("required",) and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        return self
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def tools_enabled(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def openai_body(self) -> dict[str, Any]:
+        """The request as stored: everything the client sent except clawback's own metadata."""
+        return self.model_dump(
+            exclude={"session_id", "turn_type", "turn_id", "request_id", "session_done"},
+            exclude_none=True,
+        )
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _arguments_obj(arguments: str | dict[str, Any]) -> Any:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments  # rendered as the raw string the model produced
+
+
+def _tool_call_text(call: ToolCall) -> str:
+    payload = {"name": call.function.name, "arguments": _arguments_obj(call.function.arguments)}
+    return f"{TOOL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CLOSE}"
+
+
+def _tools_instruction(req: ChatRequest) -> str:
+    specs = "\n".join(json.dumps(t.model_dump(exclude_none=True), ensure_ascii=False) for t in req.tools or [])
+    text = (
+        "You may call functions to help with the user's request. The available functions are:\n"
+        f"<tools>\n{specs}\n</tools>\n"
+        "To call a function, reply with one block per call:\n"
+        f'{TOOL_OPEN}\n{{"name": <function-name>, "arguments": <arguments-object>}}\n{TOOL_CLOSE}'
+    )
+    if req.tool_choice == "required":
+        text += "\nYou must call at least one function."
+    elif isinstance(req.tool_choice, NamedToolChoice):
+        text += f"\nYou must call the function {req.tool_choice.function['name']}."
+    return text
+
+
+class ChatRenderer:
+    """Renders requests through the model's own chat template."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        template = tokenizer.chat_template or ""
+        if not template:
+            raise ValueError("the model's tokenizer has no chat template")
+        self.native_tools = "tools" in template
+        self.native_tool_calls = "tool_calls" in template
+
+    def render(self, req: ChatRequest) -> tuple[str, list[int]]:
+        tools_on = req.tools_enabled()
+        messages: list[dict[str, Any]] = []
+        for m in req.messages:
+            role = "system" if m.role == "developer" else m.role
+            msg: dict[str, Any] = {"role": role, "content": m.text()}
+            if m.tool_calls:
+                if self.native_tool_calls:
+                    msg["tool_calls"] = [
+                        {"type": "function", "id": c.id, "function": {"name": c.function.name, "arguments": _arguments_obj(c.function.arguments)}}
+                        for c in m.tool_calls
+                    ]
+                else:
+                    blocks = "\n".join(_tool_call_text(c) for c in m.tool_calls)
+                    msg["content"] = f"{msg['content']}\n{blocks}" if msg["content"] else blocks
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
+            if m.name is not None and role == "tool":
+                msg["name"] = m.name
+            messages.append(msg)
+        kwargs: dict[str, Any] = {}
+        if tools_on and self.native_tools:
+            kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        elif tools_on:
+            instruction = _tools_instruction(req)
+            if messages[0]["role"] == "system":
+                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{instruction}"}
+            else:
+                messages.insert(0, {"role": "system", "content": instruction})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return text, list(ids)
+
+
+# ---------------------------------------------------------------- reading replies back
+
+
+def new_tool_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split a reply into content and OpenAI `tool_calls`.
+
+    Blocks that are not valid JSON with a string `name` stay in the content, so nothing the model
+    wrote is lost. A final block cut off before `</tool_call>` (end token or max_tokens) is still
+    read if its JSON is complete.
+    """
+    start = text.find(TOOL_OPEN)
+    if start < 0:
+        return text, []
+    content_parts = [text[:start]]
+    calls: list[dict[str, Any]] = []
+    pos = start
+    while pos >= 0:
+        body_start = pos + len(TOOL_OPEN)
+        end = text.find(TOOL_CLOSE, body_start)
+        body = text[body_start : end if end >= 0 else len(text)]
+        after = end + len(TOOL_CLOSE) if end >= 0 else len(text)
+        call = _parse_call(body)
+        if call is None:
+            content_parts.append(text[pos:after])
+        else:
+            calls.append(call)
+        nxt = text.find(TOOL_OPEN, after)
+        content_parts.append(text[after : nxt if nxt >= 0 else len(text)])
+        pos = nxt
+    content = "".join(content_parts).strip()
+    return (content or None), calls
+
+
+def _parse_call(body: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(body.strip())
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return {"id": new_tool_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": arguments}}
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without splitting UTF-8 characters."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # ids[prefix:read] decode to text already emitted (context for the next piece)
+        self.read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        prefix_text = decode(self.ids[self.prefix : self.read])
+        full_text = decode(self.ids[self.prefix :])
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return full_text[len(prefix_text) :]
+        return ""
+
+
+class TextGate:
+    """Decides which generated text may be streamed now.
+
+    Holds back any tail that could still turn into a stop sequence or the start of a tool call,
+    stops at a stop sequence (which is not part of the output), and diverts everything from the
+    first `<tool_call>` on into `tool_text` instead of the streamed content.
+    """
+
+    def __init__(self, stops: list[str], tools: bool) -> None:
+        self.stops = stops
+        self.watch = stops + ([TOOL_OPEN] if tools else [])
+        self.tools = tools
+        self.pending = ""
+        self.content = ""  # streamed content so far
+        self.tool_text = ""  # from the first <tool_call> on
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """Add generated text; return the content that can be streamed now."""
+        if self.stopped:
+            return ""
+        self.pending += delta
+        for stop in self.stops:
+            idx = self.pending.find(stop)
+            if idx >= 0:
+                self.pending = self.pending[:idx]
+                self.stopped = True
+        if self.tool_text or (self.tools and TOOL_OPEN in self.pending):
+            idx = 0 if self.tool_text else self.pending.find(TOOL_OPEN)
+            out = self._release(idx)
+            self.tool_text += self.pending
+            self.pending = ""
+            return out
+        if self.stopped:
+            return self._release(len(self.pending))
+        return self._release(len(self.pending) - self._held_tail())
+
+    def finish(self) -> str:
+        """The generation ended: release what was held back."""
+        return self.feed("") + self._release(len(self.pending))
+
+    @property
+    def text(self) -> str:
+        return self.content + self.tool_text
+
+    def _release(self, n: int) -> str:
+        out, self.pending = self.pending[:n], self.pending[n:]
+        self.content += out
+        return out
+
+    def _held_tail(self) -> int:
+        held = 0
+        for w in self.watch:
+            for k in range(min(len(w) - 1, len(self.pending)), 0, -1):
+                if self.pending.endswith(w[:k]):
+                    held = max(held, k)
+                    break
+        return held

@@ -1,0 +1,165 @@
+"""The `clawback` command: init, serve, status, export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .config import Settings, load_settings
+
+
+def _settings_flags(p: argparse.ArgumentParser) -> None:
+    # Every flag defaults to None so that only flags actually given override toml/env values.
+    p.add_argument("--config", dest="config_file", help="path to clawback.toml")
+    p.add_argument("--data-dir", help="data dir (default ~/.clawback)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 30000)")
+    p.add_argument("--model", help="'smollm2-135m-instruct' (embedded), a local HF model dir, or a hub id")
+    p.add_argument("--served-model-name", help="model id clients ask for (default 'clawback')")
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--no-auth", action="store_const", const=True, help="serve without a bearer key (local experiments)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    keys = ("config_file", "data_dir", "host", "port", "model", "served_model_name", "device", "dtype",
+            "no_auth", "log_level")
+    return load_settings(**{k: getattr(args, k, None) for k in keys})
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Convert the model and create the API key; print the key once, when it is created."""
+    from .api import resolve_api_key
+    from .models import resolve_model
+
+    s = _settings(args)
+    model_dir = resolve_model(s.model, s.models_dir)
+    print(f"model: {model_dir}")
+    if s.no_auth or s.api_key is not None:
+        return 0
+    existed = s.api_key_path.is_file()
+    key = resolve_api_key(s)
+    if existed:
+        print(f"API key: already in {s.api_key_path}")
+    else:
+        print(f"API key (shown once; also in {s.api_key_path}): {key}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .api import daemon_app
+
+    s = _settings(args)
+    logging.basicConfig(level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = daemon_app(s)
+    print(f"clawback: OpenAI-compatible API at {s.base_url}/v1 (model id '{s.served_model_name}')", flush=True)
+    uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
+    return 0
+
+
+def _get(url: str, key: str | None) -> Any:
+    import httpx
+
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(url, headers=headers, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import httpx
+
+    s = _settings(args)
+    url = args.url or f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
+    key = None if s.no_auth else (s.api_key.get_secret_value() if s.api_key else
+                                  (s.api_key_path.read_text().strip() if s.api_key_path.is_file() else None))
+    try:
+        status = _get(f"{url}/v1/status", key)
+        status["daemon"] = "running"
+    except httpx.HTTPError as e:
+        from .store import connect, counts
+
+        if not s.db_path.is_file():
+            print(f"daemon not reachable at {url} ({e}) and no store at {s.db_path}", file=sys.stderr)
+            return 1
+        conn = connect(s.db_path, readonly=True)
+        try:
+            store_counts = counts(conn)
+        finally:
+            conn.close()
+        status = {"daemon": f"not reachable at {url} ({type(e).__name__})", "store": {"path": str(s.db_path), **store_counts}}
+    print(json.dumps(status, indent=2))
+    return 0
+
+
+def _parse_since(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return datetime.fromisoformat(value).timestamp()
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .store import export_jsonl
+
+    s = _settings(args)
+    if not s.db_path.is_file():
+        print(f"no store at {s.db_path}", file=sys.stderr)
+        return 1
+    since = _parse_since(args.since)
+    if args.out and args.out != "-":
+        with open(args.out, "w") as f:
+            n = export_jsonl(s.db_path, f, since)
+        print(f"wrote {n} records to {args.out}", file=sys.stderr)
+    else:
+        n = export_jsonl(s.db_path, sys.stdout, since)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="clawback", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("init", help="prepare the model and create the API key")
+    _settings_flags(p)
+    p.set_defaults(fn=cmd_init)
+
+    p = sub.add_parser("serve", help="run the daemon")
+    _settings_flags(p)
+    p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("status", help="what the daemon and its store hold")
+    _settings_flags(p)
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("export", help="write sessions, calls and next states")
+    _settings_flags(p)
+    p.add_argument("--jsonl", action="store_true", required=True, help="JSON lines (the only format)")
+    p.add_argument("--since", help="only records from this time on (ISO 8601 or unix seconds)")
+    p.add_argument("--out", help="output file (default stdout)")
+    p.set_defaults(fn=cmd_export)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except Exception as e:  # a clear one-line error instead of a traceback for user mistakes
+        if isinstance(e, (FileNotFoundError, ValueError)) or type(e).__name__ == "ModelNotFound":
+            print(f"clawback: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
