@@ -197,7 +197,7 @@ class Store:
             self.written += len(ops)
         except Exception:
             log.exception("store batch failed; retrying its writes one by one")
-            self._conn.execute("ROLLBACK")
+            self._rollback()
             for op, args in ops:  # isolate the bad write so the others still land
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
@@ -205,9 +205,15 @@ class Store:
                     self._conn.execute("COMMIT")
                     self.written += 1
                 except Exception as e:
-                    self._conn.execute("ROLLBACK")
+                    self._rollback()
                     self.dropped[f"{op}:error"] = self.dropped.get(f"{op}:error", 0) + 1
                     log.error("store write %s failed and was dropped: %s", op, e)
+
+    def _rollback(self) -> None:
+        # A BEGIN that failed (database locked past busy_timeout) leaves no transaction open, and
+        # a bare ROLLBACK would then raise and kill the writer thread.
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
 
     def _log_drops(self) -> None:
         if self.dropped != self._dropped_logged:

@@ -1,0 +1,107 @@
+"""Shared fixtures: the embedded model (converted once, cached under ~/.cache), a tiny random
+Llama that shares its tokenizer, and a real daemon process on a free port."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+CACHE = Path(os.environ.get("CLAWBACK_TEST_CACHE", Path.home() / ".cache" / "clawback"))
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir() -> Path:
+    from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
+
+    return ensure_embedded_model(CACHE / "models" / EMBEDDED_DIR_NAME)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer and chat template: fast, real code paths."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    tok = AutoTokenizer.from_pretrained(str(embedded_model_dir))
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    shutil.copy(embedded_model_dir / "generation_config.json", out / "generation_config.json")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DaemonProcess:
+    """`clawback serve` as a child process, exactly as a user runs it."""
+
+    def __init__(self, data_dir: Path, model_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir, self.model_dir, self.extra = data_dir, model_dir, extra
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.log = data_dir / f"daemon-{self.port}.log"
+
+    def start(self, timeout: float = 120) -> "DaemonProcess":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "clawback.daemon.cli", "serve", "--data-dir", str(self.data_dir),
+               "--model", str(self.model_dir), "--port", str(self.port), *self.extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited early:\n{self.log.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"daemon did not start:\n{self.log.read_text()}")
+
+    @property
+    def api_key(self) -> str:
+        return (self.data_dir / "api_key").read_text().strip()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: uvicorn runs the lifespan shutdown, the store drains
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path):
+    started: list[DaemonProcess] = []
+
+    def make(model_dir: Path, *extra: str, data_dir: Path | None = None, env: dict[str, str] | None = None) -> DaemonProcess:
+        d = DaemonProcess(data_dir or tmp_path / "data", model_dir, *extra, env=env)
+        started.append(d)
+        return d.start()
+
+    yield make
+    for d in started:
+        d.stop()

@@ -1,0 +1,218 @@
+"""The HTTP API of a real daemon process (tiny random Llama with SmolLM2's tokenizer): auth,
+OpenAI shapes, streaming, tools, and bad input that must get a 4xx and change nothing."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import DaemonProcess
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    d = DaemonProcess(tmp_path_factory.mktemp("api-data"), tiny_model_dir, "--served-model-name", "policy")
+    d.start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon: DaemonProcess):
+    with httpx.Client(base_url=daemon.url, headers={"authorization": f"Bearer {daemon.api_key}"}, timeout=60) as c:
+        yield c
+
+
+def chat(**kw):
+    return {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **kw}
+
+
+def store_counts(daemon: DaemonProcess, client: httpx.Client) -> dict:
+    return client.get("/v1/status").json()["store"]["calls"]
+
+
+def test_health_is_open_everything_else_needs_the_key(daemon: DaemonProcess):
+    assert httpx.get(f"{daemon.url}/healthz").json() == {"ok": True}
+    for path in ("/v1/models", "/metrics", "/v1/status"):
+        r = httpx.get(f"{daemon.url}{path}")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.post(f"{daemon.url}/v1/chat/completions", json=chat(), headers={"authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["message"] == "invalid API key"
+    key_file = daemon.data_dir / "api_key"
+    assert key_file.stat().st_mode & 0o077 == 0, "the key file must be private"
+    assert daemon.api_key not in daemon.log.read_text(), "secrets never in logs"
+
+
+def test_models_reports_context_length(client: httpx.Client):
+    data = client.get("/v1/models").json()["data"]
+    assert [m["id"] for m in data] == ["policy"]
+    assert data[0]["context_length"] == 512
+
+
+def test_completion_shape_and_usage(client: httpx.Client):
+    r = client.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=7))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == "policy"
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] in ("stop", "length")
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+    assert body["usage"]["completion_tokens"] <= 7
+    assert r.headers["x-clawback-call-id"] == body["id"]
+
+
+def test_greedy_is_deterministic_and_seed_reproduces_sampling(client: httpx.Client):
+    a = client.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=12)).json()
+    b = client.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=12)).json()
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    s1 = client.post("/v1/chat/completions", json=chat(temperature=1.0, seed=7, max_tokens=12)).json()
+    s2 = client.post("/v1/chat/completions", json=chat(temperature=1.0, seed=7, max_tokens=12)).json()
+    assert s1["choices"][0]["message"] == s2["choices"][0]["message"]
+
+
+def sse_events(r: httpx.Response) -> list:
+    events = []
+    for line in r.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def test_stream_real_deltas_usage_and_done(client: httpx.Client):
+    body = chat(temperature=0, max_tokens=12, stream=True, stream_options={"include_usage": True})
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] >= 1
+    chunks = events[:-2]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    finish = chunks[-1]["choices"][0]
+    assert finish["finish_reason"] in ("stop", "length") and finish["delta"] == {}
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    whole = client.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=12)).json()
+    assert streamed == whole["choices"][0]["message"]["content"]
+    content_chunks = [c for c in chunks[1:-1] if c["choices"][0]["delta"].get("content")]
+    assert len(content_chunks) > 1, "real streaming sends many deltas, not one"
+
+
+def test_stop_sequence_is_cut_and_not_returned(client: httpx.Client):
+    full = client.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=20)).json()
+    text = full["choices"][0]["message"]["content"]
+    assert len(text) >= 4
+    stop = text[2:4]
+    r = client.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=20, stop=[stop])).json()
+    assert r["choices"][0]["message"]["content"] == text[: text.index(stop)]
+    assert r["choices"][0]["finish_reason"] == "stop"
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_tool_history_renders_and_tools_reach_the_prompt(client: httpx.Client, daemon: DaemonProcess):
+    messages = [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"},
+    ]
+    r = client.post("/v1/chat/completions", json=chat(messages=messages, tools=TOOLS, tool_choice="auto"),
+                    headers={"x-session-id": "tools-1", "x-turn-type": "main"})
+    assert r.status_code == 200, r.text
+    client.get("/v1/status")
+    call_id = r.json()["id"]
+    prompt = _wait_for_call(daemon, call_id)["prompt_text"]
+    assert "get_weather" in prompt and "<tools>" in prompt  # tools rendered into the system turn
+    assert '"city": "Paris"' in prompt and "sunny, 21C" in prompt  # earlier call and result kept
+
+
+def _wait_for_call(daemon: DaemonProcess, call_id: str, timeout: float = 10) -> dict:
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        conn = sqlite3.connect(daemon.data_dir / "clawback.db")
+        conn.row_factory = sqlite3.Row
+        row = conn.execute("SELECT * FROM calls WHERE call_id = ?", (call_id,)).fetchone()
+        conn.close()
+        if row is not None:
+            return dict(row)
+        time.sleep(0.1)
+    raise AssertionError(f"call {call_id} never reached the store")
+
+
+BAD = [
+    ("not json", b"{nope", 400, "invalid_json"),
+    ("array body", b"[1,2]", 400, "invalid_json"),
+    ("no messages", {"model": "policy", "messages": []}, 400, "invalid_value"),
+    ("unknown role", chat(messages=[{"role": "wizard", "content": "x"}]), 400, "invalid_value"),
+    ("user without content", chat(messages=[{"role": "user"}]), 400, "invalid_value"),
+    ("image part", chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "invalid_value"),
+    ("temperature too high", chat(temperature=3), 400, "invalid_value"),
+    ("negative temperature", chat(temperature=-0.1), 400, "invalid_value"),
+    ("top_p zero", chat(top_p=0), 400, "invalid_value"),
+    ("max_tokens zero", chat(max_tokens=0), 400, "invalid_value"),
+    ("n two", chat(n=2), 400, "invalid_value"),
+    ("five stops", chat(stop=["a", "b", "c", "d", "e"]), 400, "invalid_value"),
+    ("empty stop", chat(stop=[""]), 400, "invalid_value"),
+    ("tool without function", chat(tools=[{"type": "function"}]), 400, "invalid_value"),
+    ("tool bad name", chat(tools=[{"type": "function", "function": {"name": "bad name!"}}]), 400, "invalid_value"),
+    ("tool params not object", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]), 400, "invalid_value"),
+    ("duplicate tools", chat(tools=TOOLS + TOOLS), 400, "invalid_value"),
+    ("tool_choice unknown", chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), 400, "invalid_value"),
+    ("bad turn type", chat(turn_type="primary"), 400, "invalid_value"),
+    ("unknown model", chat(model="gpt-9"), 404, "model_not_found"),
+    ("prompt over context", chat(messages=[{"role": "user", "content": "word " * 600}]), 400, "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize("name,body,status,code", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_a_clear_4xx_and_stores_nothing(client: httpx.Client, daemon: DaemonProcess, name, body, status, code):
+    before = client.get("/v1/status").json()["store"]
+    headers = {"x-session-id": "bad", "x-turn-type": "main"}
+    if isinstance(body, dict) and "turn_type" in body:
+        headers.pop("x-turn-type")  # headers win over body fields; let the body's value count
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = client.post("/v1/chat/completions", headers=headers, **kwargs)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["message"]
+    after = client.get("/v1/status").json()["store"]
+    assert after["calls"] == before["calls"] and after["written"] == before["written"]
+
+
+def test_body_over_limit_is_413(client: httpx.Client):
+    big = chat(messages=[{"role": "user", "content": "x" * (4 * 1024 * 1024 + 10)}])
+    r = client.post("/v1/chat/completions", json=big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_unknown_route_and_method_are_openai_errors(client: httpx.Client):
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = client.get("/v1/chat/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_metrics_count_requests_and_tokens(client: httpx.Client):
+    client.post("/v1/chat/completions", json=chat(max_tokens=3))
+    text = client.get("/metrics").text
+    assert 'clawback_requests_total{route="/v1/chat/completions",status="200"}' in text
+    assert 'clawback_tokens_total{kind="completion"}' in text
+    assert "clawback_store_queue_depth" in text
+    assert "clawback_time_to_first_token_seconds_bucket" in text
+
+
+def test_max_tokens_is_clamped_to_the_room_left(client: httpx.Client):
+    r = client.post("/v1/chat/completions", json=chat(max_tokens=100_000, temperature=0))
+    assert r.status_code == 200
+    assert r.json()["usage"]["total_tokens"] <= 512
