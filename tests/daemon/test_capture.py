@@ -376,23 +376,24 @@ def test_sweep_forgets_closed_sessions_without_closing_them_again(h: Harness, cl
 def test_side_calls_between_main_calls(h: Harness) -> None:
     c1 = h.call("s", [user("u1")], "r1")
     side_tagged = h.call("s", [system("summarize"), user("u1 r1")], "summary", turn_type="side")
-    side_untagged = h.call("s", [user("title for: u1")], "Title", turn_type=None)  # no header at all
+    side_untagged = h.call("s", [user("title for: u1")], "Title", turn_type=None)  # no turn type given
+    anonymous = h.call(None, [user("u1")], "r1", turn_type=None)  # no metadata at all
     c2 = h.call("s", [user("u1"), assistant("r1"), user("u2")], "r2")
     side_late = h.call("s", [user("classify u2")], "chitchat", turn_type="side")
     c3 = h.call("s", [user("u1"), assistant("r1"), user("u2"), assistant("r2"), user("u3")], "r3")
 
     states = h.states()
-    assert states[side_tagged] == states[side_untagged] == states[side_late] == "served"
+    assert states[side_tagged] == states[side_untagged] == states[side_late] == states[anonymous] == "served"
     assert states[c1] == states[c2] == "paired" and states[c3] == "awaiting_next_state"
     ns = h.next_states()
     assert set(ns) == {c1, c2}
     assert ns[c1]["next"] == c2 and ns[c2]["next"] == c3
     assert ns[c1]["matched"] == ns[c2]["matched"] == 1
-    assert [e["subject"] for e in h.events("call.served")] == [side_tagged, side_untagged, side_late]
-    assert h.capture.counters["untagged_calls"] == 1
-    # The untagged call went to a session of its own.
-    untagged_session = h.q("SELECT session_id FROM calls WHERE call_id = ?", side_untagged)[0][0]
-    assert untagged_session.startswith("anon-")
+    assert [e["subject"] for e in h.events("call.served")] == [side_tagged, side_untagged, anonymous, side_late]
+    assert h.capture.counters["untagged_calls"] == 2
+    sessions = dict(h.q("SELECT call_id, session_id FROM calls"))
+    assert sessions[side_untagged] == "s"
+    assert sessions[anonymous].startswith("anon-")  # a session of its own
 
 
 def test_side_call_with_session_done_does_not_close_the_session(h: Harness) -> None:
