@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .chat import ChatRequest, Message
+from .chat import ChatRequest, Message, parse_tool_calls
 from .store import CallRecord, Store
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,13 @@ def _reply_signature(content: str | None, tool_calls: list[dict[str, Any]] | Non
     return (content or "").strip(), names
 
 
+def _served_signature(response_text: str | None, tool_calls: list[dict[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
+    """Our reply as the client got it: the stored text is raw, and with tool calls the client's
+    content is only what lies outside the <tool_call> blocks."""
+    content = parse_tool_calls(response_text or "")[0] if tool_calls else response_text
+    return _reply_signature(content, tool_calls)
+
+
 @dataclass
 class _Session:
     session_id: str
@@ -120,11 +127,14 @@ class Capture:
         s = self._sessions.get(session_id)
         if s is None:
             s = await asyncio.to_thread(self._load, session_id)
-            self._sessions[session_id] = s
-            while len(self._sessions) > self.cache_size:
-                self._sessions.popitem(last=False)  # the store still has it
+            self._remember(s)
         self._sessions.move_to_end(session_id)
         return s
+
+    def _remember(self, s: _Session) -> None:
+        self._sessions[s.session_id] = s
+        while len(self._sessions) > self.cache_size:
+            self._sessions.popitem(last=False)  # the store still has it
 
     def _load(self, session_id: str) -> _Session:
         s = _Session(session_id, last_seen=self.clock())
@@ -135,7 +145,7 @@ class Capture:
         call = self.store.last_awaiting_call(session_id)
         if call is not None:
             s.awaiting = s.latest_main = call["call_id"]
-            s.awaiting_reply = _reply_signature(call["response_text"], json.loads(call["tool_calls_json"] or "null"))
+            s.awaiting_reply = _served_signature(call["response_text"], json.loads(call["tool_calls_json"] or "null"))
             request = json.loads(call["request_json"])
             s.awaiting_digest = messages_digest([Message.model_validate(m) for m in request["messages"]])
         return s
@@ -188,8 +198,10 @@ class Capture:
         record.state = "awaiting_next_state"
         self.store.submit("call", record)
         s = self._sessions.get(meta.session_id)
-        if s is None:  # evicted while the call ran (cache full): its pairing state starts afresh
-            s = self._sessions[meta.session_id] = _Session(meta.session_id, last_seen=self.clock())
+        if s is None:  # evicted while the call ran (cache full): its pairing state starts afresh,
+            # with this call as the session's newest main call (not as superseded by nothing)
+            s = _Session(meta.session_id, last_seen=self.clock(), latest_main=record.call_id)
+            self._remember(s)
         s.last_seen = self.clock()
         if s.latest_main != record.call_id:
             # A newer main call of this session started while this one ran; it already took the
@@ -201,7 +213,7 @@ class Capture:
             s.closed, s.awaiting = True, None
         else:
             s.awaiting = record.call_id
-            s.awaiting_reply = _reply_signature(record.response_text or None, record.tool_calls)
+            s.awaiting_reply = _served_signature(record.response_text, record.tool_calls)
             s.awaiting_digest = messages_digest(req.messages)
 
     def sweep(self) -> int:

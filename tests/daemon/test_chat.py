@@ -1,0 +1,119 @@
+"""Rendering requests to exact prompt ids and reading replies back (tool calls, stops, UTF-8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from clawback.daemon.chat import (
+    ChatRenderer,
+    ChatRequest,
+    IncrementalDetokenizer,
+    TextGate,
+    parse_tool_calls,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(embedded_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(embedded_model_dir))
+
+
+def req(**kw) -> ChatRequest:
+    return ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_render_uses_the_chat_template_and_ids_match_text(tokenizer):
+    text, ids = ChatRenderer(tokenizer).render(req(messages=[
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]},
+    ]))
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")  # developer renders as system
+    assert "part one\npart two" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(ids) == text
+
+
+def test_tools_and_tool_history_in_a_template_without_tool_support(tokenizer):
+    r = ChatRenderer(tokenizer)
+    assert not r.native_tools
+    messages = [
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": "Looking.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x=1"},
+    ]
+    text, _ = r.render(req(messages=messages, tools=TOOLS))
+    assert "<tools>" in text and '"name": "lookup"' in text
+    assert 'Looking.\n<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>' in text
+    assert "<|im_start|>tool\nx=1<|im_end|>" in text
+    none_text, _ = r.render(req(messages=messages, tools=TOOLS, tool_choice="none"))
+    assert "<tools>" not in none_text
+    forced, _ = r.render(req(messages=messages, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "lookup"}}))
+    assert "You must call the function lookup." in forced
+
+
+def test_parse_tool_calls():
+    content, calls = parse_tool_calls('Sure.\n<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>')
+    assert content == "Sure."
+    assert [c["function"] for c in calls] == [{"name": "lookup", "arguments": '{"q": "x"}'}]
+    assert calls[0]["id"].startswith("call_")
+    # two calls, the last one cut off before its closing tag but complete JSON
+    _, calls = parse_tool_calls('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"k": 1}}')
+    assert [c["function"]["name"] for c in calls] == ["a", "b"]
+    # not JSON: kept as content, nothing lost
+    content, calls = parse_tool_calls("<tool_call>not json</tool_call> ok")
+    assert calls == [] and content == "<tool_call>not json</tool_call> ok"
+    assert parse_tool_calls("plain") == ("plain", [])
+
+
+def test_gate_holds_back_possible_stops_and_cuts_at_them():
+    g = TextGate(["STOP"], tools=False)
+    assert g.feed("abc S") == "abc "  # "S" might start STOP
+    assert g.feed("T") == ""
+    assert g.feed("x") == "STx"  # it did not
+    assert g.feed("yy STOP zz") == "yy "
+    assert g.stopped and g.content == "abc STxyy "
+    assert g.feed("more") == "" and g.finish() == ""
+
+
+def test_gate_diverts_tool_calls_out_of_the_stream():
+    g = TextGate([], tools=True)
+    out = [g.feed(x) for x in ["Hi <to", "ol_call>{\"name\":", " \"f\"}</tool_call>"]] + [g.finish()]
+    assert "".join(out) == "Hi "
+    assert g.tool_text == '<tool_call>{"name": "f"}</tool_call>'
+    g = TextGate([], tools=True)
+    assert g.feed("a <to") == "a " and g.finish() == "<to"  # released at the end: it was not a tool call
+
+
+def test_detokenizer_never_splits_characters(tokenizer):
+    text = "naïve café — 東京 🚀 done"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    d = IncrementalDetokenizer(tokenizer)
+    pieces = [d.push(i) for i in ids]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+@pytest.mark.parametrize("bad", [
+    {"messages": [{"role": "assistant"}]},
+    {"messages": [{"role": "user", "content": "x", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}]},
+    {"tool_choice": "required"},
+    {"stop": "x", "tools": [{"type": "retrieval"}]},
+])
+def test_invalid_requests_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        req(**bad)
+
+
+def test_metadata_fields_are_stripped_from_the_stored_body():
+    body = req(session_id="s", turn_type="main", turn_id="t", session_done=True, user="u-1").openai_body()
+    assert not {"session_id", "turn_type", "turn_id", "session_done"} & body.keys()
+    assert body["user"] == "u-1"  # unknown OpenAI fields are kept as sent

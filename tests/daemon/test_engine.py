@@ -1,0 +1,156 @@
+"""The embedded engine on a tiny random Llama: exact logprobs, seeds, cancellation, concurrency,
+and adapters swapped while generations are in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from clawback.daemon.engines.base import EngineError, Sampling
+from clawback.daemon.engines.embedded import EmbeddedEngine
+
+PROMPT = [1, 520, 33, 4481, 28, 2, 198, 77, 9000]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path):
+    e = EmbeddedEngine(tiny_model_dir)
+    yield e
+    asyncio.run(e.close())
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two random LoRA adapters in PEFT format (non-zero B, so they really change the outputs)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for i, name in enumerate(("v1", "v2")):
+        torch.manual_seed(100 + i)
+        base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+        cfg = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+        model = get_peft_model(base, cfg)
+        path = tmp_path_factory.mktemp(f"adapter-{name}")
+        model.save_pretrained(str(path))
+        out[name] = path
+    return out
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def collect(engine: EmbeddedEngine, sampling: Sampling, adapter: str | None = None, prompt=PROMPT):
+    return [t async for t in engine.generate(prompt, sampling, adapter)]
+
+
+def test_behaviour_logprobs_match_a_rescore(engine: EmbeddedEngine):
+    # Sampled at temperature 0.7 with top-p, yet the logprobs are those of the unscaled distribution.
+    toks = run(collect(engine, Sampling(temperature=0.7, top_p=0.9, max_tokens=24, seed=3)))
+    assert len(toks) == 24
+    scored = run(engine.score(PROMPT, [t.id for t in toks]))
+    assert max(abs(a - t.logprob) for a, t in zip(scored, toks)) < 1e-4
+
+
+def test_seed_reproduces_and_greedy_is_argmax(engine: EmbeddedEngine):
+    a = run(collect(engine, Sampling(temperature=1.0, max_tokens=10, seed=11)))
+    b = run(collect(engine, Sampling(temperature=1.0, max_tokens=10, seed=11)))
+    c = run(collect(engine, Sampling(temperature=1.0, max_tokens=10, seed=12)))
+    assert [t.id for t in a] == [t.id for t in b] != [t.id for t in c]
+    greedy = run(collect(engine, Sampling(temperature=0, max_tokens=5)))
+    ids = list(PROMPT)
+    for t in greedy:  # each greedy token is the most likely one
+        logits = engine.model(input_ids=torch.tensor([ids])).logits[0, -1]
+        assert t.id == int(torch.argmax(logits))
+        ids.append(t.id)
+
+
+def test_stop_token_ends_generation(engine: EmbeddedEngine):
+    first = run(collect(engine, Sampling(temperature=0, max_tokens=3)))[0].id
+    toks = run(collect(engine, Sampling(temperature=0, max_tokens=20, stop_token_ids=(first,))))
+    assert [t.id for t in toks] == [first]
+
+
+def test_closing_the_stream_cancels_the_generation(engine: EmbeddedEngine):
+    async def go():
+        stream = engine.generate(PROMPT, Sampling(temperature=1.0, max_tokens=400))
+        got = [await stream.__anext__() for _ in range(3)]
+        await stream.aclose()
+        for _ in range(100):
+            if engine.running() == 0:
+                return got
+            await asyncio.sleep(0.01)
+        raise AssertionError("the cancelled generation kept running")
+
+    assert len(run(go())) == 3
+
+
+def test_concurrent_generations_interleave(engine: EmbeddedEngine):
+    async def go():
+        order: list[int] = []
+
+        async def one(i: int):
+            async for _ in engine.generate(PROMPT, Sampling(temperature=1.0, max_tokens=8, seed=i)):
+                order.append(i)
+
+        await asyncio.gather(*(one(i) for i in range(3)))
+        return order
+
+    order = run(go())
+    assert sorted(order) == [0] * 8 + [1] * 8 + [2] * 8
+    assert order[:3] != [0, 0, 0], "round-robin: the second request starts before the first ends"
+
+
+def test_bad_calls_raise_engine_errors(engine: EmbeddedEngine):
+    with pytest.raises(EngineError):
+        run(collect(engine, Sampling(), prompt=[]))
+    with pytest.raises(EngineError):
+        run(collect(engine, Sampling(), adapter="never-loaded"))
+    with pytest.raises(EngineError):
+        run(engine.score(PROMPT, [5] * 600))  # longer than the 512-token context
+    with pytest.raises(EngineError):
+        run(engine.activate("never-loaded"))
+    assert run(collect(engine, Sampling(max_tokens=2)))  # the worker survived all of that
+
+
+def test_adapter_hot_swap_with_generations_in_flight(tiny_model_dir: Path, adapters: dict[str, Path]):
+    engine = EmbeddedEngine(tiny_model_dir)
+
+    async def go():
+        base_lp = await engine.score(PROMPT, [10, 20, 30])
+        await engine.load_adapter("v1", str(adapters["v1"]))
+        await engine.activate("v1")
+        assert engine.active_version() == "v1"
+        v1_lp = await engine.score(PROMPT, [10, 20, 30], "v1")
+        assert max(abs(a - b) for a, b in zip(base_lp, v1_lp)) > 1e-3, "the adapter changes the model"
+        assert await engine.score(PROMPT, [10, 20, 30]) == pytest.approx(base_lp, abs=1e-6)
+
+        # A long generation on v1 is running when v2 goes live and v1 is unloaded.
+        stream = engine.generate(PROMPT, Sampling(temperature=1.0, max_tokens=40, seed=5), "v1")
+        first = [await stream.__anext__() for _ in range(5)]
+        await engine.load_adapter("v2", str(adapters["v2"]))
+        await engine.activate("v2")
+        await engine.unload("v1")
+        assert engine.loaded_versions() == ["v2"], "v1 is retiring: no new request may use it"
+        with pytest.raises(EngineError):
+            await collect(engine, Sampling(max_tokens=2), "v1")
+        rest = [t async for t in stream]
+        toks = first + rest
+        assert len(toks) == 40, "the in-flight generation finished on the version it started with"
+        # Its logprobs are v1's, not v2's or the base model's.
+        ids = [t.id for t in toks]
+        await engine.load_adapter("v1-again", str(adapters["v1"]))
+        rescored = await engine.score(PROMPT, ids, "v1-again")
+        assert max(abs(a - t.logprob) for a, t in zip(rescored, toks)) < 1e-4
+        assert "v1" not in engine.loaded_versions()
+        with pytest.raises(EngineError):
+            await engine.unload("v2")  # active: refuse rather than break serving
+        await engine.activate(None)
+        await engine.unload("v2")
+        await engine.close()
+
+    run(go())
