@@ -203,6 +203,13 @@ def test_meta_values_are_trimmed_and_case_folded() -> None:
     assert blank.session_id.startswith("anon-")
 
 
+def test_meta_blank_header_falls_back_to_body() -> None:
+    # A proxy that sends an empty header must not turn a tagged main call into an anonymous side call.
+    req = chat(user("hi"), session_id="s-body", turn_type="main", session_done=True)
+    meta = parse_meta({"x-session-id": "", "x-turn-type": "  ", "x-session-done": ""}, req)
+    assert (meta.session_id, meta.turn_type, meta.tagged, meta.session_done) == ("s-body", "main", True, True)
+
+
 @pytest.mark.parametrize("where", ["header", "body"])
 @pytest.mark.parametrize("value", ["primary", "MAIN-TURN", "judge", "0"])
 def test_meta_invalid_turn_type_raises(where: str, value: str) -> None:

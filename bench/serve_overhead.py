@@ -1,0 +1,502 @@
+"""How much latency and throughput does the HTTP daemon add over calling the engine directly?
+
+Starts the real daemon (`python -m clawback.daemon.cli serve ...`) as a child process and, in this
+process, an `EmbeddedEngine` on the same model dir plus a `ChatRenderer` on its tokenizer. Both
+sides do the same work for the same messages: render them to prompt ids and generate the same
+number of tokens greedily. Requests alternate between the two sides (one at a time, order flipped
+every pair so neither side always goes first), so the per-pair difference http - direct is the
+daemon's overhead, not queueing.
+
+    .venv/bin/python bench/serve_overhead.py                       # 30 pairs, max_tokens 16 and 64
+    .venv/bin/python bench/serve_overhead.py --pairs 50 --max-tokens 16 64 --threads 1
+
+Prints a table and writes bench/results/serve_overhead-<timestamp>.json (raw pairs included).
+Targets: added latency <= 1 ms p50 and <= 3 ms p99, throughput ratio >= 0.98. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = Path.home() / ".cache" / "clawback" / "models" / "SmolLM2-135M-Instruct"
+TARGET_P50_MS, TARGET_P99_MS, TARGET_RATIO = 1.0, 3.0, 0.98
+
+# Candidates; only those whose greedy reply does not end before the largest max_tokens are used, so
+# every request of a setting generates exactly max_tokens tokens on both sides.
+PROMPTS = [
+    "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain in detail how a bicycle works, covering the frame, gears, brakes and wheels.",
+    "Describe the water cycle step by step for a school textbook chapter.",
+    "Write a travel guide to a small coastal town: food, walks, history and where to stay.",
+]
+SYSTEM = "You are a helpful assistant."
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_ns(pid: int | str = "self") -> int:
+    """CPU time (ns) used so far by all threads of a process, from /proc/<pid>/task/*/schedstat.
+
+    Threads that exited are not counted; the daemon's and this process's threads are long-lived.
+    """
+    total = 0
+    base = Path(f"/proc/{pid}/task")
+    for task in base.iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+def pct(xs: list[float], q: float) -> float:
+    """Percentile with linear interpolation (numpy's default), without needing numpy."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"n": len(xs), "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99), "mean": statistics.fmean(xs),
+            "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "min": min(xs), "max": max(xs)}
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+    return {"nproc": os.cpu_count(), "lscpu": lscpu[:12], "loadavg_at_start": Path("/proc/loadavg").read_text().strip(),
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "platform": platform.platform()}
+
+
+# ---------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    def __init__(self, model_dir: Path, threads: int, device: str, log_level: str) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="clawback-bench-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = self.data_dir / "daemon.log"
+        env = {**os.environ, "CLAWBACK_TORCH_THREADS": str(threads)}
+        env.pop("CLAWBACK_DATA_DIR", None)
+        cmd = [sys.executable, "-m", "clawback.daemon.cli", "serve", "--model", str(model_dir),
+               "--port", str(self.port), "--data-dir", str(self.data_dir), "--no-auth",
+               "--device", device, "--log-level", log_level]
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited early:\n{self.log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"daemon did not start:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: the lifespan shutdown drains the store
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def server_timings(self) -> dict[str, dict[str, float]]:
+        """call_id -> the timings the daemon itself recorded (render_s, ttft_s, total_s)."""
+        db = self.data_dir / "clawback.db"
+        if not db.is_file():
+            return {}
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return {cid: json.loads(t) for cid, t in conn.execute("SELECT call_id, timings_json FROM calls")}
+        finally:
+            conn.close()
+
+
+# ---------------------------------------------------------------- the two sides
+
+
+class Direct:
+    """The engine called in-process: render, generate greedily, decode the reply once."""
+
+    def __init__(self, model_dir: Path, threads: int, device: str) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        from clawback.daemon.chat import ChatRenderer
+        from clawback.daemon.engines.embedded import EmbeddedEngine
+
+        torch.set_num_threads(threads)
+        self.engine = EmbeddedEngine(model_dir, device=device, name=model_dir.name, torch_threads=threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.renderer = ChatRenderer(self.tokenizer)
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, req: Any, max_tokens: int) -> dict[str, Any]:
+        c0 = cpu_ns()
+        t0 = time.perf_counter_ns()
+        out = self.loop.run_until_complete(self._generate(req, max_tokens, t0))
+        t1 = time.perf_counter_ns()
+        out["total_ms"] = (t1 - t0) / 1e6
+        out["cpu_ms"] = (cpu_ns() - c0) / 1e6
+        return out
+
+    async def _generate(self, req: Any, max_tokens: int, t0: int) -> dict[str, Any]:
+        from clawback.daemon.engines.base import Sampling
+
+        _, prompt_ids = self.renderer.render(req)
+        info = self.engine.info
+        sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=min(max_tokens, info.context_length - len(prompt_ids)),
+                            stop_token_ids=info.eos_token_ids)
+        ids: list[int] = []
+        stamps: list[int] = []
+        async with contextlib.aclosing(self.engine.generate(prompt_ids, sampling)) as stream:
+            async for tok in stream:
+                stamps.append(time.perf_counter_ns())
+                ids.append(tok.id)
+        eos = set(info.eos_token_ids)
+        text = self.tokenizer.decode([i for i in ids if i not in eos], skip_special_tokens=True)
+        steps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:])]
+        return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "text": text,
+                "hit_eos": bool(ids) and ids[-1] in eos, "ttft_ms": (stamps[0] - t0) / 1e6 if stamps else None,
+                "step_ms_median": statistics.median(steps) if steps else None}
+
+    def engine_only(self, prompt_ids: list[int], n: int) -> dict[str, Any]:
+        """The model alone, on this thread (the engine's worker is idle): prefill + n-1 decode steps,
+        each with the argmax and the full-vocab log_softmax the engine computes per token."""
+        import torch
+        from transformers import DynamicCache
+
+        eng = self.engine
+        times: list[float] = []
+        with torch.inference_mode():
+            cache, inp = DynamicCache(), list(prompt_ids)
+            for _ in range(n):
+                t = time.perf_counter_ns()
+                out = eng._forward(inp, None, cache)
+                cache = out.cache
+                logits = out.logits[0, -1].float()
+                tok = int(torch.argmax(logits))
+                float(torch.log_softmax(logits, dim=-1)[tok])
+                inp = [tok]
+                times.append((time.perf_counter_ns() - t) / 1e6)
+        return {"prefill_ms": times[0], "decode_step_ms": times[1:]}
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.engine.close())
+        self.loop.close()
+
+
+class Http:
+    """The daemon over HTTP/1.1 with one persistent connection."""
+
+    def __init__(self, url: str, model: str = "clawback") -> None:
+        self.client = httpx.Client(base_url=url, timeout=600)
+        self.model = model
+
+    def body(self, messages: list[dict], max_tokens: int, stream: bool) -> dict[str, Any]:
+        b: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+        if stream:
+            b["stream"] = True
+            b["stream_options"] = {"include_usage": True}
+        return b
+
+    def run(self, messages: list[dict], max_tokens: int, stream: bool, daemon_pid: int) -> dict[str, Any]:
+        body = self.body(messages, max_tokens, stream)
+        c0, d0 = cpu_ns(), cpu_ns(daemon_pid)
+        t0 = time.perf_counter_ns()
+        out = self._stream(body, t0) if stream else self._plain(body)
+        t1 = time.perf_counter_ns()
+        out["total_ms"] = (t1 - t0) / 1e6
+        out["client_cpu_ms"] = (cpu_ns() - c0) / 1e6
+        out["daemon_cpu_ms"] = (cpu_ns(daemon_pid) - d0) / 1e6
+        return out
+
+    def _plain(self, body: dict) -> dict[str, Any]:
+        r = self.client.post("/v1/chat/completions", json=body)
+        r.raise_for_status()
+        data = r.json()
+        return {"call_id": data["id"], "prompt_tokens": data["usage"]["prompt_tokens"],
+                "completion_tokens": data["usage"]["completion_tokens"],
+                "text": data["choices"][0]["message"]["content"] or "",
+                "finish_reason": data["choices"][0]["finish_reason"]}
+
+    def _stream(self, body: dict, t0: int) -> dict[str, Any]:
+        parts: list[str] = []
+        usage: dict[str, int] = {}
+        call_id = finish = None
+        ttft = None
+        chunks = 0
+        with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[6:]
+                if payload == "[DONE]":
+                    break  # the last chunk: the clock stops right after this, in run()
+                chunks += 1
+                data = json.loads(payload)
+                call_id = data["id"]
+                if data.get("usage"):
+                    usage = data["usage"]
+                for choice in data.get("choices", []):
+                    text = choice["delta"].get("content")
+                    if text:
+                        if ttft is None:
+                            ttft = (time.perf_counter_ns() - t0) / 1e6
+                        parts.append(text)
+                    finish = choice.get("finish_reason") or finish
+        return {"call_id": call_id, "prompt_tokens": usage.get("prompt_tokens"),
+                "completion_tokens": usage.get("completion_tokens"), "text": "".join(parts),
+                "finish_reason": finish, "ttft_ms": ttft, "chunks": chunks}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def pick_prompts(direct: Direct, longest: int) -> list[list[dict]]:
+    from clawback.daemon.chat import ChatRequest
+
+    chosen = []
+    for p in PROMPTS:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}]
+        req = ChatRequest.model_validate({"model": "clawback", "messages": messages})
+        out = direct.run(req, longest)
+        ok = out["completion_tokens"] == longest and not out["hit_eos"]
+        print(f"  prompt {len(chosen)}: {out['prompt_tokens']} prompt tokens, greedy reply "
+              f"{'runs past' if ok else 'ENDS BEFORE'} {longest} tokens", flush=True)
+        if ok:
+            chosen.append(messages)
+    if not chosen:
+        raise SystemExit(f"no candidate prompt generates {longest} tokens greedily; lower --max-tokens")
+    return chosen
+
+
+def run_setting(direct: Direct, http: Http, daemon: Daemon, prompts: list[list[dict]], max_tokens: int,
+                stream: bool, pairs: int, warmup: int, gap_s: float) -> list[dict[str, Any]]:
+    from clawback.daemon.chat import ChatRequest
+
+    reqs = [ChatRequest.model_validate({"model": "clawback", "messages": m}) for m in prompts]
+    rows = []
+    label = f"max_tokens={max_tokens} {'stream' if stream else 'non-stream'}"
+    for i in range(-warmup, pairs):
+        k = i % len(prompts)
+        direct_first = i % 2 == 0
+        res: dict[str, dict] = {}
+        for side in (("direct", "http") if direct_first else ("http", "direct")):
+            if side == "direct":
+                res["direct"] = direct.run(reqs[k], max_tokens)
+            else:
+                res["http"] = http.run(prompts[k], max_tokens, stream, daemon.proc.pid)
+            time.sleep(gap_s)
+        if i < 0:
+            continue
+        d, h = res["direct"], res["http"]
+        rows.append({
+            "pair": i, "prompt": k, "direct_first": direct_first,
+            "direct_ms": d["total_ms"], "http_ms": h["total_ms"], "added_ms": h["total_ms"] - d["total_ms"],
+            "direct_tokens": d["completion_tokens"], "http_tokens": h["completion_tokens"],
+            "prompt_tokens": [d["prompt_tokens"], h["prompt_tokens"]],
+            "same_text": d["text"] == h["text"], "finish_reason": h["finish_reason"],
+            "direct_ttft_ms": d["ttft_ms"], "http_ttft_ms": h.get("ttft_ms"), "chunks": h.get("chunks"),
+            "direct_step_ms_median": d["step_ms_median"],
+            "direct_cpu_ms": d["cpu_ms"], "daemon_cpu_ms": h["daemon_cpu_ms"], "client_cpu_ms": h["client_cpu_ms"],
+            "call_id": h["call_id"],
+        })
+        if (i + 1) % 10 == 0 or i == pairs - 1:
+            added = [r["added_ms"] for r in rows]
+            print(f"  {label}: {i + 1}/{pairs} pairs, added p50 so far {pct(added, 50):+.2f} ms", flush=True)
+    return rows
+
+
+def analyse(rows: list[dict[str, Any]], timings: dict[str, dict[str, float]]) -> dict[str, Any]:
+    for r in rows:
+        t = timings.get(r["call_id"] or "")
+        if t:
+            r["server_total_ms"] = t["total_s"] * 1e3
+            r["server_render_ms"] = t["render_s"] * 1e3
+            r["server_ttft_ms"] = t["ttft_s"] * 1e3
+            r["outside_server_ms"] = r["http_ms"] - r["server_total_ms"]  # transport, routing, client
+            r["inside_server_ms"] = r["server_total_ms"] - r["direct_ms"]  # validation, capture, detok...
+    added = [r["added_ms"] for r in rows]
+    d_tps = [r["direct_tokens"] / (r["direct_ms"] / 1e3) for r in rows]
+    h_tps = [r["http_tokens"] / (r["http_ms"] / 1e3) for r in rows]
+    out: dict[str, Any] = {
+        "pairs": len(rows),
+        "tokens_equal": all(r["direct_tokens"] == r["http_tokens"] for r in rows),
+        "completion_tokens": sorted({r["http_tokens"] for r in rows} | {r["direct_tokens"] for r in rows}),
+        "text_equal": sum(r["same_text"] for r in rows),
+        "direct_ms": summary([r["direct_ms"] for r in rows]),
+        "http_ms": summary([r["http_ms"] for r in rows]),
+        "added_ms": summary(added),
+        "added_pct_p50": 100 * pct(added, 50) / pct([r["direct_ms"] for r in rows], 50),
+        "direct_tok_s_p50": pct(d_tps, 50),
+        "http_tok_s_p50": pct(h_tps, 50),
+        "throughput_ratio": pct(h_tps, 50) / pct(d_tps, 50),
+        "direct_step_ms_p50": pct([r["direct_step_ms_median"] for r in rows if r["direct_step_ms_median"]], 50),
+        "extra_cpu_ms": summary([r["daemon_cpu_ms"] + r["client_cpu_ms"] - r["direct_cpu_ms"] for r in rows]),
+        "daemon_cpu_ms": summary([r["daemon_cpu_ms"] for r in rows]),
+        "direct_cpu_ms": summary([r["direct_cpu_ms"] for r in rows]),
+    }
+    if all("server_total_ms" in r for r in rows):
+        out["outside_server_ms"] = summary([r["outside_server_ms"] for r in rows])
+        out["inside_server_ms"] = summary([r["inside_server_ms"] for r in rows])
+        out["server_render_ms"] = summary([r["server_render_ms"] for r in rows])
+    ttft = [r["http_ttft_ms"] - r["direct_ttft_ms"] for r in rows if r["http_ttft_ms"] is not None]
+    if ttft:
+        out["added_ttft_ms"] = summary(ttft)
+    out["meets"] = {"p50": pct(added, 50) <= TARGET_P50_MS, "p99": pct(added, 99) <= TARGET_P99_MS,
+                    "ratio": out["throughput_ratio"] >= TARGET_RATIO}
+    return out
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    head = (f"{'setting':<18} {'n':>3} {'tok':>4} {'direct p50':>10} {'http p50':>9} {'added p50':>9} "
+            f"{'added p99':>9} {'ratio':>6} {'in-srv p50':>10} {'out-srv p50':>11} {'+cpu p50':>8}  targets")
+    print(head)
+    print("-" * len(head))
+    for res in results:
+        a = res["stats"]
+        tok = "/".join(map(str, a["completion_tokens"]))
+        ok = "".join(k if v else k.upper() + "!" for k, v in a["meets"].items())
+        ins = a.get("inside_server_ms", {}).get("p50", float("nan"))
+        outs = a.get("outside_server_ms", {}).get("p50", float("nan"))
+        print(f"{res['setting']:<18} {a['pairs']:>3} {tok:>4} {a['direct_ms']['p50']:>10.1f} {a['http_ms']['p50']:>9.1f} "
+              f"{a['added_ms']['p50']:>+9.2f} {a['added_ms']['p99']:>+9.2f} {a['throughput_ratio']:>6.3f} "
+              f"{ins:>+10.2f} {outs:>+11.2f} {a['extra_cpu_ms']['p50']:>+8.1f}  "
+              f"{'all met' if all(a['meets'].values()) else 'missed: ' + ', '.join(k for k, v in a['meets'].items() if not v)}")
+    print("(ms; added = http - direct per pair; ratio = median http tok/s / median direct tok/s; in-srv = daemon's own "
+          "total_s - direct; out-srv = client time - daemon's total_s; +cpu = daemon+client CPU - direct CPU)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=None, help=f"model dir (default: the embedded model, {DEFAULT_MODEL})")
+    ap.add_argument("--pairs", type=int, default=30, help="measured direct/http pairs per setting (default 30)")
+    ap.add_argument("--warmup", type=int, default=3, help="unmeasured pairs before each setting (default 3)")
+    ap.add_argument("--max-tokens", type=int, nargs="+", default=[16, 64], help="settings (default 16 64)")
+    ap.add_argument("--modes", nargs="+", choices=["plain", "stream"], default=["plain", "stream"],
+                    help="non-streaming (plain) and/or streaming requests (default both)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads on each side: torch.set_num_threads here, CLAWBACK_TORCH_THREADS for the daemon (default 1)")
+    ap.add_argument("--device", default="auto", help="engine device on both sides (default auto)")
+    ap.add_argument("--gap-ms", type=float, default=10.0,
+                    help="pause after each request so the daemon's after-response work (store write) settles (default 10)")
+    ap.add_argument("--engine-steps", type=int, default=64, help="steps for the engine-only per-token timing (default 64)")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where the JSON goes")
+    ap.add_argument("--daemon-log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    ap.add_argument("--keep-data", action="store_true", help="keep the daemon's temp data dir (its log and store)")
+    args = ap.parse_args(argv)
+
+    from clawback.daemon.chat import ChatRequest
+    from clawback.daemon.models import ensure_embedded_model
+
+    model_dir = args.model or ensure_embedded_model(DEFAULT_MODEL)
+    started = dt.datetime.now().astimezone()
+    print(f"serve_overhead: model {model_dir}, torch threads {args.threads} per side, {args.pairs} pairs per setting", flush=True)
+    info = machine()
+    daemon = Daemon(model_dir, args.threads, args.device, args.daemon_log_level)
+    direct = http = None
+    try:
+        direct = Direct(model_dir, args.threads, args.device)  # loads while the daemon loads
+        daemon.wait_ready()
+        http = Http(daemon.url)
+        print(f"daemon pid {daemon.proc.pid} at {daemon.url}; choosing prompts", flush=True)
+        prompts = pick_prompts(direct, max(args.max_tokens))
+
+        eng_ids = direct.renderer.render(ChatRequest.model_validate({"model": "clawback", "messages": prompts[0]}))[1]
+        direct.engine_only(eng_ids, 8)  # warm
+        eng = direct.engine_only(eng_ids, args.engine_steps)
+        engine_only = {"prefill_ms": eng["prefill_ms"], "prompt_tokens": len(eng_ids),
+                       "decode_step_ms": summary(eng["decode_step_ms"])}
+        print(f"engine only: prefill {eng['prefill_ms']:.1f} ms ({len(eng_ids)} tokens), decode step p50 "
+              f"{engine_only['decode_step_ms']['p50']:.2f} ms (p90 {engine_only['decode_step_ms']['p90']:.2f})", flush=True)
+
+        settings_rows = []
+        for n in args.max_tokens:
+            for mode in args.modes:
+                rows = run_setting(direct, http, daemon, prompts, n, mode == "stream", args.pairs, args.warmup,
+                                   args.gap_ms / 1e3)
+                settings_rows.append((f"{n} {mode}", n, mode, rows))
+        metrics = http.client.get("/metrics").text
+    finally:
+        if http:
+            http.close()
+        daemon.stop()
+        if direct:
+            direct.close()
+
+    timings = daemon.server_timings()
+    results = [{"setting": name, "max_tokens": n, "mode": mode, "stats": analyse(rows, timings), "rows": rows}
+               for name, n, mode, rows in settings_rows]
+    finished = dt.datetime.now().astimezone()
+    print()
+    print_table(results)
+    for res in results:
+        a = res["stats"]
+        if not a["tokens_equal"]:
+            print(f"WARNING {res['setting']}: completion_tokens differ between the sides: {a['completion_tokens']}")
+        if a["text_equal"] != a["pairs"]:
+            print(f"note {res['setting']}: replies identical in {a['text_equal']}/{a['pairs']} pairs")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"serve_overhead-{started.strftime('%Y%m%d-%H%M%S')}.json"
+    report = {
+        "started": started.isoformat(), "finished": finished.isoformat(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "daemon_command": daemon.cmd, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "model_dir": str(model_dir), "machine": info, "loadavg_at_end": Path("/proc/loadavg").read_text().strip(),
+        "targets": {"added_p50_ms": TARGET_P50_MS, "added_p99_ms": TARGET_P99_MS, "throughput_ratio": TARGET_RATIO},
+        "engine_only": engine_only, "prompts": prompts,
+        "results": results,
+        "daemon_dropped_or_errors": [ln for ln in metrics.splitlines() if ln.startswith(("clawback_store_dropped", "clawback_requests"))],
+    }
+    path.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {path}")
+    if args.keep_data:
+        print(f"daemon data dir kept: {daemon.data_dir}")
+    else:
+        shutil.rmtree(daemon.data_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
