@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import ValidationError
 
 from .capture import Capture, CallMeta, MetaError, parse_meta
+from .feedback import Hub, add_feedback_routes
 from .chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from .config import Settings
 from .engines.base import Engine, EngineError, Sampling
@@ -96,6 +97,9 @@ class AppState:
     store: Store
     capture: Capture
     api_key: str | None
+    hub: Hub = field(default_factory=Hub)
+    pipeline: Any = None  # clawback.judge.samples.SamplePipeline, started by the lifespan
+    judge_name: str = "off"
     started_at: float = field(default_factory=time.time)
     running: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -113,6 +117,9 @@ class AppState:
 
 
 # ---------------------------------------------------------------- ASGI middleware: auth, body limit, counting
+
+
+ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback")
 
 
 class Gate:
@@ -143,7 +150,7 @@ class Gate:
                     return await err.response()(scope, receive, counting_send)
             await self.app(scope, receive, counting_send)
         finally:
-            route = path if path in ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status") else "other"
+            route = path if path in ROUTES else "other"
             self.state.requests.labels(route, str(status_box[0])).inc()
 
 
@@ -209,6 +216,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "generations_running": state.running,
             "sessions_open": state.capture.open_sessions(),
             "capture": dict(state.capture.counters),
+            "signals": {"method": state.settings.method, "teacher": state.settings.teacher,
+                        "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "store": {
                 "path": str(state.store.db_path),
                 "schema_version": state.store.schema_version,
@@ -222,6 +231,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _chat(state, request)
+
+    add_feedback_routes(app, state)
 
     return Gate(app, state)
 
@@ -461,7 +472,38 @@ def build_state(settings: Settings) -> AppState:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     store = Store(settings.db_path, queue_size=settings.store_queue_size)
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
-    return AppState(settings, engine, ChatRenderer(tokenizer), store, capture, resolve_api_key(settings))
+    state = AppState(settings, engine, ChatRenderer(tokenizer), store, capture, resolve_api_key(settings))
+    state.pipeline = _sample_pipeline(settings, state, tokenizer)
+    return state
+
+
+def _sample_pipeline(settings: Settings, state: AppState, tokenizer: Any) -> Any:
+    from clawback.judge.backends import EngineBackend, OpenAIBackend
+    from clawback.judge.samples import SamplePipeline, SignalConfig
+
+    from .config import EMBEDDED_MODEL
+
+    judge = settings.judge
+    if judge == "auto":
+        judge = "openai" if settings.judge_url else ("off" if settings.model == EMBEDDED_MODEL else "engine")
+    backend: Any = None
+    if judge == "engine":
+        backend = EngineBackend(state.engine, state.renderer, tokenizer)
+    elif judge == "openai":
+        if not (settings.judge_url and settings.judge_model):
+            raise ValueError("judge 'openai' needs judge_url and judge_model")
+        key = settings.judge_api_key.get_secret_value() if settings.judge_api_key else None
+        backend = OpenAIBackend(settings.judge_url, key, settings.judge_model, settings.judge_timeout_s)
+    state.judge_name = judge
+    cfg = SignalConfig(method=settings.method, teacher=settings.teacher, judge_votes=settings.judge_votes,
+                       judge_temperature=settings.judge_temperature, judge_max_tokens=settings.judge_max_tokens,
+                       judge_timeout_s=settings.judge_timeout_s, judge_retries=settings.judge_retries,
+                       concurrency=settings.judge_concurrency)
+
+    def on_ready(sample: dict[str, Any]) -> None:
+        state.hub.broadcast({"type": "sample_ready", **sample})
+
+    return SamplePipeline(state.store, state.engine, state.renderer, backend, cfg, on_ready)
 
 
 def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
@@ -480,13 +522,19 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
                 except Exception:
                     log.exception("session sweep failed")
 
-        task = asyncio.create_task(sweeper())
+        tasks = [asyncio.create_task(sweeper())]
+        if state.pipeline is not None:
+            pipeline = state.pipeline
+            state.store.listeners.append(lambda kind, _: pipeline.wake() if kind == "sample.pending" else None)
+            tasks.append(asyncio.create_task(pipeline.run()))
         log.info("clawback serving %s on %s (auth %s)", state.engine.info.name, settings.base_url,
                  "off" if state.api_key is None else "on")
         try:
             yield
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await state.engine.close()
             await asyncio.to_thread(state.store.close)
 

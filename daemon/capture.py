@@ -139,9 +139,7 @@ class Capture:
     def _load(self, session_id: str) -> _Session:
         s = _Session(session_id, last_seen=self.clock())
         row = self.store.session_row(session_id)
-        if row is None:
-            return s
-        s.closed = row["state"] == "closed"
+        s.closed = row is not None and row["state"] == "closed"
         call = self.store.last_awaiting_call(session_id)
         if call is not None:
             s.awaiting = s.latest_main = call["call_id"]
@@ -215,6 +213,25 @@ class Capture:
             s.awaiting = record.call_id
             s.awaiting_reply = _served_signature(record.response_text, record.tool_calls)
             s.awaiting_digest = messages_digest(req.messages)
+
+    def end_session(self, session_id: str) -> None:
+        """The client ended the session (feedback `session_end`); the store op closes its calls."""
+        s = self._sessions.get(session_id)
+        if s is not None:
+            s.closed, s.awaiting = True, None
+
+    def link(self, from_id: str, to_id: str) -> None:
+        """The conversation continues under a new session id: carry the waiting call over."""
+        old = self._sessions.pop(from_id, None)
+        if old is None or old.awaiting is None:
+            return
+        new = self._sessions.get(to_id)
+        if new is None:
+            new = _Session(to_id, last_seen=self.clock())
+            self._remember(new)
+        if new.awaiting is None:
+            new.awaiting, new.awaiting_reply, new.awaiting_digest = old.awaiting, old.awaiting_reply, old.awaiting_digest
+            new.latest_main = new.latest_main or old.latest_main
 
     def sweep(self) -> int:
         """Close sessions idle for longer than the timeout; returns how many were closed."""

@@ -55,7 +55,30 @@ class Settings(BaseSettings):
 
     store_queue_size: int = Field(10_000, ge=1)
 
+    # Signals -> samples. Method presets and the trainer come with the trainer issue.
+    method: Literal["binary", "opd", "combined"] = "combined"
+    teacher: Literal["self", "base"] = "self"  # self = current policy + hint (the paper); base = frozen base + hint
+    # auto = the policy engine (base model, no adapter) for any model but the embedded 135M one,
+    # which judges near chance (bench/README.md): there explicit feedback is the signal.
+    judge: Literal["auto", "engine", "openai", "off"] = "auto"
+    judge_url: str | None = None  # any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1
+    judge_api_key: SecretStr | None = None
+    judge_model: str | None = None
+    judge_votes: int = Field(3, ge=1)
+    judge_temperature: float = Field(0.6, ge=0, le=2)
+    judge_max_tokens: int = Field(512, ge=16)
+    judge_timeout_s: float = Field(120.0, gt=0)
+    judge_retries: int = Field(1, ge=0)
+    judge_concurrency: int = Field(2, ge=1)
+
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("judge_votes")
+    @classmethod
+    def _odd(cls, v: int) -> int:
+        if v % 2 == 0:
+            raise ValueError("judge_votes must be odd so that a majority always exists")
+        return v
 
     @field_validator("data_dir", mode="after")
     @classmethod

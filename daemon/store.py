@@ -10,6 +10,7 @@ Every state change also appends a row to `events`, which triggers keep append-on
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
@@ -26,6 +27,17 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+class StoreBusy(RuntimeError):
+    pass
+
+
+SIGNAL_KINDS = ("thumbs_up", "thumbs_down", "correction")  # feedback that changes a sample
+
+
+def _marks(values: Any) -> str:
+    return ", ".join("?" for _ in values)
 
 
 def ids_blob(ids: list[int]) -> bytes:
@@ -136,19 +148,44 @@ class Store:
         self.dropped: dict[str, int] = {}
         self._dropped_logged: dict[str, int] = {}
         self.written = 0
+        self.listeners: list[Callable[[str, str], None]] = []  # called on the writer thread after commits
+        self._notes: list[tuple[str, str]] = []
         self._thread = threading.Thread(target=self._write_loop, name="clawback-store", daemon=True)
         self._thread.start()
 
     # ---- writes (any thread; never block) ----
 
-    def submit(self, op: str, *args: Any) -> bool:
+    def submit(self, op: str, *args: Any, reply: Callable[[Any, BaseException | None], None] | None = None) -> bool:
+        """Queue a write. `reply(result, error)` runs on the writer thread once it is committed."""
         try:
-            self._queue.put_nowait((op, args))
+            self._queue.put_nowait((op, args, reply))
             return True
         except queue.Full:
             self.dropped[op] = self.dropped.get(op, 0) + 1
             log.error("store queue full: dropped a %s write (%d so far)", op, self.dropped[op])
             return False
+
+    async def commit(self, op: str, *args: Any) -> Any:
+        """Queue a write and wait until it is committed; returns the op's result.
+
+        For writes that are acknowledged to a client (feedback events): raises StoreBusy instead
+        of dropping when the queue is full, so the client keeps the event and sends it again.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+
+        def reply(result: Any, error: BaseException | None) -> None:
+            def settle() -> None:
+                if not fut.done():
+                    fut.set_exception(error) if error is not None else fut.set_result(result)
+
+            loop.call_soon_threadsafe(settle)
+
+        try:
+            self._queue.put_nowait((op, args, reply))
+        except queue.Full:
+            raise StoreBusy("the store is busy; send the event again") from None
+        return await fut
 
     def queue_depth(self) -> int:
         return self._queue.qsize()
@@ -156,13 +193,13 @@ class Store:
     def flush(self, timeout: float = 30.0) -> None:
         """Block until everything submitted so far is committed (tests, shutdown, export)."""
         done = threading.Event()
-        self._queue.put(("_flush", (done,)), timeout=timeout)
+        self._queue.put(("_flush", (done,), None), timeout=timeout)
         if not done.wait(timeout):
             raise TimeoutError("store writer did not drain in time")
 
     def close(self) -> None:
         if self._thread.is_alive():
-            self._queue.put((_STOP, ()))
+            self._queue.put((_STOP, (), None))
             self._thread.join(60)
         self._conn.close()
 
@@ -176,38 +213,61 @@ class Store:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = any(op is _STOP for op, _ in batch)
-            waiters = [args[0] for op, args in batch if op == "_flush"]
-            ops = [(op, args) for op, args in batch if op not in (_STOP, "_flush")]
+            stop = any(op is _STOP for op, _, _ in batch)
+            waiters = [args[0] for op, args, _ in batch if op == "_flush"]
+            ops = [item for item in batch if item[0] not in (_STOP, "_flush")]
             self._apply(ops)
             for w in waiters:
                 w.set()
             if stop:
                 return
 
-    def _apply(self, ops: list[tuple[str, tuple]]) -> None:
+    def _run_op(self, op: str, args: tuple) -> Any:
+        return getattr(self, f"_op_{op}")(*args)
+
+    def _apply(self, ops: list[tuple[str, tuple, Any]]) -> None:
         if not ops and self.dropped == self._dropped_logged:
             return
+        self._notes = []
         try:
             self._conn.execute("BEGIN IMMEDIATE")
-            for op, args in ops:
-                getattr(self, f"_op_{op}")(*args)
+            results = [self._run_op(op, args) for op, args, _ in ops]
             self._log_drops()
             self._conn.execute("COMMIT")
             self.written += len(ops)
+            outcomes = [(r, None) for r in results]
         except Exception:
             log.exception("store batch failed; retrying its writes one by one")
             self._rollback()
-            for op, args in ops:  # isolate the bad write so the others still land
+            self._notes = []
+            outcomes = []
+            for op, args, _ in ops:  # isolate the bad write so the others still land
+                n_notes = len(self._notes)
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
-                    getattr(self, f"_op_{op}")(*args)
+                    result = self._run_op(op, args)
                     self._conn.execute("COMMIT")
                     self.written += 1
+                    outcomes.append((result, None))
                 except Exception as e:
                     self._rollback()
+                    del self._notes[n_notes:]
                     self.dropped[f"{op}:error"] = self.dropped.get(f"{op}:error", 0) + 1
                     log.error("store write %s failed and was dropped: %s", op, e)
+                    outcomes.append((None, e))
+        for (_, _, reply), (result, error) in zip(ops, outcomes):
+            if reply is not None:
+                reply(result, error)
+        for note in self._notes:
+            for listener in self.listeners:
+                try:
+                    listener(*note)
+                except Exception:
+                    log.exception("store listener failed")
+
+    def _notify(self, kind: str, subject: str) -> None:
+        """Tell listeners (after the commit) that something they may act on happened."""
+        self._notes.append((kind, subject))
 
     def _rollback(self) -> None:
         # A BEGIN that failed (database locked past busy_timeout) leaves no transaction open, and
@@ -247,6 +307,8 @@ class Store:
             ),
         )
         self._event(f"call.{c.state}", c.call_id, {"session_id": c.session_id, "turn_type": c.turn_type})
+        if c.turn_type == "main":
+            self._resolve_orphans(c)
 
     def _op_next_state(self, call_id: str, next_call_id: str, messages: list[dict], matched: bool, ts: float) -> None:
         roles = ",".join(m.get("role", "?") for m in messages)
@@ -255,6 +317,7 @@ class Store:
             (call_id, next_call_id, json.dumps(messages, ensure_ascii=False), roles, int(matched), ts),
         )
         self._set_call_state(call_id, "paired", {"next_call_id": next_call_id, "roles": roles})
+        self._want_sample(call_id, "next_state")
 
     def _op_close_call(self, call_id: str, reason: str) -> None:
         self._set_call_state(call_id, "closed_without_next_state", {"reason": reason})
@@ -268,8 +331,10 @@ class Store:
         self._event(f"call.{state}", call_id, payload)
 
     def _op_close_session(self, session_id: str, reason: str, ts: float) -> None:
+        sessions = self._linked_sessions(session_id)  # a linked-in session's waiting call ends here too
         waiting = self._conn.execute(
-            "SELECT call_id FROM calls WHERE session_id = ? AND state = 'awaiting_next_state'", (session_id,)
+            f"SELECT call_id FROM calls WHERE session_id IN ({_marks(sessions)}) AND state = 'awaiting_next_state'",
+            sessions,
         ).fetchall()
         for (call_id,) in waiting:
             self._set_call_state(call_id, "closed_without_next_state", {"reason": reason})
@@ -287,6 +352,132 @@ class Store:
         )
         self._event("session.reopened", session_id, {})
 
+    # ---- signals: feedback events, samples, votes ----
+
+    def _op_feedback(self, ev: dict[str, Any], received_at: float) -> dict[str, Any]:
+        """Apply one feedback event exactly once; returns what happened (for the ack)."""
+        row = self._conn.execute(
+            "SELECT state, call_id, reason FROM feedback_events WHERE event_id = ?", (ev["event_id"],)
+        ).fetchone()
+        if row is not None:
+            return {"status": "duplicate", "state": row[0], "call_id": row[1], "reason": row[2]}
+        kind, sid = ev["kind"], ev["session_id"]
+        sessions = self._linked_sessions(sid)
+        known = self._conn.execute(
+            f"SELECT count(*) FROM sessions WHERE session_id IN ({_marks(sessions)})", sessions
+        ).fetchone()[0] > 0
+        call_id = reason = None
+        if kind == "session_link":
+            self._conn.execute("INSERT OR IGNORE INTO session_links VALUES (?, ?, ?)", (ev["from"], ev["to"], received_at))
+            # The old id is done, but its waiting call now waits under the new id: close the
+            # session without closing that call.
+            self._conn.execute(
+                "UPDATE sessions SET state = 'closed', closed_at = ?, closed_reason = 'linked' "
+                "WHERE session_id = ? AND state = 'open'", (received_at, ev["from"]))
+            self._event("session.linked", ev["to"], {"from": ev["from"]})
+            if not self._session_known(ev["from"]):
+                reason = "unknown_session"
+        elif not known:
+            reason = "unknown_session"
+        elif kind == "session_end":
+            self._op_close_session(sid, "session_end", received_at)
+        else:
+            call_id = self._resolve_target(sessions, ev.get("target") or "last")
+            if call_id is None:
+                reason = "unknown_target"
+        state = "orphan" if reason else "applied"
+        self._conn.execute(
+            "INSERT INTO feedback_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (ev["event_id"], kind, sid, ev.get("target"), ev.get("text"), ev.get("source") or "unknown",
+             ev.get("ts"), received_at, state, call_id, reason, json.dumps(ev, ensure_ascii=False)),
+        )
+        self._event(f"feedback.{state}", ev["event_id"], {"kind": kind, "call_id": call_id, "reason": reason})
+        if call_id is not None and kind in SIGNAL_KINDS:
+            self._want_sample(call_id, kind)
+        return {"status": state, "call_id": call_id, "reason": reason}
+
+    def _session_known(self, session_id: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is not None
+
+    def _linked_sessions(self, session_id: str) -> list[str]:
+        return linked_sessions(self._conn, session_id)
+
+    def _resolve_target(self, sessions: list[str], target: str) -> str | None:
+        where = f"session_id IN ({_marks(sessions)}) AND turn_type = 'main'"
+        if target == "last":  # the final main call of the most recent turn: the reply the person saw
+            row = self._conn.execute(
+                f"SELECT call_id FROM calls WHERE {where} ORDER BY created_at DESC LIMIT 1", sessions
+            ).fetchone()
+        else:  # a request id names one call; a turn id names the final call of that turn
+            row = self._conn.execute(
+                f"SELECT call_id FROM calls WHERE {where} AND (request_id = ? OR turn_id = ?) "
+                "ORDER BY request_id = ? DESC, created_at DESC LIMIT 1",
+                (*sessions, target, target, target),
+            ).fetchone()
+        return row[0] if row else None
+
+    def _resolve_orphans(self, c: CallRecord) -> None:
+        """Feedback that arrived before the call it names was stored is applied now."""
+        targets = [t for t in (c.turn_id, c.request_id) if t]
+        rows = self._conn.execute(
+            f"SELECT event_id, kind FROM feedback_events WHERE state = 'orphan' AND session_id = ? "
+            f"AND target IN ({_marks(targets)}) AND kind IN ({_marks(SIGNAL_KINDS + ('comment',))})",
+            (c.session_id, *targets, *SIGNAL_KINDS, "comment"),
+        ).fetchall()
+        for event_id, kind in rows:
+            self._conn.execute(
+                "UPDATE feedback_events SET state = 'applied', call_id = ?, reason = NULL WHERE event_id = ?",
+                (c.call_id, event_id),
+            )
+            self._event("feedback.applied", event_id, {"kind": kind, "call_id": c.call_id, "resolved_orphan": True})
+            if kind in SIGNAL_KINDS:
+                self._want_sample(c.call_id, kind)
+
+    def _want_sample(self, call_id: str, why: str) -> None:
+        """A new signal for this call: (re)queue its sample for judging, in the same transaction."""
+        now = time.time()
+        row = self._conn.execute("SELECT state FROM samples WHERE call_id = ?", (call_id,)).fetchone()
+        if row is not None and row[0] == "consumed":
+            self._event("sample.signal_after_consumed", call_id, {"signal": why})
+            return
+        self._conn.execute(
+            "INSERT INTO samples(call_id, state, created_at, updated_at) VALUES (?, 'pending_judge', ?, ?) "
+            "ON CONFLICT(call_id) DO UPDATE SET state = 'pending_judge', reason = NULL, "
+            "revision = revision + 1, updated_at = excluded.updated_at",
+            (call_id, now, now),
+        )
+        self._event("sample.pending_judge", call_id, {"signal": why})
+        self._notify("sample.pending", call_id)
+
+    def _op_sample(self, call_id: str, revision: int, fields: dict[str, Any], votes: list[dict[str, Any]]) -> bool:
+        """Store a judged sample unless a newer signal arrived meanwhile (then it is judged again)."""
+        now = time.time()
+        for v in votes:  # every vote is kept, also when the sample itself went stale
+            self._conn.execute(
+                "INSERT INTO votes(call_id, kind, backend, prompt_version, score, hint, raw, error, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (call_id, v["kind"], v["backend"], v["prompt_version"], v.get("score"), v.get("hint"),
+                 v.get("raw"), v.get("error"), now),
+            )
+        blobs = {"teacher_prompt_ids": ids_blob, "teacher_logprobs": logprobs_blob}
+        values = {k: (blobs[k](v) if k in blobs and v is not None else v) for k, v in fields.items()}
+        if isinstance(values.get("teacher_messages"), list):
+            values["teacher_messages"] = json.dumps(values["teacher_messages"], ensure_ascii=False)
+        assignments = ", ".join(f"{k} = ?" for k in values)
+        cur = self._conn.execute(
+            f"UPDATE samples SET {assignments}, updated_at = ? "
+            "WHERE call_id = ? AND revision = ? AND state = 'pending_judge'",
+            (*values.values(), now, call_id, revision),
+        )
+        if cur.rowcount != 1:
+            return False
+        self._event(f"sample.{fields['state']}", call_id, {
+            "reason": fields.get("reason"), "reward": fields.get("reward"), "reward_source": fields.get("reward_source"),
+            "hint": fields.get("hint") is not None})
+        if fields["state"] == "ready":
+            self._notify("sample.ready", call_id)
+        return True
+
     # ---- reads (own read-only connection per call; safe from any thread) ----
 
     def read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -297,14 +488,20 @@ class Store:
             conn.close()
 
     def last_awaiting_call(self, session_id: str) -> sqlite3.Row | None:
-        """The session's main call still waiting for its next state, if any (state after a restart)."""
-        return self.read(
-            lambda c: c.execute(
+        """The session's main call still waiting for its next state, if any (state after a restart).
+
+        Sessions linked into this one count too: the conversation continues under the new id."""
+
+        def q(c: sqlite3.Connection) -> sqlite3.Row | None:
+            sessions = linked_sessions(c, session_id)
+            return c.execute(
                 "SELECT call_id, response_text, tool_calls_json, request_json FROM calls "
-                "WHERE session_id = ? AND state = 'awaiting_next_state' ORDER BY created_at DESC LIMIT 1",
-                (session_id,),
+                f"WHERE session_id IN ({_marks(sessions)}) AND state = 'awaiting_next_state' "
+                "ORDER BY created_at DESC LIMIT 1",
+                sessions,
             ).fetchone()
-        )
+
+        return self.read(q)
 
     def session_row(self, session_id: str) -> sqlite3.Row | None:
         return self.read(lambda c: c.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone())
@@ -322,13 +519,61 @@ class Store:
     def counts(self) -> dict[str, Any]:
         return self.read(counts)
 
+    def pending_samples(self, limit: int = 32) -> list[tuple[str, int]]:
+        return self.read(lambda c: [tuple(r) for r in c.execute(
+            "SELECT call_id, revision FROM samples WHERE state = 'pending_judge' ORDER BY updated_at LIMIT ?",
+            (limit,))])
+
+    def sample_inputs(self, call_id: str) -> dict[str, Any] | None:
+        """Everything the judge and the teacher need for one call, decoded."""
+
+        def q(c: sqlite3.Connection) -> dict[str, Any] | None:
+            sample = c.execute("SELECT revision, state FROM samples WHERE call_id = ?", (call_id,)).fetchone()
+            call = c.execute("SELECT * FROM calls WHERE call_id = ?", (call_id,)).fetchone()
+            if sample is None or call is None:
+                return None
+            nxt = c.execute("SELECT messages_json FROM next_states WHERE call_id = ?", (call_id,)).fetchone()
+            feedback = c.execute(
+                "SELECT kind, text, received_at FROM feedback_events WHERE call_id = ? AND state = 'applied' "
+                "ORDER BY received_at, rowid", (call_id,)).fetchall()
+            return {
+                "call_id": call_id,
+                "revision": sample["revision"],
+                "state": sample["state"],
+                "session_id": call["session_id"],
+                "adapter_version": call["adapter_version"],
+                "request": json.loads(call["request_json"]),
+                "prompt_ids": blob_ids(call["prompt_ids"]),
+                "response_ids": blob_ids(call["response_ids"]),
+                "behaviour_logprobs": blob_logprobs(call["behaviour_logprobs"]),
+                "response_text": call["response_text"],
+                "next_state": json.loads(nxt[0]) if nxt else None,
+                "feedback": [dict(f) for f in feedback],
+            }
+
+        return self.read(q)
+
+
+def linked_sessions(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """The session plus every session that continues into it (OpenClaw rotates ids on compaction)."""
+    found, frontier = [session_id], [session_id]
+    while frontier and len(found) < 64:
+        rows = conn.execute(
+            f"SELECT from_session FROM session_links WHERE to_session IN ({_marks(frontier)})", frontier
+        ).fetchall()
+        frontier = [r[0] for r in rows if r[0] not in found]
+        found += frontier
+    return found
+
 
 def counts(conn: sqlite3.Connection) -> dict[str, Any]:
     calls = {f"{r[0]}/{r[1]}": r[2] for r in conn.execute(
         "SELECT turn_type, state, count(*) FROM calls GROUP BY turn_type, state")}
     sessions = {r[0]: r[1] for r in conn.execute("SELECT state, count(*) FROM sessions GROUP BY state")}
     events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-    return {"calls": calls, "sessions": sessions, "events": events}
+    samples = {r[0]: r[1] for r in conn.execute("SELECT state, count(*) FROM samples GROUP BY state")}
+    feedback = {r[0]: r[1] for r in conn.execute("SELECT state, count(*) FROM feedback_events GROUP BY state")}
+    return {"calls": calls, "sessions": sessions, "events": events, "samples": samples, "feedback": feedback}
 
 
 def export_jsonl(db_path: Path, out: TextIO, since: float | None = None) -> int:

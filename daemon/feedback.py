@@ -1,0 +1,224 @@
+"""Feedback events (👍/👎, corrections, comments, session end and links) over WebSocket and HTTP.
+
+An event is acknowledged only after it is committed to the store; its `event_id` makes resending
+safe (applied once, acked every time). An event whose session or target call is not known is
+stored as an orphan (error ack with `stored: true`, do not resend) and applied when its call
+appears. The same socket carries status pushed by the daemon (`sample_ready`, `trained`,
+`adapter_live`). The wire format is specified in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .store import StoreBusy
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_TEXT = 16_000
+AUTH_TIMEOUT_S = 10.0
+
+Kind = Literal["thumbs_up", "thumbs_down", "correction", "comment", "session_end", "session_link"]
+
+
+class FeedbackEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["feedback"] = "feedback"
+    event_id: str
+    kind: Kind
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+    target: str = Field("last", min_length=1, max_length=256)  # turn id | request id | "last"
+    text: str | None = Field(None, max_length=MAX_TEXT)
+    source: str = Field("unknown", min_length=1, max_length=64)  # channel: telegram, discord, webchat, cli...
+    ts: float | None = None  # client time, unix seconds
+    from_: str | None = Field(None, alias="from", min_length=1, max_length=256)
+    to: str | None = Field(None, min_length=1, max_length=256)
+
+    @field_validator("event_id")
+    @classmethod
+    def _uuid(cls, v: str) -> str:
+        try:
+            return str(uuid.UUID(v))
+        except ValueError:
+            raise ValueError("event_id must be a UUID") from None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "FeedbackEvent":
+        if self.kind == "session_link":
+            if not (self.from_ and self.to):
+                raise ValueError("session_link needs 'from' and 'to'")
+            if self.from_ == self.to:
+                raise ValueError("session_link 'from' and 'to' must differ")
+            self.session_id = self.session_id or self.to
+        elif not self.session_id:
+            raise ValueError(f"{self.kind} needs session_id")
+        if self.kind in ("correction", "comment") and not (self.text and self.text.strip()):
+            raise ValueError(f"{self.kind} needs non-empty text")
+        return self
+
+    def record(self) -> dict[str, Any]:
+        body = self.model_dump(by_alias=True, exclude_none=True, exclude={"type"})
+        return body
+
+
+class Hub:
+    """Fan-out of status messages to every connected feedback socket."""
+
+    def __init__(self) -> None:
+        self._queues: set[asyncio.Queue] = set()
+        self.dropped = 0
+
+    def add(self, q: asyncio.Queue) -> None:
+        self._queues.add(q)
+
+    def remove(self, q: asyncio.Queue) -> None:
+        self._queues.discard(q)
+
+    def broadcast(self, message: dict[str, Any]) -> None:
+        for q in list(self._queues):
+            try:
+                q.put_nowait(message)
+            except asyncio.QueueFull:  # a stuck client loses status pushes, never feedback acks
+                self.dropped += 1
+
+    def connections(self) -> int:
+        return len(self._queues)
+
+
+def _error(message: str, code: str, event_id: Any = None, **extra: Any) -> dict[str, Any]:
+    frame = {"type": "error", "code": code, "message": message, **extra}
+    if isinstance(event_id, str):
+        frame["event_id"] = event_id
+    return frame
+
+
+async def apply_event(state: Any, raw: Any) -> tuple[int, dict[str, Any]]:
+    """Validate, commit and apply one event. Returns (HTTP status, reply frame)."""
+    if not isinstance(raw, dict):
+        return 400, _error("a feedback event must be a JSON object", "malformed")
+    try:
+        event = FeedbackEvent.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")
+        return 400, _error(f"{where}: {msg}" if where else msg, "malformed", raw.get("event_id"))
+    # In-memory session state follows the event at once (idempotent, so a resend is harmless).
+    if event.kind == "session_end":
+        state.capture.end_session(event.session_id)
+    elif event.kind == "session_link":
+        state.capture.link(event.from_, event.to)
+    try:
+        result = await state.store.commit("feedback", event.record(), time.time())
+    except StoreBusy as e:
+        return 503, _error(str(e), "busy", event.event_id)
+    except Exception as e:  # the write failed: not acked, so the client keeps it and resends
+        log.error("feedback event %s could not be stored: %s", event.event_id, e)
+        return 500, _error("the event could not be stored; send it again", "store_error", event.event_id)
+    if result["status"] == "orphan":
+        return 202, _error(
+            f"stored, but {result['reason'].replace('_', ' ')}: it is applied when its call appears",
+            "orphan", event.event_id, reason=result["reason"], stored=True)
+    ack = {"type": "ack", "event_id": event.event_id, "status": result["status"]}
+    if result.get("call_id"):
+        ack["call_id"] = result["call_id"]
+    return 200, ack
+
+
+def add_feedback_routes(app: FastAPI, state: Any) -> None:
+    @app.post("/v1/feedback")
+    async def post_feedback(request: Request) -> JSONResponse:
+        body = await request.body()
+        if len(body) > 64 * 1024:
+            return JSONResponse(_error("feedback event over 64 KB", "malformed"), status_code=413)
+        try:
+            raw = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return JSONResponse(_error(f"not valid JSON: {e}", "malformed"), status_code=400)
+        status, frame = await apply_event(state, raw)
+        return JSONResponse(frame, status_code=status)
+
+    @app.websocket("/v1/feedback/ws")
+    async def feedback_ws(ws: WebSocket) -> None:
+        await ws.accept()
+        expected = state.api_key
+        authed = expected is None or _key_ok(ws.headers.get("authorization"), expected)
+        if not authed and not await _auth_frame(ws, expected):
+            return
+        out: asyncio.Queue = asyncio.Queue(maxsize=1000)
+        sender = asyncio.create_task(_send_loop(ws, out))
+        state.hub.add(out)
+        await out.put({"type": "hello", "protocol": PROTOCOL_VERSION,
+                       "adapter_version": state.engine.active_version()})
+        try:
+            while True:
+                text = await ws.receive_text()
+                await out.put(await _handle_frame(state, text))
+        except WebSocketDisconnect:
+            pass
+        finally:
+            state.hub.remove(out)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(out.join(), 2)  # let the last acks out if the peer still reads
+            sender.cancel()
+
+
+def _key_ok(header: str | None, expected: str) -> bool:
+    return header is not None and hmac.compare_digest(header.encode(), f"Bearer {expected}".encode())
+
+
+async def _auth_frame(ws: WebSocket, expected: str) -> bool:
+    """Clients that cannot set headers authenticate with a first frame {type: auth, api_key}."""
+    try:
+        frame = json.loads(await asyncio.wait_for(ws.receive_text(), AUTH_TIMEOUT_S))
+        key = frame.get("api_key") if isinstance(frame, dict) and frame.get("type") == "auth" else None
+    except (asyncio.TimeoutError, json.JSONDecodeError, WebSocketDisconnect, UnicodeDecodeError):
+        key = None
+    if key is not None and hmac.compare_digest(str(key).encode(), expected.encode()):
+        await ws.send_json({"type": "auth_ok"})
+        return True
+    with contextlib.suppress(Exception):
+        await ws.send_json(_error("authenticate first: {type: auth, api_key} or an Authorization header",
+                                  "unauthorized"))
+        await ws.close(code=4401)
+    return False
+
+
+async def _handle_frame(state: Any, text: str) -> dict[str, Any]:
+    try:
+        frame = json.loads(text)
+    except json.JSONDecodeError as e:
+        return _error(f"not valid JSON: {e}", "malformed")
+    kind = frame.get("type") if isinstance(frame, dict) else None
+    if kind == "ping":
+        return {"type": "pong", "ts": time.time()}
+    if kind == "auth":
+        return {"type": "auth_ok"}
+    if kind == "feedback":
+        return (await apply_event(state, frame))[1]
+    return _error(f"unknown frame type {kind!r}; expected feedback, ping or auth", "malformed",
+                  frame.get("event_id") if isinstance(frame, dict) else None)
+
+
+async def _send_loop(ws: WebSocket, out: asyncio.Queue) -> None:
+    while True:
+        message = await out.get()
+        try:
+            await ws.send_json(message)
+        except Exception:
+            return  # the peer is gone; the receive loop notices too
+        finally:
+            out.task_done()
