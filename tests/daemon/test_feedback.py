@@ -1,0 +1,220 @@
+"""Feedback events against a real daemon (tiny model, judge off): acks after commit, exactly-once
+application, orphans, session links and ends, malformed frames, WebSocket auth."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from tests.conftest import DaemonProcess
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    d = DaemonProcess(tmp_path_factory.mktemp("fb-data"), tiny_model_dir, env={"CLAWBACK_JUDGE": "off"})
+    d.start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon: DaemonProcess):
+    with httpx.Client(base_url=daemon.url, headers={"authorization": f"Bearer {daemon.api_key}"}, timeout=60) as c:
+        yield c
+
+
+def converse(client: httpx.Client, session: str, turns: int) -> list[dict]:
+    messages, bodies = [{"role": "user", "content": "hello"}], []
+    for i in range(turns):
+        body = client.post("/v1/chat/completions", json={"model": "clawback", "messages": messages, "max_tokens": 5},
+                           headers={"x-session-id": session, "x-turn-type": "main", "x-turn-id": f"{session}-t{i}",
+                                    "x-request-id": f"{session}-t{i}:model:1"}).json()
+        bodies.append(body)
+        messages += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": f"and then {i}?"}]
+    return bodies
+
+
+def event(kind: str, session: str, **kw) -> dict:
+    return {"type": "feedback", "event_id": str(uuid.uuid4()), "kind": kind, "session_id": session,
+            "source": "cli", "ts": time.time(), **kw}
+
+
+def query(daemon: DaemonProcess, sql: str, *args) -> list[tuple]:
+    conn = sqlite3.connect(daemon.data_dir / "clawback.db")
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def wait_for(fn, timeout: float = 20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+@contextlib.contextmanager
+def ws(daemon: DaemonProcess, authed: bool = True):
+    headers = {"Authorization": f"Bearer {daemon.api_key}"} if authed else None
+    with connect(daemon.url.replace("http", "ws") + "/v1/feedback/ws", additional_headers=headers) as sock:
+        if authed:
+            assert json.loads(sock.recv(timeout=10))["type"] == "hello"
+        yield sock
+
+
+def recv_type(sock, wanted: str) -> dict:
+    """The next frame of one type (status pushes such as sample_ready may come in between)."""
+    while True:
+        frame = json.loads(sock.recv(timeout=20))
+        if frame["type"] == wanted:
+            return frame
+
+
+def test_thumbs_target_last_and_duplicates_apply_once(client: httpx.Client, daemon: DaemonProcess):
+    bodies = converse(client, "fb-1", 2)
+    ev = event("thumbs_down", "fb-1", target="last")
+    first = client.post("/v1/feedback", json=ev)
+    again = client.post("/v1/feedback", json=ev)
+    assert first.status_code == again.status_code == 200
+    assert first.json() == {"type": "ack", "event_id": ev["event_id"], "status": "applied", "call_id": bodies[-1]["id"]}
+    assert again.json()["status"] == "duplicate"
+    assert query(daemon, "SELECT count(*) FROM feedback_events WHERE event_id = ?", ev["event_id"]) == [(1,)]
+    assert query(daemon, "SELECT count(*) FROM events WHERE kind = 'feedback.applied' AND subject_id = ?",
+                 ev["event_id"]) == [(1,)]
+    sample = wait_for(lambda: query(daemon, "SELECT state, reward, reward_source FROM samples WHERE call_id = ? "
+                                            "AND state != 'pending_judge'", bodies[-1]["id"]))
+    assert sample == [("ready", -1.0, "explicit")]
+
+
+def test_targets_by_turn_and_request_id(client: httpx.Client, daemon: DaemonProcess):
+    bodies = converse(client, "fb-2", 3)
+    by_turn = client.post("/v1/feedback", json=event("thumbs_up", "fb-2", target="fb-2-t0")).json()
+    by_request = client.post("/v1/feedback", json=event("thumbs_up", "fb-2", target="fb-2-t1:model:1")).json()
+    assert by_turn["call_id"] == bodies[0]["id"] and by_request["call_id"] == bodies[1]["id"]
+
+
+def test_correction_becomes_the_hint_and_teacher_logprobs_cover_the_response(client: httpx.Client, daemon: DaemonProcess):
+    bodies = converse(client, "fb-3", 1)
+    ack = client.post("/v1/feedback", json=event("correction", "fb-3", text="Answer in one short sentence.")).json()
+    assert ack["status"] == "applied"
+    row = wait_for(lambda: query(daemon, "SELECT state, hint, hint_source, correction, length(teacher_logprobs), "
+                                         "teacher_messages FROM samples WHERE call_id = ? AND state = 'ready'", bodies[0]["id"]))
+    state, hint, source, correction, lp_bytes, teacher_messages = row[0]
+    n_tokens = bodies[0]["usage"]["completion_tokens"]
+    assert (hint, source, correction) == ("Answer in one short sentence.", "correction_raw", "Answer in one short sentence.")
+    assert lp_bytes == 4 * n_tokens, "one float32 teacher logprob per stored response token"
+    assert json.loads(teacher_messages)[-1]["content"].endswith("[Hint for a better reply] Answer in one short sentence.")
+
+
+def test_unknown_session_is_an_orphan_until_its_call_appears(client: httpx.Client, daemon: DaemonProcess):
+    ev = event("thumbs_up", "fb-4", target="fb-4-t0")
+    r = client.post("/v1/feedback", json=ev)
+    assert r.status_code == 202
+    assert r.json() | {"message": ""} == {"type": "error", "code": "orphan", "event_id": ev["event_id"],
+                                          "reason": "unknown_session", "stored": True, "message": ""}
+    assert client.post("/v1/feedback", json=ev).json()["status"] == "duplicate"
+    bodies = converse(client, "fb-4", 1)  # the call it named arrives: the orphan is applied
+    row = wait_for(lambda: query(daemon, "SELECT state, call_id FROM feedback_events WHERE event_id = ? "
+                                         "AND state = 'applied'", ev["event_id"]))
+    assert row == [("applied", bodies[0]["id"])]
+    assert wait_for(lambda: query(daemon, "SELECT reward FROM samples WHERE call_id = ? AND state = 'ready'",
+                                  bodies[0]["id"])) == [(1.0,)]
+    unknown_turn = client.post("/v1/feedback", json=event("thumbs_up", "fb-4", target="no-such-turn"))
+    assert unknown_turn.status_code == 202 and unknown_turn.json()["reason"] == "unknown_target"
+
+
+def test_session_link_carries_pairing_and_session_end_closes(client: httpx.Client, daemon: DaemonProcess):
+    bodies = converse(client, "fb-5a", 1)
+    link = client.post("/v1/feedback", json=event("session_link", "fb-5b", **{"from": "fb-5a", "to": "fb-5b"}))
+    assert link.json()["status"] == "applied"
+    # The conversation goes on under the new id: its next message pairs with the old session's reply.
+    messages = [{"role": "user", "content": "hello"},
+                {"role": "assistant", "content": bodies[0]["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "continued after compaction"}]
+    second = client.post("/v1/chat/completions", json={"model": "clawback", "messages": messages, "max_tokens": 4},
+                         headers={"x-session-id": "fb-5b", "x-turn-type": "main"}).json()
+    paired = wait_for(lambda: query(daemon, "SELECT messages_json FROM next_states WHERE call_id = ?", bodies[0]["id"]))
+    assert json.loads(paired[0][0]) == [{"role": "user", "content": "continued after compaction"}]
+    # 'last' on the new id reaches the newest reply, and a session_end closes its waiting call.
+    assert client.post("/v1/feedback", json=event("thumbs_up", "fb-5b")).json()["call_id"] == second["id"]
+    assert client.post("/v1/feedback", json=event("session_end", "fb-5b")).json()["status"] == "applied"
+    assert wait_for(lambda: query(daemon, "SELECT state FROM calls WHERE call_id = ? AND state != 'awaiting_next_state'",
+                                  second["id"])) == [("closed_without_next_state",)]
+
+
+@pytest.mark.parametrize("bad", [
+    {"kind": "thumbs_up", "session_id": "s"},  # no event_id
+    {"event_id": "not-a-uuid", "kind": "thumbs_up", "session_id": "s"},
+    {"event_id": str(uuid.uuid4()), "kind": "love", "session_id": "s"},
+    {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s"},  # no text
+    {"event_id": str(uuid.uuid4()), "kind": "session_link", "from": "a"},
+    {"event_id": str(uuid.uuid4()), "kind": "thumbs_up"},  # no session
+    {"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": "s", "surprise": 1},
+])
+def test_malformed_http_events_are_400_and_store_nothing(client: httpx.Client, daemon: DaemonProcess, bad: dict):
+    before = query(daemon, "SELECT count(*) FROM feedback_events")
+    r = client.post("/v1/feedback", json=bad)
+    assert r.status_code == 400 and r.json()["code"] == "malformed" and r.json()["message"]
+    assert query(daemon, "SELECT count(*) FROM feedback_events") == before
+
+
+def test_feedback_needs_the_key(daemon: DaemonProcess):
+    r = httpx.post(f"{daemon.url}/v1/feedback", json=event("thumbs_up", "x"))
+    assert r.status_code == 401
+
+
+def test_websocket_acks_pushes_and_survives_malformed_frames(client: httpx.Client, daemon: DaemonProcess):
+    converse(client, "fb-6", 1)
+    with ws(daemon) as sock:
+        sock.send("{not json")
+        assert json.loads(sock.recv(timeout=10))["code"] == "malformed"
+        sock.send(json.dumps({"type": "dance"}))
+        assert json.loads(sock.recv(timeout=10))["code"] == "malformed"
+        sock.send(json.dumps({"type": "ping"}))
+        assert json.loads(sock.recv(timeout=10))["type"] == "pong"
+        ev = event("thumbs_up", "fb-6")
+        sock.send(json.dumps(ev))
+        frames = [json.loads(sock.recv(timeout=20)) for _ in range(2)]  # the ack, then sample_ready
+        kinds = {f["type"]: f for f in frames}
+        assert kinds["ack"]["event_id"] == ev["event_id"] and kinds["ack"]["status"] == "applied"
+        assert kinds["sample_ready"]["reward"] == 1.0 and kinds["sample_ready"]["session_id"] == "fb-6"
+
+
+def test_websocket_auth_frame_and_refusal(daemon: DaemonProcess):
+    with ws(daemon, authed=False) as sock:
+        sock.send(json.dumps({"type": "auth", "api_key": daemon.api_key}))
+        assert json.loads(sock.recv(timeout=10))["type"] == "auth_ok"
+        assert json.loads(sock.recv(timeout=10))["type"] == "hello"
+    with ws(daemon, authed=False) as sock:
+        sock.send(json.dumps({"type": "auth", "api_key": "wrong"}))
+        assert json.loads(sock.recv(timeout=10))["code"] == "unauthorized"
+        with pytest.raises(ConnectionClosed):
+            sock.recv(timeout=10)
+
+
+def test_disconnect_before_ack_then_resend_applies_exactly_once(client: httpx.Client, daemon: DaemonProcess):
+    converse(client, "fb-7", 1)
+    ev = event("thumbs_down", "fb-7")
+    with ws(daemon) as sock:
+        sock.send(json.dumps(ev))  # and gone before reading any ack
+    with ws(daemon) as sock:  # the client did not see an ack, so it sends the event again
+        sock.send(json.dumps(ev))
+        ack = recv_type(sock, "ack")
+    assert ack["type"] == "ack" and ack["event_id"] == ev["event_id"] and ack["status"] in ("applied", "duplicate")
+    assert query(daemon, "SELECT count(*) FROM feedback_events WHERE event_id = ?", ev["event_id"]) == [(1,)]
+    assert query(daemon, "SELECT count(*) FROM events WHERE kind = 'feedback.applied' AND subject_id = ?",
+                 ev["event_id"]) == [(1,)]

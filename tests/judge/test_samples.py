@@ -1,0 +1,235 @@
+"""The sample pipeline with a scripted judge (the only fake: it stands in for the judge model's
+text), a real SQLite store and a real embedded engine on a tiny random Llama."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clawback.daemon.chat import ChatRenderer, ChatRequest
+from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.daemon.store import CallRecord, Store, blob_logprobs
+from clawback.judge.samples import HINT_FORMAT, SamplePipeline, SignalConfig, explicit_reward, teacher_messages
+
+
+class ScriptedJudge:
+    """Answers PRM prompts with `prm` and hint prompts with `hint`, counting calls."""
+
+    name = "scripted"
+
+    def __init__(self, prm: list[str] | str = "ok \\boxed{1}", hint: str = "\\boxed{-1}", delay: float = 0.0) -> None:
+        self.prm = [prm] if isinstance(prm, str) else list(prm)
+        self.hint, self.delay = hint, delay
+        self.calls = {"prm": 0, "hint": 0}
+
+    async def complete(self, messages, *, temperature, max_tokens, seed=None) -> str:
+        await asyncio.sleep(self.delay)
+        if "[HINT_START]" in messages[0]["content"]:
+            self.calls["hint"] += 1
+            return self.hint
+        i = self.calls["prm"]
+        self.calls["prm"] += 1
+        return self.prm[i % len(self.prm)]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path):
+    e = EmbeddedEngine(tiny_model_dir)
+    yield e
+    asyncio.run(e.close())
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir: Path) -> ChatRenderer:
+    from transformers import AutoTokenizer
+
+    return ChatRenderer(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+
+
+REQUEST = {"model": "clawback", "messages": [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "Explain rain."}]}
+
+
+def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None) -> str:
+    """A main call as capture stores it, with real sampled ids and behaviour logprobs."""
+    from clawback.daemon.engines.base import Sampling
+
+    _, prompt_ids = renderer.render(ChatRequest.model_validate(REQUEST))
+
+    async def sample():
+        return [t async for t in engine.generate(prompt_ids, Sampling(temperature=1.0, max_tokens=12, seed=1))]
+
+    toks = asyncio.run(sample())
+    call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
+    store.submit("call", CallRecord(
+        call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
+        state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
+        request=REQUEST, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
+        behaviour_logprobs=[t.logprob for t in toks], response_text="Rain is water.", tool_calls=None,
+        finish_reason="length"))
+    if next_state is not None:
+        store.submit("next_state", call_id, "next", next_state, True, now)
+    store.flush()
+    return call_id
+
+
+def feedback(store: Store, call_kind: str, text: str | None = None) -> None:
+    ev = {"event_id": str(uuid.uuid4()), "kind": call_kind, "session_id": "s", "target": "last", "text": text,
+          "source": "cli"}
+    store.submit("feedback", ev, time.time())
+    store.flush()
+
+
+def drain(pipeline: SamplePipeline) -> None:
+    async def go():
+        for call_id, revision in pipeline.store.pending_samples(100):
+            await pipeline.process(call_id, revision)
+
+    asyncio.run(go())
+
+
+def sample_row(store: Store, call_id: str) -> dict[str, Any]:
+    conn = sqlite3.connect(store.db_path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return dict(conn.execute("SELECT * FROM samples WHERE call_id = ?", (call_id,)).fetchone())
+    finally:
+        conn.close()
+
+
+def votes(store: Store, call_id: str) -> list[tuple]:
+    conn = sqlite3.connect(store.db_path)
+    try:
+        return conn.execute("SELECT kind, backend, prompt_version, score FROM votes WHERE call_id = ? ORDER BY id",
+                            (call_id,)).fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store(tmp_path / "db.sqlite")
+    yield s
+    s.close()
+
+
+def pipe(store, engine, renderer, judge=None, **cfg) -> SamplePipeline:
+    return SamplePipeline(store, engine, renderer, judge, SignalConfig(**{"judge_timeout_s": 10, **cfg}))
+
+
+NEXT_USER = [{"role": "user", "content": "No, that's wrong, explain it properly."}]
+
+
+def test_judge_majority_sets_the_reward_and_every_vote_is_kept(store, engine, renderer):
+    judge = ScriptedJudge(prm=["\\boxed{-1}", "\\boxed{1}", "bad \\boxed{-1}"])
+    call_id = served_call(store, renderer, engine, NEXT_USER)
+    drain(pipe(store, engine, renderer, judge, method="binary"))
+    row = sample_row(store, call_id)
+    assert (row["state"], row["reward"], row["reward_source"], row["judge_score"]) == ("ready", -1.0, "judge", -1)
+    assert [v[0] for v in votes(store, call_id)] == ["prm"] * 3
+    assert all(v[1] == "scripted" and v[2] == "prm_v1" for v in votes(store, call_id))
+
+
+def test_tie_and_neutral_scores_give_no_signal(store, engine, renderer):
+    call_id = served_call(store, renderer, engine, NEXT_USER)
+    judge = ScriptedJudge(prm=["\\boxed{1}", "\\boxed{-1}", "no verdict"])  # 1 vs -1 with one failed: tie -> 0
+    drain(pipe(store, engine, renderer, judge, method="binary", judge_retries=0))
+    row = sample_row(store, call_id)
+    assert (row["state"], row["reason"], row["reward"]) == ("dropped", "no_signal", 0.0)
+
+
+def test_all_votes_failing_drops_with_a_reason(store, engine, renderer):
+    call_id = served_call(store, renderer, engine, NEXT_USER)
+    drain(pipe(store, engine, renderer, ScriptedJudge(prm="I cannot decide"), method="binary"))
+    assert sample_row(store, call_id)["reason"] == "judge_failed"
+
+
+def test_explicit_feedback_overrides_the_judge(store, engine, renderer):
+    call_id = served_call(store, renderer, engine, NEXT_USER)
+    feedback(store, "thumbs_up")
+    judge = ScriptedJudge(prm="\\boxed{-1}")
+    drain(pipe(store, engine, renderer, judge, method="binary"))
+    row = sample_row(store, call_id)
+    assert (row["reward"], row["reward_source"]) == (1.0, "explicit")
+    assert judge.calls["prm"] == 0, "no judge votes are spent on a call with explicit feedback"
+    feedback(store, "thumbs_down")  # a person changes their mind: the last thumbs wins
+    assert sample_row(store, call_id)["state"] == "pending_judge"
+    drain(pipe(store, engine, renderer, judge, method="binary"))
+    assert sample_row(store, call_id)["reward"] == -1.0
+
+
+def test_correction_is_distilled_into_a_hint_with_teacher_logprobs(store, engine, renderer):
+    call_id = served_call(store, renderer, engine, None)
+    feedback(store, "correction", "Please use one short sentence and no jargon at all.")
+    judge = ScriptedJudge(hint="\\boxed{1} [HINT_START]Answer in one plain short sentence.[HINT_END]")
+    drain(pipe(store, engine, renderer, judge, method="opd"))
+    row = sample_row(store, call_id)
+    assert row["state"] == "ready" and row["hint_source"] == "correction"
+    assert row["hint"] == "Answer in one plain short sentence."
+    assert row["correction"] == "Please use one short sentence and no jargon at all."
+    teacher = blob_logprobs(row["teacher_logprobs"])
+    conn = sqlite3.connect(store.db_path)
+    (behaviour_blob,) = conn.execute("SELECT behaviour_logprobs FROM calls WHERE call_id = ?", (call_id,)).fetchone()
+    conn.close()
+    behaviour = blob_logprobs(behaviour_blob)
+    assert len(teacher) == len(behaviour) == 12
+    assert teacher != pytest.approx(behaviour, abs=1e-4), "the hint changes the context, so the logprobs differ"
+    msgs = json.loads(row["teacher_messages"])
+    assert msgs[-1]["content"] == "Explain rain." + HINT_FORMAT.format(hint=row["hint"])
+    assert [v[0] for v in votes(store, call_id)] == ["hint"] * 3
+
+
+def test_without_a_judge_the_raw_correction_is_the_hint(store, engine, renderer):
+    call_id = served_call(store, renderer, engine, None)
+    feedback(store, "correction", "Shorter please.")
+    drain(pipe(store, engine, renderer, None, method="combined", teacher="base"))
+    row = sample_row(store, call_id)
+    assert (row["state"], row["hint"], row["hint_source"], row["teacher"], row["teacher_adapter"]) == (
+        "ready", "Shorter please.", "correction_raw", "base", None)
+
+
+def test_next_state_without_judge_or_feedback_is_dropped_with_no_signal(store, engine, renderer):
+    call_id = served_call(store, renderer, engine, NEXT_USER)
+    drain(pipe(store, engine, renderer, None))
+    assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == ("dropped", "no_signal")
+
+
+def test_a_signal_arriving_while_judging_is_not_overwritten(store, engine, renderer):
+    """The judge is slow; a 👍 lands meanwhile. The stale judge result is not written; the sample
+    is judged again with the new signal."""
+    call_id = served_call(store, renderer, engine, NEXT_USER)
+    judge = ScriptedJudge(prm="\\boxed{-1}", delay=0.3)
+    p = pipe(store, engine, renderer, judge, method="binary")
+
+    async def go():
+        (cid, revision), = store.pending_samples()
+        task = asyncio.create_task(p.process(cid, revision))
+        await asyncio.sleep(0.1)
+        await asyncio.to_thread(feedback, store, "thumbs_up")
+        await task
+        assert sample_row(store, call_id)["state"] == "pending_judge"
+        (cid, revision2), = store.pending_samples()
+        assert revision2 == revision + 1
+        await p.process(cid, revision2)
+
+    asyncio.run(go())
+    row = sample_row(store, call_id)
+    assert (row["state"], row["reward"], row["reward_source"]) == ("ready", 1.0, "explicit")
+
+
+def test_teacher_context_building():
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": [{"type": "text", "text": "c"}]}, {"role": "tool", "content": "d"}]
+    out = teacher_messages(msgs, "be kind")
+    assert out[2]["content"][-1] == {"type": "text", "text": "[Hint for a better reply] be kind"}
+    assert out[0] == msgs[0] and msgs[2]["content"] == [{"type": "text", "text": "c"}], "input untouched"
+    assert teacher_messages([{"role": "system", "content": "x"}], "h")[-1] == {"role": "user", "content": "[Hint for a better reply] h"}
+    assert explicit_reward([{"kind": "thumbs_up"}, {"kind": "comment"}, {"kind": "thumbs_down"}]) == -1.0
+    assert explicit_reward([{"kind": "correction"}]) is None
