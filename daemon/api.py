@@ -477,15 +477,17 @@ def build_state(settings: Settings) -> AppState:
     return state
 
 
+AUTO_JUDGE_MIN_PARAMS = 1_000_000_000
+
+
 def _sample_pipeline(settings: Settings, state: AppState, tokenizer: Any) -> Any:
     from clawback.judge.backends import EngineBackend, OpenAIBackend
     from clawback.judge.samples import SamplePipeline, SignalConfig
 
-    from .config import EMBEDDED_MODEL
-
     judge = settings.judge
-    if judge == "auto":
-        judge = "openai" if settings.judge_url else ("off" if settings.model == EMBEDDED_MODEL else "engine")
+    if judge == "auto":  # small models judge near chance (bench/README.md): rely on explicit feedback
+        big_enough = state.engine.info.n_params >= AUTO_JUDGE_MIN_PARAMS
+        judge = "openai" if settings.judge_url else ("engine" if big_enough else "off")
     backend: Any = None
     if judge == "engine":
         backend = EngineBackend(state.engine, state.renderer, tokenizer)

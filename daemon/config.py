@@ -58,8 +58,9 @@ class Settings(BaseSettings):
     # Signals -> samples. Method presets and the trainer come with the trainer issue.
     method: Literal["binary", "opd", "combined"] = "combined"
     teacher: Literal["self", "base"] = "self"  # self = current policy + hint (the paper); base = frozen base + hint
-    # auto = the policy engine (base model, no adapter) for any model but the embedded 135M one,
-    # which judges near chance (bench/README.md): there explicit feedback is the signal.
+    # auto = judge_url if set, else the policy engine (base model, no adapter) for models of 1B+
+    # parameters; smaller ones (the embedded 135M model) judge near chance (bench/README.md), so
+    # there explicit feedback is the signal and the judge is opt-in.
     judge: Literal["auto", "engine", "openai", "off"] = "auto"
     judge_url: str | None = None  # any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1
     judge_api_key: SecretStr | None = None

@@ -65,7 +65,7 @@ class EngineBackend:
             stop_token_ids=info.eos_token_ids,
         )
         out: list[int] = []
-        stream = self.engine.generate(prompt_ids, sampling, None)
+        stream = self.engine.generate(prompt_ids, sampling, None, background=True)
         try:
             async for token in stream:
                 if token.id in eos:

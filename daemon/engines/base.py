@@ -32,6 +32,7 @@ class ModelInfo:
     name: str
     context_length: int
     eos_token_ids: tuple[int, ...]
+    n_params: int = 0
 
 
 class EngineError(RuntimeError):
@@ -42,9 +43,11 @@ class Engine(Protocol):
     info: ModelInfo
 
     def generate(
-        self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None
+        self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None, *, background: bool = False
     ) -> AsyncIterator[Token]:
-        """Stream sampled tokens. Closing the iterator early cancels the generation."""
+        """Stream sampled tokens. Closing the iterator early cancels the generation.
+
+        `background` work (the judge) yields to requests being served."""
 
     async def score(
         self, prompt_ids: Sequence[int], response_ids: Sequence[int], adapter: str | None = None

@@ -27,6 +27,7 @@ from .base import EngineError, ModelInfo, Sampling, Token
 log = logging.getLogger(__name__)
 
 BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
+BACKGROUND_EVERY = 8
 
 
 def pick_device(device: str) -> torch.device:
@@ -52,6 +53,7 @@ class _Generation:
     next_input: list[int] = field(default_factory=list)
     n_generated: int = 0
     rng: torch.Generator | None = None
+    background: bool = False  # judge and other internal work: yields to serving
 
 
 _END = object()
@@ -86,6 +88,7 @@ class EmbeddedEngine:
             name=name or Path(str(model_dir)).name,
             context_length=int(getattr(config, "max_position_embeddings", 2048)),
             eos_token_ids=eos_ids,
+            n_params=sum(p.numel() for p in self.model.parameters()),
         )
         self._peft = False
         self._adapters: dict[str, str] = {}  # version -> path
@@ -102,7 +105,7 @@ class EmbeddedEngine:
     # ---- public interface (called on the event loop) ----
 
     async def generate(
-        self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None
+        self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None, *, background: bool = False
     ) -> AsyncIterator[Token]:
         if not prompt_ids:
             raise EngineError("empty prompt")
@@ -114,6 +117,7 @@ class EmbeddedEngine:
             sampling=sampling,
             adapter=adapter,
             emit=lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
+            background=background,
         )
         self._commands.put(("generate", gen))
         try:
@@ -202,8 +206,10 @@ class EmbeddedEngine:
     # ---- worker thread ----
 
     def _work(self) -> None:
+        rounds = 0
         with torch.inference_mode():
             while True:
+                rounds += 1
                 try:
                     block = not self._running
                     while True:
@@ -216,8 +222,16 @@ class EmbeddedEngine:
                         self._handle(cmd)
                 except queue.Empty:
                     pass
-                for gen in list(self._running):
+                for gen in self._schedule(rounds):
                     self._step(gen)
+
+    def _schedule(self, rounds: int) -> list[_Generation]:
+        """Serving first: background generations step only when no request is being served, plus
+        one round in BACKGROUND_EVERY so that they cannot starve."""
+        foreground = [g for g in self._running if not g.background]
+        if not foreground or rounds % BACKGROUND_EVERY == 0:
+            return list(self._running)
+        return foreground
 
     def _handle(self, cmd: tuple) -> None:
         op = cmd[0]

@@ -154,3 +154,30 @@ def test_adapter_hot_swap_with_generations_in_flight(tiny_model_dir: Path, adapt
         await engine.close()
 
     run(go())
+
+
+def test_background_work_yields_to_serving(engine: EmbeddedEngine):
+    """The judge generates in the background: while a request is served it gets one step in eight."""
+    async def go():
+        bg_tokens = 0
+        done = asyncio.Event()
+
+        async def background():
+            nonlocal bg_tokens
+            async for _ in engine.generate(PROMPT, Sampling(temperature=1.0, max_tokens=200), background=True):
+                bg_tokens += 1
+                if done.is_set():
+                    return
+
+        task = asyncio.create_task(background())
+        await asyncio.sleep(0.05)
+        start = bg_tokens
+        toks = await collect(engine, Sampling(temperature=1.0, max_tokens=40, seed=2))
+        during = bg_tokens - start
+        done.set()
+        await task
+        return len(toks), during
+
+    served, during = run(go())
+    assert served == 40
+    assert during <= 40 // 8 + 2, f"background took {during} steps while 40 tokens were served"
