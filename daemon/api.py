@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import ValidationError
 
+from .adapters import AdapterManager
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .feedback import Hub, add_feedback_routes
 from .chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
@@ -87,6 +88,18 @@ class _LiveMetrics:
         for kind, n in s.capture.counters.items():
             capture.add_metric([kind], n)
         yield capture
+        live = s.adapters.live() if s.adapters else None
+        yield GaugeMetricFamily("clawback_adapter_version", "Live adapter version (0 = base model)", live or 0)
+        if s.adapters and s.adapters.last_swap_s is not None:
+            yield GaugeMetricFamily("clawback_swap_seconds", "Duration of the last hot-swap", s.adapters.last_swap_s)
+        if s.trainer is not None:
+            yield CounterMetricFamily("clawback_train_steps", "Committed training steps", s.trainer.steps)
+            yield CounterMetricFamily("clawback_train_failures", "Failed training steps", s.trainer.failures)
+            train = GaugeMetricFamily("clawback_train", "Metrics of the last training step", labels=["metric"])
+            for name, value in (s.trainer.last_metrics or {}).items():
+                if isinstance(value, (int, float)):
+                    train.add_metric([name], float(value))
+            yield train
 
 
 @dataclass
@@ -99,6 +112,8 @@ class AppState:
     api_key: str | None
     hub: Hub = field(default_factory=Hub)
     pipeline: Any = None  # clawback.judge.samples.SamplePipeline, started by the lifespan
+    adapters: Any = None  # clawback.daemon.adapters.AdapterManager
+    trainer: Any = None  # clawback.trainer.loop.TrainingLoop, started by the lifespan when training is on
     judge_name: str = "off"
     started_at: float = field(default_factory=time.time)
     running: int = 0
@@ -119,7 +134,8 @@ class AppState:
 # ---------------------------------------------------------------- ASGI middleware: auth, body limit, counting
 
 
-ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback")
+ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback",
+          "/v1/adapters")
 
 
 class Gate:
@@ -206,6 +222,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     @app.get("/v1/status")
     async def status() -> dict:
         counts = await asyncio.to_thread(state.store.counts)
+        last_step = await asyncio.to_thread(state.store.last_train_step)
         return {
             "version": _version(),
             "model": state.engine.info.name,
@@ -218,6 +235,13 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "capture": dict(state.capture.counters),
             "signals": {"method": state.settings.method, "teacher": state.settings.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
+            "training": {
+                "enabled": state.trainer is not None,
+                "batch_size": state.settings.batch_size,
+                "samples_ready": counts["samples"].get("ready", 0),
+                "training_now": bool(state.trainer and state.trainer.busy),
+                "last_step": last_step,
+            },
             "store": {
                 "path": str(state.store.db_path),
                 "schema_version": state.store.schema_version,
@@ -233,8 +257,51 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
         return await _chat(state, request)
 
     add_feedback_routes(app, state)
+    _add_adapter_routes(app, state)
 
     return Gate(app, state)
+
+
+def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
+    from .adapters import AdapterError
+
+    async def body_version(request: Request) -> int | None:
+        try:
+            raw = json.loads(await request.body() or b"{}")
+            v = raw.get("version")
+            return None if v in (None, "base") else int(str(v).removeprefix("v"))
+        except (ValueError, AttributeError, json.JSONDecodeError):
+            raise ApiError(400, "body must be {\"version\": N} (or \"base\")", param="version") from None
+
+    async def guarded(coro: Any) -> Any:
+        try:
+            return await coro
+        except AdapterError as e:
+            raise ApiError(400, str(e), param="version", code="invalid_version") from None
+
+    @app.get("/v1/adapters")
+    async def list_adapters() -> dict:
+        rows = await asyncio.to_thread(state.store.adapters)
+        return {"live": state.adapters.live(), "data": rows}
+
+    @app.post("/v1/adapters/rollback")
+    async def rollback(request: Request) -> dict:
+        version = await body_version(request)
+        swap_s = await guarded(state.adapters.rollback(version))
+        return {"live": state.adapters.live(), "swap_s": swap_s}
+
+    @app.post("/v1/adapters/pin")
+    async def pin(request: Request) -> dict:
+        version = await body_version(request)
+        if version is None:
+            raise ApiError(400, "the base model is always kept; pin a version", param="version")
+        unpin = request.query_params.get("unpin") in ("1", "true")
+        await guarded(state.adapters.pin(version, not unpin))
+        return {"version": version, "pinned": not unpin}
+
+    @app.post("/v1/adapters/prune")
+    async def prune() -> dict:
+        return {"pruned": await state.adapters.prune()}
 
 
 def _version() -> str:
@@ -474,7 +541,42 @@ def build_state(settings: Settings) -> AppState:
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
     state = AppState(settings, engine, ChatRenderer(tokenizer), store, capture, resolve_api_key(settings))
     state.pipeline = _sample_pipeline(settings, state, tokenizer)
+    state.adapters = AdapterManager(
+        engine, store, settings.data_dir / "adapters", settings.keep_versions,
+        on_live=lambda v: state.hub.broadcast({"type": "adapter_live", "version": None if v is None else f"v{v}"}))
+    if settings.train:
+        state.trainer = _training_loop(settings, state, model_dir)
     return state
+
+
+def _training_loop(settings: Settings, state: AppState, model_dir: str) -> Any:
+    from clawback.trainer.config import TrainConfig
+    from clawback.trainer.loop import TrainingLoop
+
+    cfg = TrainConfig(method=settings.method, lr=settings.lr, lora_rank=settings.lora_rank,
+                      lora_alpha=settings.lora_alpha, batch_size=settings.batch_size,
+                      micro_batch_tokens=settings.micro_batch_tokens, max_staleness=settings.max_staleness)
+    root = str(settings.data_dir / "adapters")
+
+    def start_worker() -> Any:  # blocking (Ray start-up): the loop runs it in a thread
+        import ray
+
+        from clawback.trainer.worker import TrainerWorker
+
+        if not ray.is_initialized():
+            local = {} if settings.ray_address else {"num_cpus": max(2, os.cpu_count() or 2),
+                                                     "object_store_memory": 256 * 1024 * 1024}
+            ray.init(address=settings.ray_address, include_dashboard=False, log_to_driver=False,
+                     ignore_reinit_error=True, **local)
+        gpus = 1 if settings.trainer_device.startswith("cuda") else 0
+        actor = ray.remote(TrainerWorker).options(num_cpus=1, num_gpus=gpus, max_concurrency=1)
+        return actor.remote(model_dir, cfg, root, settings.trainer_device, settings.trainer_threads)
+
+    def on_trained(step: dict[str, Any]) -> None:
+        state.hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
+                             "mean_reward": step["mean_reward"]})
+
+    return TrainingLoop(state.store, state.adapters, cfg, start_worker, on_trained)
 
 
 AUTO_JUDGE_MIN_PARAMS = 1_000_000_000
@@ -524,11 +626,21 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
                 except Exception:
                     log.exception("session sweep failed")
 
+        await state.adapters.restore()  # serve the version that was live before a restart
         tasks = [asyncio.create_task(sweeper())]
-        if state.pipeline is not None:
-            pipeline = state.pipeline
-            state.store.listeners.append(lambda kind, _: pipeline.wake() if kind == "sample.pending" else None)
+        pipeline, trainer = state.pipeline, state.trainer
+
+        def on_commit(kind: str, _: str) -> None:  # runs on the store's writer thread
+            if kind == "sample.pending" and pipeline is not None:
+                pipeline.wake()
+            elif kind == "sample.ready" and trainer is not None:
+                trainer.wake()
+
+        state.store.listeners.append(on_commit)
+        if pipeline is not None:
             tasks.append(asyncio.create_task(pipeline.run()))
+        if trainer is not None:
+            tasks.append(asyncio.create_task(trainer.run()))
         log.info("clawback serving %s on %s (auth %s)", state.engine.info.name, settings.base_url,
                  "off" if state.api_key is None else "on")
         try:
@@ -537,6 +649,10 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if trainer is not None and trainer.worker is not None:
+                import ray
+
+                await asyncio.to_thread(ray.shutdown)
             await state.engine.close()
             await asyncio.to_thread(state.store.close)
 

@@ -55,7 +55,8 @@ class Settings(BaseSettings):
 
     store_queue_size: int = Field(10_000, ge=1)
 
-    # Signals -> samples. Method presets and the trainer come with the trainer issue.
+    # Signals -> samples -> training. The loss knobs live in clawback.trainer.config.TrainConfig;
+    # the ones below are the ones worth setting per install.
     method: Literal["binary", "opd", "combined"] = "combined"
     teacher: Literal["self", "base"] = "self"  # self = current policy + hint (the paper); base = frozen base + hint
     # auto = judge_url if set, else the policy engine (base model, no adapter) for models of 1B+
@@ -71,6 +72,18 @@ class Settings(BaseSettings):
     judge_timeout_s: float = Field(120.0, gt=0)
     judge_retries: int = Field(1, ge=0)
     judge_concurrency: int = Field(2, ge=1)
+
+    train: bool = True  # train in the background once batch_size samples are ready
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    micro_batch_tokens: int = Field(8192, ge=64)
+    max_staleness: int = Field(4, ge=0)
+    keep_versions: int = Field(5, ge=1)  # retention: the newest K good versions, plus pinned and live
+    ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
+    trainer_device: str = "auto"
+    trainer_threads: int = Field(1, ge=0)  # torch threads of the trainer (leave cores for serving)
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

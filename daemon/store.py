@@ -478,6 +478,56 @@ class Store:
             self._notify("sample.ready", call_id)
         return True
 
+    # ---- adapters and training steps ----
+
+    def _op_train_step(self, step: dict[str, Any], call_ids: list[str]) -> int:
+        """Record a training step; a committed one also records its adapter version and marks its
+        samples consumed, in one transaction (so a crash never leaves half of that)."""
+        now = time.time()
+        self._conn.execute(
+            "INSERT INTO train_steps(version, parent, started_at, finished_at, samples, outcome, error, metrics) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (step.get("version"), step.get("parent"), step["started_at"], now, len(call_ids), step["outcome"],
+             step.get("error"), json.dumps(step.get("metrics") or {})),
+        )
+        if step.get("path") is not None:
+            self._conn.execute(
+                "INSERT INTO adapters(version, parent, path, state, reason, method, samples, metrics, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (step["version"], step.get("parent"), step["path"], step["outcome"], step.get("error"),
+                 step.get("method"), len(call_ids), json.dumps(step.get("metrics") or {}), now, now),
+            )
+            self._event(f"adapter.{step['outcome']}", str(step["version"]), {"parent": step.get("parent"), "error": step.get("error")})
+        if step["outcome"] != "committed":
+            return 0
+        consumed = self._conn.execute(
+            f"UPDATE samples SET state = 'consumed', consumed_version = ?, updated_at = ? "
+            f"WHERE state = 'ready' AND call_id IN ({_marks(call_ids)})",
+            (f"v{step['version']}", now, *call_ids),
+        ).rowcount
+        self._event("samples.consumed", str(step["version"]), {"samples": consumed})
+        return consumed
+
+    def _op_adapter_live(self, version: int | None) -> None:
+        now = time.time()
+        self._conn.execute("UPDATE adapters SET state = 'retired', updated_at = ? WHERE state = 'live'", (now,))
+        if version is not None:
+            self._conn.execute("UPDATE adapters SET state = 'live', live_at = ?, updated_at = ? WHERE version = ?",
+                               (now, now, version))
+        self._event("adapter.live", None if version is None else str(version), {})
+
+    def _op_adapter_update(self, version: int, fields: dict[str, Any]) -> None:
+        assignments = ", ".join(f"{k} = ?" for k in fields)
+        self._conn.execute(f"UPDATE adapters SET {assignments}, updated_at = ? WHERE version = ?",
+                           (*fields.values(), time.time(), version))
+        self._event("adapter.updated", str(version), fields)
+
+    def _op_drop_samples(self, call_ids: list[str], reason: str) -> None:
+        n = self._conn.execute(
+            f"UPDATE samples SET state = 'dropped', reason = ?, updated_at = ? WHERE state = 'ready' "
+            f"AND call_id IN ({_marks(call_ids)})", (reason, time.time(), *call_ids)).rowcount
+        self._event("samples.dropped", None, {"reason": reason, "samples": n})
+
     # ---- reads (own read-only connection per call; safe from any thread) ----
 
     def read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -523,6 +573,45 @@ class Store:
         return self.read(lambda c: [tuple(r) for r in c.execute(
             "SELECT call_id, revision FROM samples WHERE state = 'pending_judge' ORDER BY updated_at LIMIT ?",
             (limit,))])
+
+    def ready_samples(self, limit: int) -> list[dict[str, Any]]:
+        """Ready samples, oldest first, with what the trainer needs (token ids, logprobs, reward)."""
+
+        def q(c: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows = c.execute(
+                "SELECT s.call_id, s.reward, s.teacher_logprobs, c.prompt_ids, c.response_ids, "
+                "c.behaviour_logprobs, c.adapter_version FROM samples s JOIN calls c USING (call_id) "
+                "WHERE s.state = 'ready' ORDER BY s.updated_at LIMIT ?", (limit,)).fetchall()
+            return [{
+                "call_id": r["call_id"], "reward": r["reward"] or 0.0, "adapter_version": r["adapter_version"],
+                "prompt_ids": blob_ids(r["prompt_ids"]), "response_ids": blob_ids(r["response_ids"]),
+                "behaviour_logprobs": blob_logprobs(r["behaviour_logprobs"]),
+                "teacher_logprobs": blob_logprobs(r["teacher_logprobs"]) if r["teacher_logprobs"] is not None else None,
+            } for r in rows]
+
+        return self.read(q)
+
+    def ready_count(self) -> int:
+        return self.read(lambda c: c.execute("SELECT count(*) FROM samples WHERE state = 'ready'").fetchone()[0])
+
+    def adapters(self) -> list[dict[str, Any]]:
+        def q(c: sqlite3.Connection) -> list[dict[str, Any]]:
+            out = []
+            for r in c.execute("SELECT * FROM adapters ORDER BY version"):
+                row = dict(r)
+                row["metrics"] = json.loads(row["metrics"])
+                row["pinned"] = bool(row["pinned"])
+                out.append(row)
+            return out
+
+        return self.read(q)
+
+    def last_train_step(self) -> dict[str, Any] | None:
+        def q(c: sqlite3.Connection) -> dict[str, Any] | None:
+            r = c.execute("SELECT * FROM train_steps ORDER BY step DESC LIMIT 1").fetchone()
+            return None if r is None else {**dict(r), "metrics": json.loads(r["metrics"])}
+
+        return self.read(q)
 
     def sample_inputs(self, call_id: str) -> dict[str, Any] | None:
         """Everything the judge and the teacher need for one call, decoded."""

@@ -1,0 +1,125 @@
+"""Adapter versions on the serving side: load, go live, roll back, pin, prune.
+
+A version goes live in three steps: validate its files, load it into the engine next to the live
+one, then route new requests to it (`activate`). Generations already running finish on the
+version they started with; the old version is unloaded once they are done (the engine defers the
+unload). A version that fails to validate or load is never activated, so the old one keeps serving.
+Engine names are `v{N}`; `None` is the base model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .engines.base import Engine
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+def engine_name(version: int | None) -> str | None:
+    return None if version is None else f"v{version}"
+
+
+def version_of(name: str | None) -> int | None:
+    return None if name is None else int(name.removeprefix("v"))
+
+
+class AdapterError(RuntimeError):
+    pass
+
+
+class AdapterManager:
+    def __init__(self, engine: Engine, store: Store, root: Path, keep: int, on_live: Any = None) -> None:
+        self.engine, self.store, self.root, self.keep = engine, store, Path(root), keep
+        self.on_live = on_live or (lambda version: None)
+        self._lock = asyncio.Lock()  # one swap at a time
+        self.last_swap_s: float | None = None
+
+    def live(self) -> int | None:
+        return version_of(self.engine.active_version())
+
+    def next_version(self) -> int:
+        known = [a["version"] for a in self.store.adapters()]
+        on_disk = [int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit()]
+        return max(known + on_disk, default=0) + 1
+
+    async def restore(self) -> int | None:
+        """After a restart, serve the version that was live (or the newest good one before it)."""
+        rows = await asyncio.to_thread(self.store.adapters)
+        live = [a for a in rows if a["state"] == "live"]
+        candidates = live + sorted((a for a in rows if a["state"] in ("committed", "retired")),
+                                   key=lambda a: a["version"], reverse=True)
+        for a in candidates:
+            try:
+                await self.go_live(a["version"], a["path"])
+                return a["version"]
+            except AdapterError as e:
+                log.error("cannot restore adapter v%d: %s", a["version"], e)
+        return None
+
+    async def load(self, version: int, path: str) -> None:
+        """Validate and load a version without routing anything to it."""
+        from clawback.trainer.adapters import AdapterError as FileError, validate
+
+        name = engine_name(version)
+        if name in getattr(self.engine, "loaded_versions", lambda: [])():
+            return
+        try:
+            await asyncio.to_thread(validate, path)
+            await self.engine.load_adapter(name, path)
+        except (FileError, Exception) as e:
+            raise AdapterError(f"v{version} failed to load: {e}") from e
+
+    async def go_live(self, version: int | None, path: str | None = None) -> float:
+        """Route new requests to `version` (None = base); returns the swap time in seconds."""
+        async with self._lock:
+            t0 = time.perf_counter()
+            previous = self.engine.active_version()
+            if version is not None:
+                if path is None:
+                    raise AdapterError(f"v{version}: no path")
+                await self.load(version, path)
+            await self.engine.activate(engine_name(version))
+            await self.store.commit("adapter_live", version)
+            if previous is not None and previous != engine_name(version):
+                await self.engine.unload(previous)  # deferred by the engine until its generations end
+            self.last_swap_s = time.perf_counter() - t0
+        self.on_live(version)
+        return self.last_swap_s
+
+    async def rollback(self, version: int | None) -> float:
+        if version is None:
+            return await self.go_live(None)
+        row = self._row(version)
+        if row["state"] in ("failed", "pruned"):
+            raise AdapterError(f"v{version} is {row['state']} and cannot serve")
+        return await self.go_live(version, row["path"])
+
+    async def pin(self, version: int, pinned: bool = True) -> None:
+        self._row(version)
+        await self.store.commit("adapter_update", version, {"pinned": int(pinned)})
+
+    async def prune(self) -> list[int]:
+        """Keep the newest `keep` good versions, pinned ones and the live one; delete the rest."""
+        rows = await asyncio.to_thread(self.store.adapters)
+        good = sorted((a for a in rows if a["state"] in ("committed", "retired", "live")),
+                      key=lambda a: a["version"], reverse=True)
+        keep = {a["version"] for a in good[: self.keep]} | {a["version"] for a in rows if a["pinned"]}
+        keep |= {self.live()} - {None}
+        doomed = [a for a in rows if a["version"] not in keep and a["state"] != "pruned"]
+        for a in doomed:
+            await asyncio.to_thread(shutil.rmtree, a["path"], True)
+            await self.store.commit("adapter_update", a["version"], {"state": "pruned"})
+        return [a["version"] for a in doomed]
+
+    def _row(self, version: int) -> dict[str, Any]:
+        for a in self.store.adapters():
+            if a["version"] == version:
+                return a
+        raise AdapterError(f"no adapter version {version}")

@@ -1,0 +1,177 @@
+"""Adapter versions on disk: publish atomically, validate, resume.
+
+    <root>/v{N}/adapter_config.json        PEFT LoRA config   } loadable unchanged by
+    <root>/v{N}/adapter_model.safetensors  LoRA weights       } PEFT, SGLang and vLLM
+    <root>/v{N}/optimizer.pt               AdamW state, so training resumes after a restart
+    <root>/v{N}/clawback.json              metadata + sha256 of every file above
+
+A version is written into a hidden temp dir beside its target, fsynced, checked, and renamed to
+`v{N}` in one step, so `v{N}` either exists complete or not at all. A crash leaves at most a
+`.v{N}.*.tmp` dir, which nothing reads and `resume` deletes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CONFIG, WEIGHTS, OPTIMIZER, META = "adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "clawback.json"
+_VERSION_DIR = re.compile(r"v(\d+)")
+
+
+class AdapterError(Exception):
+    """A version dir that must not be served or resumed from."""
+
+
+def version_dir(root: str | Path, version: int) -> Path:
+    return Path(root) / f"v{int(version)}"
+
+
+def list_versions(root: str | Path) -> list[int]:
+    """Committed versions, ascending (temp dirs and anything else are ignored)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = (_VERSION_DIR.fullmatch(p.name) for p in root.iterdir() if p.is_dir())
+    return sorted(int(m[1]) for m in found if m)
+
+
+def next_version(root: str | Path) -> int:
+    versions = list_versions(root)
+    return versions[-1] + 1 if versions else 1
+
+
+def publish(
+    root: str | Path, version: int, model: Any, optimizer: torch.optim.Optimizer, meta: dict[str, Any]
+) -> Path:
+    """Write `model`'s adapter, the optimizer state and `meta` as `<root>/v{version}` atomically.
+
+    `meta` is the caller's record (parent, samples used, method, loss, reward stats, timings...);
+    version, creation time and file hashes are added here. Returns the committed dir.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = version_dir(root, version)
+    if final.exists():
+        raise AdapterError(f"{final} already exists")
+    tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", suffix=".tmp", dir=root))
+    try:
+        model.save_pretrained(str(tmp))
+        torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+        files = {name: _sha256(tmp / name) for name in (CONFIG, WEIGHTS, OPTIMIZER)}
+        info = {**meta, "version": int(version), "created_at": time.time(), "files": files}
+        (tmp / META).write_text(json.dumps(info, indent=2, sort_keys=True, default=str))
+        _check(tmp, version)  # never commit what a loader would refuse (e.g. NaN weights)
+        for f in tmp.iterdir():
+            _fsync(f)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a serving engine may run as another user
+        _fsync(tmp)
+        os.rename(tmp, final)  # atomic on POSIX, same filesystem by construction
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(root)  # make the rename itself durable
+    return final
+
+
+def validate(path: str | Path) -> dict[str, Any]:
+    """Return the version's metadata, or raise AdapterError if it must not be used."""
+    path = Path(path)
+    m = _VERSION_DIR.fullmatch(path.name)
+    if not m or not path.is_dir():
+        raise AdapterError(f"{path} is not a version dir (v{{N}})")
+    return _check(path, int(m[1]))
+
+
+def resume(model: Any, optimizer: torch.optim.Optimizer, root: str | Path, version: int | None = None) -> dict[str, Any] | None:
+    """Load a version's adapter weights and optimizer state into `model` and `optimizer`.
+
+    Both must be built from the same TrainConfig as the version (make_lora_model, make_optimizer).
+    Without `version`, the newest version that validates is used (invalid ones are skipped with a
+    warning). Returns its metadata, or None when there is nothing to resume from. Leftover temp
+    dirs of interrupted publishes are deleted.
+    """
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    root = Path(root)
+    for p in root.glob(".v*.tmp"):
+        shutil.rmtree(p, ignore_errors=True)
+    candidates = [version] if version is not None else list_versions(root)[::-1]
+    for v in candidates:
+        path = version_dir(root, v)
+        try:
+            info = validate(path)
+        except AdapterError as e:
+            if version is not None:
+                raise
+            log.warning("not resuming from %s: %s", path, e)
+            continue
+        device = next(p for p in model.parameters() if p.requires_grad).device
+        saved = load_file(str(path / WEIGHTS), device=str(device))
+        want = {k: tuple(t.shape) for k, t in get_peft_model_state_dict(model).items()}
+        alpha = json.loads((path / CONFIG).read_text()).get("lora_alpha")
+        if {k: tuple(t.shape) for k, t in saved.items()} != want or alpha != model.peft_config["default"].lora_alpha:
+            raise AdapterError(f"{path} has a different LoRA signature (rank, alpha or target modules) than the model")
+        set_peft_model_state_dict(model, saved)
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location=device, weights_only=True))
+        return info
+    return None
+
+
+def _check(path: Path, version: int) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    for name in (CONFIG, WEIGHTS, OPTIMIZER, META):
+        if not (path / name).is_file():
+            raise AdapterError(f"{path}: missing {name}")
+    try:
+        info = json.loads((path / META).read_text())
+        config = json.loads((path / CONFIG).read_text())
+    except (OSError, ValueError) as e:
+        raise AdapterError(f"{path}: unreadable metadata: {e}") from e
+    if info.get("version") != version:
+        raise AdapterError(f"{path}: metadata says version {info.get('version')!r}, expected {version}")
+    if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("use_rslora"):
+        raise AdapterError(f"{path}: not a plain LoRA adapter")
+    for name in (CONFIG, WEIGHTS, OPTIMIZER):  # catches truncation and bit rot, not just bad headers
+        if _sha256(path / name) != info.get("files", {}).get(name):
+            raise AdapterError(f"{path}: {name} does not match its recorded sha256")
+    try:
+        tensors = load_file(str(path / WEIGHTS))
+    except Exception as e:
+        raise AdapterError(f"{path}: unreadable weights: {e}") from e
+    if not tensors:
+        raise AdapterError(f"{path}: no weights")
+    bad = [k for k, t in tensors.items() if not torch.isfinite(t).all()]
+    if bad:
+        raise AdapterError(f"{path}: non-finite values in {bad[:3]}")
+    return info
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,101 @@
+"""The one training config: a small frozen dataclass, plus named presets.
+
+Every knob of the loss lives here with its meaning; `losses.py` and `step.py` read nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+Method = Literal["binary", "opd", "combined"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # Per-token advantage A_t (see losses.advantages):
+    #   binary    A_t = w_binary·r
+    #   opd       A_t = w_opd·(teacher_logprob_t − behaviour_logprob_t)
+    #   combined  A_t = w_binary·r + w_opd·(teacher_logprob_t − behaviour_logprob_t)
+    # A sample without teacher logprobs contributes only its reward term (combined) or is an
+    # error (opd): its OPD term would otherwise be inference/training drift, not a signal.
+    method: Method = "combined"
+    w_binary: float = 1.0
+    w_opd: float = 1.0
+
+    # PPO clipped surrogate on ratio = exp(logp_new − logp_old), clipped to [1−clip_low, 1+clip_high].
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    # Truncated importance sampling: each token's loss is weighted by
+    # min(exp(logp_old − logp_behaviour), tis_cap), detached. It corrects for samples served by
+    # an older adapter (and for engine/trainer numeric drift). None turns the correction off.
+    tis_cap: float | None = 2.0
+    # KL penalty to the base model (the adapter disabled), added per token as kl_coef·k3 with the
+    # low-variance "k3" estimator k3 = exp(ref − logp) − (ref − logp) − 1 ≥ 0 (Schulman, "Approximating
+    # KL divergence"), on the sampled tokens. 0 disables it and skips the reference forward pass.
+    # This is the only place the KL coefficient is defined.
+    kl_coef: float = 0.0
+    # Entropy bonus: loss −= entropy_coef · H(π(·|s_t)) per response token. Entropy is always reported.
+    entropy_coef: float = 0.0
+
+    # LoRA. Plain LoRA only: SGLang's loader ignores rsLoRA scaling and rejects DoRA, so an
+    # adapter trained with either would be served wrong or not at all.
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    target_modules: str | tuple[str, ...] = "all-linear"  # every linear projection except lm_head
+
+    # AdamW, one optimizer step per batch.
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    batch_size: int = 16  # effective samples per optimizer step
+    micro_batch_tokens: int = 8192  # padded tokens (prompt + response) per forward/backward
+    # Samples served more than this many adapter versions ago are dropped by the caller, not
+    # reweighted: past a few versions the TIS weight is mostly at its cap and carries little signal.
+    max_staleness: int = 4
+    seed: int = 0  # LoRA initialisation
+
+    def __post_init__(self) -> None:
+        if self.method not in ("binary", "opd", "combined"):
+            raise ValueError(f"unknown method {self.method!r}")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
+        if self.tis_cap is not None and self.tis_cap < 1:
+            raise ValueError("tis_cap must be >= 1 (or None to disable)")
+        if self.lora_rank < 1 or self.batch_size < 1 or self.micro_batch_tokens < 1:
+            raise ValueError("lora_rank, batch_size and micro_batch_tokens must be positive")
+
+    @property
+    def advantage_weights(self) -> tuple[float, float]:
+        """(w_binary, w_opd) as the method uses them: one formula serves all three methods."""
+        if self.method == "binary":
+            return self.w_binary, 0.0
+        if self.method == "opd":
+            return 0.0, self.w_opd
+        return self.w_binary, self.w_opd
+
+
+PRESETS: dict[str, TrainConfig] = {
+    "binary": TrainConfig(method="binary"),
+    "opd": TrainConfig(method="opd"),
+    "combined": TrainConfig(method="combined"),
+    # The original project's recipe (OpenClaw-RL combine, LoRA scripts): combined advantage with
+    # both weights 1, PPO clip 0.2/0.28, no importance-sampling correction, no KL, Adam lr 1e-5,
+    # weight decay 0.1, betas (0.9, 0.98), rank 16 / alpha 32, batch 16. Two differences remain by
+    # design: its OPD baseline was the trainer's recomputed logprob (so drift leaked into A_t),
+    # and it summed per-sample means over the batch where we average them (a constant lr factor).
+    "seed": TrainConfig(
+        method="combined", tis_cap=None, kl_coef=0.0, lr=1e-5, weight_decay=0.1, betas=(0.9, 0.98)
+    ),
+}
+
+
+def preset(name: str, **overrides) -> TrainConfig:
+    """A named preset with some fields replaced: preset("binary", lr=3e-5)."""
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None
+    return dataclasses.replace(base, **overrides)

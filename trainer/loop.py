@@ -1,0 +1,134 @@
+"""Background training: ready samples -> one step on the Ray actor -> adapter vN+1 -> live.
+
+Runs as an asyncio task in the daemon; the step itself runs in the trainer actor's process, so
+serving never waits for it. Per step:
+  1. take `batch_size` ready samples (only non-zero signals are ever `ready`), dropping with
+     reason `stale` those served more than `max_staleness` versions ago (younger ones are
+     corrected by truncated importance sampling in the loss);
+  2. the actor trains and publishes `v{N+1}` atomically;
+  3. the daemon validates and loads it beside the live version; only then the store commits the
+     version and marks its samples consumed (one transaction), and new requests go to it.
+A step that fails (actor crash, NaN, a version that does not load) is recorded with its error;
+its samples stay ready and the actor goes back to the live version. The actor starts lazily, at
+the first full batch, and resumes from the live version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from clawback.daemon.adapters import AdapterError, AdapterManager, version_of
+from clawback.daemon.store import Store
+
+from .config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class TrainingLoop:
+    def __init__(self, store: Store, adapters: AdapterManager, cfg: TrainConfig,
+                 start_worker: Callable[[], Any], on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
+                 poll_s: float = 10.0) -> None:
+        self.store, self.adapters, self.cfg = store, adapters, cfg
+        self.start_worker = start_worker  # returns a Ray actor handle (or anything with .remote methods)
+        self.on_trained = on_trained
+        self.poll_s = poll_s
+        self.worker: Any = None
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.steps = 0
+        self.failures = 0
+        self.busy = False
+        self.last_metrics: dict[str, Any] = {}
+
+    def wake(self) -> None:
+        """Thread-safe: a sample became ready (called from the store's writer thread)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            try:
+                batch = await self._next_batch()
+                if batch:
+                    await self.step(batch)
+                    continue  # there may be another full batch waiting
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("training loop error")
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _next_batch(self) -> list[dict[str, Any]]:
+        if await asyncio.to_thread(self.store.ready_count) < self.cfg.batch_size:
+            return []
+        rows = await asyncio.to_thread(self.store.ready_samples, self.cfg.batch_size * 4)
+        live = self.adapters.live() or 0
+        stale = [r["call_id"] for r in rows if live - (version_of(r["adapter_version"]) or 0) > self.cfg.max_staleness]
+        unusable = [r["call_id"] for r in rows if self.cfg.method == "opd" and r["teacher_logprobs"] is None]
+        if stale:
+            await self.store.commit("drop_samples", stale, "stale")
+        if unusable:
+            await self.store.commit("drop_samples", unusable, "no_teacher_for_opd")
+        usable = [r for r in rows if r["call_id"] not in set(stale) | set(unusable)]
+        return usable[: self.cfg.batch_size] if len(usable) >= self.cfg.batch_size else []
+
+    async def _worker(self) -> Any:
+        if self.worker is None:
+            self.worker = await asyncio.to_thread(self.start_worker)
+            await self.worker.resume.remote(self.adapters.live())
+        return self.worker
+
+    async def step(self, batch: list[dict[str, Any]]) -> dict[str, Any] | None:
+        self.busy = True
+        started = time.time()
+        parent = self.adapters.live()
+        version = await asyncio.to_thread(self.adapters.next_version)
+        call_ids = [s["call_id"] for s in batch]
+        rewards = [s["reward"] for s in batch]
+        meta = {"method": self.cfg.method, "samples": len(batch), "call_ids": call_ids,
+                "reward_mean": sum(rewards) / len(rewards)}
+        step: dict[str, Any] = {"version": version, "parent": parent, "started_at": started, "method": self.cfg.method}
+        try:
+            worker = await self._worker()
+            if await worker.ping.remote() != parent:  # e.g. after a rollback: train from what serves
+                await worker.resume.remote(parent)
+            result = await worker.train.remote(batch, version, meta)
+            step.update(path=result["path"], metrics=result["metrics"])
+            await self.adapters.load(version, result["path"])
+        except Exception as e:
+            self.failures += 1
+            log.error("training step for v%d failed: %s", version, e)
+            step.update(outcome="failed", error=f"{type(e).__name__}: {e}"[:1000])
+            await self.store.commit("train_step", step, call_ids)
+            await self._recover(parent, e)
+            return None
+        finally:
+            self.busy = False
+        step["outcome"] = "committed"
+        await self.store.commit("train_step", step, call_ids)
+        swap_s = await self.adapters.go_live(version, result["path"])
+        self.steps += 1
+        metrics = {**result["metrics"], "swap_s": swap_s}
+        self.last_metrics = metrics
+        self.on_trained({"version": f"v{version}", "samples": len(batch), "mean_reward": meta["reward_mean"],
+                         "metrics": metrics})
+        return metrics
+
+    async def _recover(self, parent: int | None, error: Exception) -> None:
+        """After a failed step the actor must not keep weights no version holds."""
+        if self.worker is None:
+            return
+        try:
+            await self.worker.resume.remote(parent)
+        except Exception:  # the actor itself is gone (killed, OOM): start a fresh one next time
+            log.warning("trainer actor lost (%s); it restarts at the next batch", error)
+            self.worker = None

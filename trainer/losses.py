@@ -1,0 +1,109 @@
+"""Per-token advantages and the clipped, importance-corrected policy loss.
+
+Pure tensor functions. Shapes are in the names: B samples, T response positions (right-padded).
+`mask_B_T` is 1.0 on real response tokens and 0.0 on padding; padding never reaches the loss or
+the metrics, but must hold finite values (a NaN there would still poison the gradient through
+torch.where). All logprobs are of the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def advantages(
+    reward_B: Tensor,
+    teacher_logp_B_T: Tensor,
+    behaviour_logp_B_T: Tensor,
+    mask_B_T: Tensor,
+    *,
+    w_binary: float,
+    w_opd: float,
+) -> Tensor:
+    """A_t = w_binary·r + w_opd·(teacher_t − behaviour_t), zero on padding.
+
+    Binary RL is w_opd = 0, OPD is w_binary = 0 (TrainConfig.advantage_weights). The OPD baseline
+    is the recorded behaviour logprob, not the trainer's recomputed one, so engine/trainer drift
+    does not leak into the advantage. Pass teacher = behaviour for a sample without a teacher.
+    """
+    adv_B_T = w_binary * reward_B[:, None] + w_opd * (teacher_logp_B_T - behaviour_logp_B_T)
+    return torch.where(mask_B_T.bool(), adv_B_T, 0.0)
+
+
+def masked_mean(x_B_T: Tensor, mask_B_T: Tensor) -> Tensor:
+    """Token-mean of each sample over its real tokens -> x_B (0 for an all-padding row)."""
+    m = mask_B_T.bool()
+    return torch.where(m, x_B_T, 0.0).sum(-1) / m.sum(-1).clamp(min=1)
+
+
+def _token_mean(x_B_T: Tensor, mask_B_T: Tensor) -> Tensor:
+    m = mask_B_T.bool()
+    return torch.where(m, x_B_T.float(), 0.0).sum() / m.sum().clamp(min=1)
+
+
+def policy_loss(
+    logp_B_T: Tensor,
+    old_logp_B_T: Tensor,
+    behaviour_logp_B_T: Tensor,
+    adv_B_T: Tensor,
+    mask_B_T: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    tis_cap: float | None = 2.0,
+    ref_logp_B_T: Tensor | None = None,
+    kl_coef: float = 0.0,
+    entropy_B_T: Tensor | None = None,
+    entropy_coef: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per token: tis·max(−ratio·A, −clip(ratio)·A) + kl_coef·k3 − entropy_coef·H; token-mean per
+    sample, then mean over the batch.
+
+    logp: current policy, with grad. old: the same policy before this update (no grad).
+    behaviour: what the serving engine recorded when it sampled the token. ref: the base model,
+    needed only when kl_coef > 0. entropy: full-vocabulary entropy at each position.
+
+    Metrics are 0-dim detached tensors, token-means over all real tokens of the batch:
+    clip_low / clip_high (fraction of tokens whose gradient the clip removed on that side),
+    ratio, tis (mean weight), adv, drift = |old − behaviour|, kl and entropy when given.
+    """
+    old_logp_B_T = old_logp_B_T.detach()
+    ratio_B_T = torch.exp(logp_B_T - old_logp_B_T)
+    clipped_B_T = ratio_B_T.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg_B_T = torch.maximum(-ratio_B_T * adv_B_T, -clipped_B_T * adv_B_T)
+
+    # The samples came from the behaviour policy, the surrogate assumes the old one: reweight by
+    # their ratio, truncated so one very stale token cannot dominate the batch.
+    if tis_cap is None:
+        tis_B_T = torch.ones_like(pg_B_T)
+    else:
+        tis_B_T = torch.exp(old_logp_B_T - behaviour_logp_B_T.detach()).clamp(max=tis_cap)
+    per_token_B_T = tis_B_T * pg_B_T
+
+    kl_B_T = None
+    if ref_logp_B_T is not None:
+        delta_B_T = ref_logp_B_T.detach() - logp_B_T
+        kl_B_T = torch.exp(delta_B_T) - delta_B_T - 1.0
+        if kl_coef:
+            per_token_B_T = per_token_B_T + kl_coef * kl_B_T
+    if entropy_B_T is not None and entropy_coef:
+        per_token_B_T = per_token_B_T - entropy_coef * entropy_B_T
+
+    loss = masked_mean(per_token_B_T, mask_B_T).mean()
+
+    with torch.no_grad():
+        metrics = {
+            "clip_low": _token_mean((ratio_B_T < 1.0 - clip_low) & (adv_B_T < 0), mask_B_T),
+            "clip_high": _token_mean((ratio_B_T > 1.0 + clip_high) & (adv_B_T > 0), mask_B_T),
+            "ratio": _token_mean(ratio_B_T, mask_B_T),
+            "tis": _token_mean(tis_B_T, mask_B_T),
+            "adv": _token_mean(adv_B_T, mask_B_T),
+            "drift": _token_mean((old_logp_B_T - behaviour_logp_B_T).abs(), mask_B_T),
+        }
+        if kl_B_T is not None:
+            metrics["kl"] = _token_mean(kl_B_T, mask_B_T)
+        if entropy_B_T is not None:
+            metrics["entropy"] = _token_mean(entropy_B_T, mask_B_T)
+    return loss, metrics

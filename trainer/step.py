@@ -1,0 +1,244 @@
+"""One training step: samples -> micro-batches -> accumulated gradients -> one AdamW step.
+
+A sample is any object with `prompt_ids`, `response_ids`, `behaviour_logprobs`, `reward` and
+`teacher_logprobs` (None when there is no teacher); `Sample` is the plain one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .config import TrainConfig
+from .losses import advantages, policy_loss
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    behaviour_logprobs: Sequence[float]  # temperature-1 logprobs of the policy that served them
+    reward: float
+    teacher_logprobs: Sequence[float] | None = None
+
+
+def make_lora_model(base_model: torch.nn.Module, cfg: TrainConfig) -> Any:
+    """Wrap a HF causal LM with a fresh LoRA adapter ("default"); the base is modified in place."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = cfg.target_modules
+    if targets == "all-linear":
+        # Resolved here to short names (q_proj, ...): PEFT would save full module paths, which
+        # some SGLang releases do not map onto their fused qkv/gate_up layers.
+        head = base_model.get_output_embeddings()
+        targets = sorted({
+            name.rsplit(".", 1)[-1] for name, mod in base_model.named_modules()
+            if isinstance(mod, torch.nn.Linear) and mod is not head
+        })
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        target_modules=list(targets) if isinstance(targets, (tuple, list)) else targets,  # a str is a regex
+        lora_dropout=0.0,  # dropout would make logp_old differ from the logp being trained
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng():  # seed the LoRA init without touching the caller's RNG
+        torch.manual_seed(cfg.seed)
+        return get_peft_model(base_model, lora)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]  # fixed order: resume relies on it
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+
+def micro_batches(samples: Sequence[Any], token_budget: int) -> list[list[Any]]:
+    """Group samples so each padded micro-batch stays within `token_budget` tokens.
+
+    Sorted by length so neighbours pad little; a sample longer than the budget goes alone.
+    Padded size is rows × (longest prompt + longest response), the layout `collate` builds.
+    """
+    order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids), reverse=True)
+    out: list[list[Any]] = []
+    cur: list[Any] = []
+    max_p = max_r = 0
+    for s in order:
+        p, r = max(max_p, len(s.prompt_ids)), max(max_r, len(s.response_ids))
+        if cur and (len(cur) + 1) * (p + r) > token_budget:
+            out.append(cur)
+            cur, p, r = [], len(s.prompt_ids), len(s.response_ids)
+        cur.append(s)
+        max_p, max_r = p, r
+    if cur:
+        out.append(cur)
+    return out
+
+
+def collate(samples: Sequence[Any], device: torch.device) -> dict[str, torch.Tensor]:
+    """Prompts right-aligned at column C, responses left-aligned from C:
+
+        [pad pad p p p | r r r pad]
+        [pad p p p p p | r r pad pad]
+
+    so the logits that predict every response token sit in the same last T+1 columns of every
+    row, and the model computes logits for those columns only (`logits_to_keep`). Explicit
+    position_ids keep each row's positions starting at 0 despite the left padding.
+    """
+    B = len(samples)
+    C = max(len(s.prompt_ids) for s in samples)
+    T = max(len(s.response_ids) for s in samples)
+    ids_B_L = torch.zeros(B, C + T, dtype=torch.long)
+    attn_B_L = torch.zeros(B, C + T, dtype=torch.long)
+    behaviour_B_T = torch.zeros(B, T)
+    teacher_B_T = torch.zeros(B, T)
+    for i, s in enumerate(samples):
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        ids_B_L[i, C - P : C] = torch.tensor(list(s.prompt_ids))
+        ids_B_L[i, C : C + R] = torch.tensor(list(s.response_ids))
+        attn_B_L[i, C - P : C + R] = 1
+        behaviour_B_T[i, :R] = torch.tensor(list(s.behaviour_logprobs))
+        # No teacher: teacher = behaviour, so the OPD term of the advantage is exactly 0.
+        teacher = s.teacher_logprobs if s.teacher_logprobs is not None else s.behaviour_logprobs
+        teacher_B_T[i, :R] = torch.tensor(list(teacher))
+    pos_B_L = (attn_B_L.cumsum(-1) - 1).clamp(min=0)
+    batch = {
+        "input_ids": ids_B_L,
+        "attention_mask": attn_B_L,
+        "position_ids": pos_B_L,
+        "target_B_T": ids_B_L[:, C:],
+        "mask_B_T": attn_B_L[:, C:].float(),
+        "behaviour_B_T": behaviour_B_T,
+        "teacher_B_T": teacher_B_T,
+        "reward_B": torch.tensor([float(s.reward) for s in samples]),
+    }
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def response_logprobs(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logp_B_T of the response tokens and the full-vocabulary entropy_B_T at those positions.
+
+    Only the T response positions get logits; logp = logit[target] − logsumexp(logits), which
+    avoids materialising a second B×T×V log_softmax tensor for autograd. The entropy carries a
+    gradient only when asked (an entropy bonus); otherwise it is a metric and builds no graph.
+    """
+    target_B_T = batch["target_B_T"]
+    T = target_B_T.shape[1]
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        logits_to_keep=T + 1,
+        use_cache=False,
+    )
+    logits_B_T_V = out.logits[:, :-1].float()  # column C−1+t predicts response token t
+    lse_B_T = torch.logsumexp(logits_B_T_V, dim=-1)
+    logp_B_T = logits_B_T_V.gather(-1, target_B_T.unsqueeze(-1)).squeeze(-1) - lse_B_T
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        probs_B_T_V = torch.softmax(logits_B_T_V, dim=-1)
+        ent_B_T = lse_B_T - (probs_B_T_V * logits_B_T_V).sum(-1)
+    return logp_B_T, ent_B_T
+
+
+def _check(samples: Sequence[Any], cfg: TrainConfig) -> None:
+    if not samples:
+        raise ValueError("no samples")
+    for s in samples:
+        R = len(s.response_ids)
+        if not s.prompt_ids or not R:
+            raise ValueError("every sample needs a non-empty prompt and response")
+        if len(s.behaviour_logprobs) != R:
+            raise ValueError("behaviour_logprobs must have one value per response token")
+        if s.teacher_logprobs is None:
+            if cfg.method == "opd":
+                raise ValueError("method 'opd' needs teacher_logprobs on every sample")
+        elif len(s.teacher_logprobs) != R:
+            raise ValueError("teacher_logprobs must have one value per response token")
+
+
+def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Any], cfg: TrainConfig) -> dict[str, float]:
+    """One AdamW step on `samples`; gradients accumulate over micro-batches so the update equals
+    the one a single batch of all samples would give. Returns the step's metrics.
+
+    logp_old is the policy before this update. With one optimizer step per batch it is exactly
+    the detached logp of the same forward pass, so it costs no second pass; the ratio is then 1
+    and the clip never binds here (it would with several updates per batch). What corrects for
+    stale samples is the TIS weight against the recorded behaviour logprobs.
+
+    Metrics: loss, clip_low, clip_high, clip_frac, ratio, tis, adv, drift, entropy, kl (only when
+    kl_coef > 0: it needs a reference pass), grad_norm, response_len, reward_mean, reward_pos,
+    reward_neg, samples, tokens, pad_frac, micro_batches, step_time_s, tokens_per_s.
+    Raises FloatingPointError, with the model and optimizer untouched, if the gradient is not finite.
+    """
+    _check(samples, cfg)
+    t0 = time.perf_counter()
+    device = next(p for p in model.parameters() if p.requires_grad).device
+    w_binary, w_opd = cfg.advantage_weights
+    n = len(samples)
+    groups = micro_batches(samples, cfg.micro_batch_tokens)
+    loss_sum = torch.zeros((), device=device)
+    metric_sums: dict[str, torch.Tensor] = {}
+    was_training = model.training
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    try:
+        for group in groups:
+            batch = collate(group, device)
+            ref_B_T = None
+            if cfg.kl_coef:
+                with torch.no_grad(), model.disable_adapter():
+                    ref_B_T, _ = response_logprobs(model, batch)
+            logp_B_T, ent_B_T = response_logprobs(model, batch, entropy_grad=bool(cfg.entropy_coef))
+            adv_B_T = advantages(
+                batch["reward_B"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
+                w_binary=w_binary, w_opd=w_opd,
+            )
+            loss, m = policy_loss(
+                logp_B_T, logp_B_T.detach(), batch["behaviour_B_T"], adv_B_T, batch["mask_B_T"],
+                clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
+                ref_logp_B_T=ref_B_T, kl_coef=cfg.kl_coef, entropy_B_T=ent_B_T, entropy_coef=cfg.entropy_coef,
+            )
+            # The loss is a mean over this micro-batch; weight it by its share of the whole batch.
+            share = len(group) / n
+            (loss * share).backward()
+            loss_sum += loss.detach() * share
+            k = sum(len(s.response_ids) for s in group)
+            for name, v in m.items():  # token-means -> token-weighted sums
+                metric_sums[name] = metric_sums.get(name, 0.0) + v * k
+
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            # Stepping would write NaN into the adapter; the caller keeps the samples and the old version.
+            raise FloatingPointError(f"non-finite gradient norm {float(grad_norm)}; step skipped")
+        optimizer.step()
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        model.train(was_training)
+
+    n_resp = sum(len(s.response_ids) for s in samples)
+    n_tokens = n_resp + sum(len(s.prompt_ids) for s in samples)
+    padded = sum(len(g) * (max(len(s.prompt_ids) for s in g) + max(len(s.response_ids) for s in g)) for g in groups)
+    rewards = [float(s.reward) for s in samples]
+    metrics = {name: float(v) / n_resp for name, v in metric_sums.items()}  # float() waits for the device
+    metrics.update(
+        loss=float(loss_sum),
+        clip_frac=metrics["clip_low"] + metrics["clip_high"],
+        grad_norm=float(grad_norm),
+        response_len=n_resp / n,
+        reward_mean=sum(rewards) / n,
+        reward_pos=sum(r > 0 for r in rewards) / n,
+        reward_neg=sum(r < 0 for r in rewards) / n,
+        samples=n,
+        tokens=n_tokens,  # real prompt + response tokens, padding excluded
+        pad_frac=1.0 - n_tokens / padded,
+        micro_batches=len(groups),
+    )
+    elapsed = time.perf_counter() - t0
+    metrics.update(step_time_s=elapsed, tokens_per_s=n_tokens / elapsed)
+    return metrics
