@@ -1,4 +1,4 @@
-"""The `clawback` command: init, serve, status, export."""
+"""The `clawback` command: init, serve, status, adapters, export."""
 
 from __future__ import annotations
 
@@ -66,12 +66,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _get(url: str, key: str | None) -> Any:
+def _daemon(args: argparse.Namespace, s: Settings) -> tuple[str, dict[str, str]]:
+    """The running daemon's URL and auth header, from the same settings it was started with."""
+    url = getattr(args, "url", None) or f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
+    key = None if s.no_auth else (s.api_key.get_secret_value() if s.api_key else
+                                  (s.api_key_path.read_text().strip() if s.api_key_path.is_file() else None))
+    return url, ({"authorization": f"Bearer {key}"} if key else {})
+
+
+def _call(method: str, url: str, headers: dict[str, str], body: Any = None) -> Any:
     import httpx
 
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    r = httpx.get(url, headers=headers, timeout=10)
-    r.raise_for_status()
+    r = httpx.request(method, url, headers=headers, json=body, timeout=60)
+    if r.status_code >= 400:
+        try:
+            message = r.json()["error"]["message"]
+        except Exception:
+            message = r.text
+        raise ValueError(f"{method} {url}: {r.status_code} {message}")
     return r.json()
 
 
@@ -79,13 +91,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     import httpx
 
     s = _settings(args)
-    url = args.url or f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
-    key = None if s.no_auth else (s.api_key.get_secret_value() if s.api_key else
-                                  (s.api_key_path.read_text().strip() if s.api_key_path.is_file() else None))
+    url, headers = _daemon(args, s)
     try:
-        status = _get(f"{url}/v1/status", key)
+        status = _call("GET", f"{url}/v1/status", headers)
         status["daemon"] = "running"
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, ValueError) as e:
         from .store import connect, counts
 
         if not s.db_path.is_file():
@@ -98,6 +108,32 @@ def cmd_status(args: argparse.Namespace) -> int:
             conn.close()
         status = {"daemon": f"not reachable at {url} ({type(e).__name__})", "store": {"path": str(s.db_path), **store_counts}}
     print(json.dumps(status, indent=2))
+    return 0
+
+
+def cmd_adapters(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    url, headers = _daemon(args, s)
+    if args.action == "list":
+        out = _call("GET", f"{url}/v1/adapters", headers)
+        live = out["live"]
+        print(f"live: {'base model' if live is None else f'v{live}'}")
+        for a in out["data"]:
+            m = a["metrics"]
+            print(f"v{a['version']:<4} {a['state']:<9} {'pinned' if a['pinned'] else '':<6} parent="
+                  f"{'base' if a['parent'] is None else 'v' + str(a['parent'])} samples={a['samples']} "
+                  f"loss={m.get('loss', float('nan')):.4f} reward={m.get('reward_mean', float('nan')):+.2f}")
+        return 0
+    if args.action in ("rollback", "pin", "unpin") and args.version is None:
+        raise ValueError(f"adapters {args.action} needs a version (N, vN, or 'base' for rollback)")
+    if args.action == "rollback":
+        out = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version})
+    elif args.action in ("pin", "unpin"):
+        suffix = "?unpin=1" if args.action == "unpin" else ""
+        out = _call("POST", f"{url}/v1/adapters/pin{suffix}", headers, {"version": args.version})
+    else:
+        out = _call("POST", f"{url}/v1/adapters/prune", headers)
+    print(json.dumps(out))
     return 0
 
 
@@ -143,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     _settings_flags(p)
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("adapters", help="list, roll back, pin or prune adapter versions")
+    _settings_flags(p)
+    p.add_argument("action", choices=["list", "rollback", "pin", "unpin", "prune"])
+    p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.set_defaults(fn=cmd_adapters)
 
     p = sub.add_parser("export", help="write sessions, calls and next states")
     _settings_flags(p)
