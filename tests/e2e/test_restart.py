@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from clawback.daemon.store import migrations
 from tests.conftest import DaemonProcess
 
 
@@ -40,7 +41,7 @@ def test_restart_keeps_store_and_pairing(tiny_model_dir: Path, tmp_path: Path):
     messages = [{"role": "user", "content": "Remember the number 7."}]
     reply = post(first, messages, "keep-1")
     status = json.loads(cli("status", "--data-dir", str(data), "--port", str(first.port)).stdout)
-    assert status["daemon"] == "running" and status["store"]["schema_version"] == 2
+    assert status["daemon"] == "running" and status["store"]["schema_version"] == len(migrations())
     first.stop()  # SIGTERM: the writer drains before exit
 
     assert rows(data / "clawback.db", "SELECT state FROM calls") == [("awaiting_next_state",)]
@@ -62,7 +63,7 @@ def test_restart_keeps_store_and_pairing(tiny_model_dir: Path, tmp_path: Path):
     assert json.loads(next_state[0]) == [{"role": "user", "content": "Which number was it?"}]
     assert next_state[1] == 1
     kinds = [k for (k,) in rows(db, "SELECT kind FROM events ORDER BY id")]
-    assert kinds.count("schema.migrated") == 2, "migrations ran once, not again on restart"
+    assert kinds.count("schema.migrated") == len(migrations()), "migrations ran once, not again on restart"
     lifecycle = [k for k in kinds if k.startswith(("call.", "session."))]
     assert lifecycle == ["call.awaiting_next_state", "call.paired", "call.awaiting_next_state",
                          "call.closed_without_next_state", "session.closed"]
