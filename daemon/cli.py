@@ -25,12 +25,13 @@ def _settings_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--no-auth", action="store_const", const=True, help="serve without a bearer key (local experiments)")
+    p.add_argument("--ray-address", help="join this Ray cluster for the trainer (default: a local Ray runtime)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     keys = ("config_file", "data_dir", "host", "port", "model", "served_model_name", "device", "dtype",
-            "no_auth", "log_level")
+            "no_auth", "log_level", "ray_address")
     return load_settings(**{k: getattr(args, k, None) for k in keys})
 
 

@@ -117,6 +117,9 @@ class TrainingLoop:
         await self.store.commit("train_step", step, call_ids)
         swap_s = await self.adapters.go_live(version, result["path"])
         self.steps += 1
+        pruned = await self.adapters.prune()  # retention: newest K good versions + pinned + live
+        if pruned:
+            log.info("pruned adapter versions %s", pruned)
         metrics = {**result["metrics"], "swap_s": swap_s}
         self.last_metrics = metrics
         self.on_trained({"version": f"v{version}", "samples": len(batch), "mean_reward": meta["reward_mean"],

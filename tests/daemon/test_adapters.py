@@ -1,0 +1,90 @@
+"""Adapter versions on the serving side, with a real engine (tiny Llama) and a real store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from clawback.daemon.adapters import AdapterError, AdapterManager
+from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.daemon.store import Store
+from clawback.trainer.adapters import publish
+from clawback.trainer.config import TrainConfig
+from clawback.trainer.step import make_lora_model, make_optimizer
+
+
+@pytest.fixture
+def setup(tiny_model_dir: Path, tmp_path: Path):
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path / "adapters"
+    store = Store(tmp_path / "db.sqlite")
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8)
+    for v in (1, 2, 3):
+        model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1 * v)
+        path = publish(root, v, model, make_optimizer(model, cfg), {"method": "binary"})
+        store.submit("train_step", {"version": v, "parent": v - 1 or None, "started_at": time.time(),
+                                    "outcome": "committed", "path": str(path), "method": "binary"}, [])
+    store.flush()
+    engine = EmbeddedEngine(tiny_model_dir)
+    yield AdapterManager(engine, store, root, keep=2), engine, store, root
+    asyncio.run(engine.close())
+    store.close()
+
+
+def states(store: Store) -> dict[int, str]:
+    return {a["version"]: a["state"] for a in store.adapters()}
+
+
+def test_go_live_rollback_and_restore(setup):
+    manager, engine, store, root = setup
+
+    async def go():
+        await manager.go_live(1, str(root / "v1"))
+        await manager.go_live(2, str(root / "v2"))
+        assert manager.live() == 2 and states(store) == {1: "retired", 2: "live", 3: "committed"}
+        await manager.rollback(1)
+        assert manager.live() == 1
+        await manager.rollback(None)
+        assert manager.live() is None and "live" not in states(store).values()
+        await manager.rollback(3)
+
+    asyncio.run(go())
+    assert manager.live() == 3
+
+
+def test_a_corrupt_version_is_never_activated(setup):
+    manager, engine, store, root = setup
+    asyncio.run(manager.go_live(1, str(root / "v1")))
+    weights = root / "v2" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated on disk
+    with pytest.raises(AdapterError):
+        asyncio.run(manager.go_live(2, str(root / "v2")))
+    assert manager.live() == 1 and engine.active_version() == "v1"
+    assert states(store)[2] == "committed"
+
+
+def test_retention_keeps_newest_pinned_and_live(setup):
+    manager, engine, store, root = setup
+
+    async def go():
+        await manager.go_live(1, str(root / "v1"))
+        await manager.pin(2)
+        return await manager.prune()
+
+    # keep=2 keeps v3 and v2 (newest); v1 is live; nothing else exists
+    assert asyncio.run(go()) == []
+    asyncio.run(manager.pin(2, False))
+    asyncio.run(manager.rollback(3))
+    assert asyncio.run(manager.prune()) == [1]
+    assert not (root / "v1").exists() and states(store)[1] == "pruned"
+    with pytest.raises(AdapterError):
+        asyncio.run(manager.rollback(1))
