@@ -6,9 +6,7 @@ import argparse
 import json
 import logging
 import sys
-import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from .config import Settings, load_settings

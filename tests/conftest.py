@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -105,3 +106,24 @@ def daemon_factory(tmp_path: Path):
     yield make
     for d in started:
         d.stop()
+
+
+def query(db: Path, sql: str, *args) -> list[sqlite3.Row]:
+    """Read the daemon's store from outside, as a user's tools would (rows index by name or position)."""
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def wait_for(fn, timeout: float = 30, what: str = "condition"):
+    """Poll until fn() is truthy (the store is written in the background); return its value."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not met within {timeout} s")

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from clawback.daemon.adapters import AdapterError, AdapterManager, version_of
+from clawback.daemon.adapters import AdapterManager, version_of
 from clawback.daemon.store import Store
 
 from .config import TrainConfig

@@ -4,13 +4,12 @@ OpenAI shapes, streaming, tools, and bad input that must get a 4xx and change no
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, query, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +28,6 @@ def client(daemon: DaemonProcess):
 
 def chat(**kw):
     return {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **kw}
-
-
-def store_counts(daemon: DaemonProcess, client: httpx.Client) -> dict:
-    return client.get("/v1/status").json()["store"]["calls"]
 
 
 def test_health_is_open_everything_else_needs_the_key(daemon: DaemonProcess):
@@ -128,26 +123,16 @@ def test_tool_history_renders_and_tools_reach_the_prompt(client: httpx.Client, d
     r = client.post("/v1/chat/completions", json=chat(messages=messages, tools=TOOLS, tool_choice="auto"),
                     headers={"x-session-id": "tools-1", "x-turn-type": "main"})
     assert r.status_code == 200, r.text
-    client.get("/v1/status")
     call_id = r.json()["id"]
     prompt = _wait_for_call(daemon, call_id)["prompt_text"]
     assert "get_weather" in prompt and "<tools>" in prompt  # tools rendered into the system turn
     assert '"city": "Paris"' in prompt and "sunny, 21C" in prompt  # earlier call and result kept
 
 
-def _wait_for_call(daemon: DaemonProcess, call_id: str, timeout: float = 10) -> dict:
-    import time
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        conn = sqlite3.connect(daemon.data_dir / "clawback.db")
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM calls WHERE call_id = ?", (call_id,)).fetchone()
-        conn.close()
-        if row is not None:
-            return dict(row)
-        time.sleep(0.1)
-    raise AssertionError(f"call {call_id} never reached the store")
+def _wait_for_call(daemon: DaemonProcess, call_id: str) -> dict:
+    rows = wait_for(lambda: query(daemon.data_dir / "clawback.db", "SELECT * FROM calls WHERE call_id = ?", call_id),
+                    what=f"call {call_id} stored")
+    return dict(rows[0])
 
 
 BAD = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, query, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -49,22 +48,8 @@ def event(kind: str, session: str, **kw) -> dict:
             "source": "cli", "ts": time.time(), **kw}
 
 
-def query(daemon: DaemonProcess, sql: str, *args) -> list[tuple]:
-    conn = sqlite3.connect(daemon.data_dir / "clawback.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
-
-
-def wait_for(fn, timeout: float = 20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
+def db_query(daemon: DaemonProcess, sql: str, *args) -> list[tuple]:
+    return [tuple(r) for r in query(daemon.data_dir / "clawback.db", sql, *args)]
 
 
 @contextlib.contextmanager
@@ -92,10 +77,10 @@ def test_thumbs_target_last_and_duplicates_apply_once(client: httpx.Client, daem
     assert first.status_code == again.status_code == 200
     assert first.json() == {"type": "ack", "event_id": ev["event_id"], "status": "applied", "call_id": bodies[-1]["id"]}
     assert again.json()["status"] == "duplicate"
-    assert query(daemon, "SELECT count(*) FROM feedback_events WHERE event_id = ?", ev["event_id"]) == [(1,)]
-    assert query(daemon, "SELECT count(*) FROM events WHERE kind = 'feedback.applied' AND subject_id = ?",
+    assert db_query(daemon, "SELECT count(*) FROM feedback_events WHERE event_id = ?", ev["event_id"]) == [(1,)]
+    assert db_query(daemon, "SELECT count(*) FROM events WHERE kind = 'feedback.applied' AND subject_id = ?",
                  ev["event_id"]) == [(1,)]
-    sample = wait_for(lambda: query(daemon, "SELECT state, reward, reward_source FROM samples WHERE call_id = ? "
+    sample = wait_for(lambda: db_query(daemon, "SELECT state, reward, reward_source FROM samples WHERE call_id = ? "
                                             "AND state != 'pending_judge'", bodies[-1]["id"]))
     assert sample == [("ready", -1.0, "explicit")]
 
@@ -111,7 +96,7 @@ def test_correction_becomes_the_hint_and_teacher_logprobs_cover_the_response(cli
     bodies = converse(client, "fb-3", 1)
     ack = client.post("/v1/feedback", json=event("correction", "fb-3", text="Answer in one short sentence.")).json()
     assert ack["status"] == "applied"
-    row = wait_for(lambda: query(daemon, "SELECT state, hint, hint_source, correction, length(teacher_logprobs), "
+    row = wait_for(lambda: db_query(daemon, "SELECT state, hint, hint_source, correction, length(teacher_logprobs), "
                                          "teacher_messages FROM samples WHERE call_id = ? AND state = 'ready'", bodies[0]["id"]))
     state, hint, source, correction, lp_bytes, teacher_messages = row[0]
     n_tokens = bodies[0]["usage"]["completion_tokens"]
@@ -128,10 +113,10 @@ def test_unknown_session_is_an_orphan_until_its_call_appears(client: httpx.Clien
                                           "reason": "unknown_session", "stored": True, "message": ""}
     assert client.post("/v1/feedback", json=ev).json()["status"] == "duplicate"
     bodies = converse(client, "fb-4", 1)  # the call it named arrives: the orphan is applied
-    row = wait_for(lambda: query(daemon, "SELECT state, call_id FROM feedback_events WHERE event_id = ? "
+    row = wait_for(lambda: db_query(daemon, "SELECT state, call_id FROM feedback_events WHERE event_id = ? "
                                          "AND state = 'applied'", ev["event_id"]))
     assert row == [("applied", bodies[0]["id"])]
-    assert wait_for(lambda: query(daemon, "SELECT reward FROM samples WHERE call_id = ? AND state = 'ready'",
+    assert wait_for(lambda: db_query(daemon, "SELECT reward FROM samples WHERE call_id = ? AND state = 'ready'",
                                   bodies[0]["id"])) == [(1.0,)]
     unknown_turn = client.post("/v1/feedback", json=event("thumbs_up", "fb-4", target="no-such-turn"))
     assert unknown_turn.status_code == 202 and unknown_turn.json()["reason"] == "unknown_target"
@@ -147,12 +132,12 @@ def test_session_link_carries_pairing_and_session_end_closes(client: httpx.Clien
                 {"role": "user", "content": "continued after compaction"}]
     second = client.post("/v1/chat/completions", json={"model": "clawback", "messages": messages, "max_tokens": 4},
                          headers={"x-session-id": "fb-5b", "x-turn-type": "main"}).json()
-    paired = wait_for(lambda: query(daemon, "SELECT messages_json FROM next_states WHERE call_id = ?", bodies[0]["id"]))
+    paired = wait_for(lambda: db_query(daemon, "SELECT messages_json FROM next_states WHERE call_id = ?", bodies[0]["id"]))
     assert json.loads(paired[0][0]) == [{"role": "user", "content": "continued after compaction"}]
     # 'last' on the new id reaches the newest reply, and a session_end closes its waiting call.
     assert client.post("/v1/feedback", json=event("thumbs_up", "fb-5b")).json()["call_id"] == second["id"]
     assert client.post("/v1/feedback", json=event("session_end", "fb-5b")).json()["status"] == "applied"
-    assert wait_for(lambda: query(daemon, "SELECT state FROM calls WHERE call_id = ? AND state != 'awaiting_next_state'",
+    assert wait_for(lambda: db_query(daemon, "SELECT state FROM calls WHERE call_id = ? AND state != 'awaiting_next_state'",
                                   second["id"])) == [("closed_without_next_state",)]
 
 
@@ -166,10 +151,10 @@ def test_session_link_carries_pairing_and_session_end_closes(client: httpx.Clien
     {"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": "s", "surprise": 1},
 ])
 def test_malformed_http_events_are_400_and_store_nothing(client: httpx.Client, daemon: DaemonProcess, bad: dict):
-    before = query(daemon, "SELECT count(*) FROM feedback_events")
+    before = db_query(daemon, "SELECT count(*) FROM feedback_events")
     r = client.post("/v1/feedback", json=bad)
     assert r.status_code == 400 and r.json()["code"] == "malformed" and r.json()["message"]
-    assert query(daemon, "SELECT count(*) FROM feedback_events") == before
+    assert db_query(daemon, "SELECT count(*) FROM feedback_events") == before
 
 
 def test_feedback_needs_the_key(daemon: DaemonProcess):
@@ -215,6 +200,6 @@ def test_disconnect_before_ack_then_resend_applies_exactly_once(client: httpx.Cl
         sock.send(json.dumps(ev))
         ack = recv_type(sock, "ack")
     assert ack["type"] == "ack" and ack["event_id"] == ev["event_id"] and ack["status"] in ("applied", "duplicate")
-    assert query(daemon, "SELECT count(*) FROM feedback_events WHERE event_id = ?", ev["event_id"]) == [(1,)]
-    assert query(daemon, "SELECT count(*) FROM events WHERE kind = 'feedback.applied' AND subject_id = ?",
+    assert db_query(daemon, "SELECT count(*) FROM feedback_events WHERE event_id = ?", ev["event_id"]) == [(1,)]
+    assert db_query(daemon, "SELECT count(*) FROM events WHERE kind = 'feedback.applied' AND subject_id = ?",
                  ev["event_id"]) == [(1,)]

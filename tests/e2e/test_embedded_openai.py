@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import openai
 
 from clawback.daemon.store import blob_ids, blob_logprobs
+from tests.conftest import query, wait_for
 
 
 def main_headers(session: str, turn: str, done: bool = False) -> dict[str, str]:
@@ -40,16 +40,8 @@ def ask(client: openai.OpenAI, messages: list[dict], headers: dict[str, str], st
     return "".join(pieces)
 
 
-def wait_rows(db: Path, sql: str, n: int, timeout: float = 15) -> list[sqlite3.Row]:
-    deadline = time.time() + timeout
-    while True:
-        conn = sqlite3.connect(db)
-        conn.row_factory = sqlite3.Row
-        rows = conn.execute(sql).fetchall()
-        conn.close()
-        if len(rows) >= n or time.time() > deadline:
-            return rows
-        time.sleep(0.1)
+def wait_rows(db: Path, sql: str, n: int) -> list:
+    return wait_for(lambda: (lambda rows: rows if len(rows) >= n else None)(query(db, sql)), what=f"{n} rows")
 
 
 def test_three_turns_stored_paired_and_token_exact(embedded_model_dir: Path, daemon_factory, tmp_path: Path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from clawback.daemon.store import migrations
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, query
 
 
 def post(d: DaemonProcess, messages: list[dict], session: str, **headers: str) -> dict:
@@ -23,11 +22,7 @@ def post(d: DaemonProcess, messages: list[dict], session: str, **headers: str) -
 
 
 def rows(db: Path, sql: str) -> list[tuple]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
+    return [tuple(r) for r in query(db, sql)]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

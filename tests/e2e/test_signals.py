@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -14,16 +13,7 @@ import openai
 from websockets.sync.client import connect
 
 from clawback.daemon.store import blob_logprobs
-from tests.conftest import DaemonProcess
-
-
-def query(db: Path, sql: str, *args) -> list[sqlite3.Row]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
+from tests.conftest import DaemonProcess, query
 
 
 def event(kind: str, session: str, **kw) -> dict:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -16,32 +15,12 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pytest
 from websockets.sync.client import connect
 
 from clawback.daemon.store import blob_ids, blob_logprobs
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, query, wait_for
 
 TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1"}
-
-
-def query(db: Path, sql: str, *args) -> list[sqlite3.Row]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
-
-
-def wait_for(fn, timeout: float = 120, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not met in {timeout} s")
 
 
 def rate(c: httpx.Client, session: str, kind: str = "thumbs_up") -> None:
