@@ -77,7 +77,7 @@ def test_hot_swap_under_load_three_swaps_and_a_rollback(tiny_model_dir: Path, tm
         with httpx.Client(base_url=d.url, timeout=120) as c:
             for k in range(1, 4):  # each rated reply is a batch of one: v1, v2, v3 go live in turn
                 rate(c, f"train-{k}")
-                wait_for(lambda: c.get("/v1/adapters").json()["live"] == k, what=f"v{k} live")
+                wait_for(lambda: c.get("/v1/adapters").json()["live"] == k, timeout=120, what=f"v{k} live")
                 time.sleep(1.0)  # let streams run on this version
             assert "live: v3" in cli(d, "list")
             cli(d, "rollback", "1")
@@ -137,7 +137,7 @@ def _trainer_pids() -> list[int]:
 
 
 def test_killed_trainer_loses_nothing_and_training_resumes(embedded_model_dir: Path, tmp_path: Path):
-    """The real model makes a step last seconds, long enough to kill the actor in the middle."""
+    """Kill -9 the trainer actor while a step is under way."""
     env = {**TRAIN_ENV, "CLAWBACK_BATCH_SIZE": "2"}
     d = DaemonProcess(tmp_path / "data", embedded_model_dir, "--no-auth", env=env).start()
     db = d.data_dir / "clawback.db"
@@ -145,13 +145,14 @@ def test_killed_trainer_loses_nothing_and_training_resumes(embedded_model_dir: P
         with httpx.Client(base_url=d.url, timeout=120) as c:
             rate(c, "crash-a")
             rate(c, "crash-b")
-            wait_for(lambda: c.get("/v1/status").json()["training"]["training_now"] and _trainer_pids(),
-                     what="a training step running")
-            time.sleep(1.0)
-            for pid in _trainer_pids():
+            # Kill the actor as soon as it exists: the step has begun (it starts the actor, which
+            # loads the model and resumes) and is certainly not finished.
+            pids = wait_for(lambda: c.get("/v1/status").json()["training"]["training_now"] and _trainer_pids(),
+                            timeout=120, what="a training step running")
+            for pid in pids:
                 os.kill(pid, signal.SIGKILL)
             failed = wait_for(lambda: query(db, "SELECT * FROM train_steps WHERE outcome = 'failed'"),
-                              what="the failed step recorded")
+                              timeout=120, what="the failed step recorded")
             assert "Error" in failed[0]["error"]
             assert c.get("/v1/adapters").json()["live"] is None, "the serving version is unchanged"
             assert query(db, "SELECT count(*) FROM samples WHERE state = 'ready'")[0][0] == 2
