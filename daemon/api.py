@@ -427,6 +427,17 @@ class _Run:
         else:
             self.content = self.gate.content
 
+    def logprobs_content(self) -> dict[str, Any] | None:
+        """OpenAI `logprobs.content` for every sampled token (the end token included)."""
+        if not self.p.req.logprobs:
+            return None
+        tok = self.state.renderer.tokenizer
+        content = []
+        for token_id, lp in zip(self.ids, self.logprobs):
+            text = tok.decode([token_id])
+            content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
+        return {"content": content}
+
     def usage(self) -> dict[str, int]:
         n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
@@ -485,7 +496,7 @@ async def _chat(state: AppState, request: Request) -> Response:
     body = {
         "id": p.call_id, "object": "chat.completion", "created": int(p.arrived),
         "model": p.req.model, "system_fingerprint": p.adapter or "base",
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": run.finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": run.logprobs_content(), "finish_reason": run.finish_reason}],
         "usage": run.usage(),
     }
     return JSONResponse(body, headers=_headers(p))
@@ -497,8 +508,8 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             "model": p.req.model, "system_fingerprint": p.adapter or "base"}
     include_usage = bool(p.req.stream_options and p.req.stream_options.include_usage)
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
         return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
@@ -514,7 +525,7 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             return
         for i, call in enumerate(run.tool_calls):
             yield chunk({"tool_calls": [{"index": i, **call}]})
-        yield chunk({}, run.finish_reason)
+        yield chunk({}, run.finish_reason, run.logprobs_content())  # all of them, once the tokens are final
         if include_usage:
             body = {**base, "choices": [], "usage": run.usage()}
             yield b"data: " + json.dumps(body).encode() + b"\n\n"

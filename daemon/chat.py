@@ -149,6 +149,8 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, le=1)  # one choice per call: each one is a recorded sample
+    logprobs: bool = False  # the sampled tokens' temperature-1 logprobs (what training uses)
+    top_logprobs: int | None = Field(None, ge=0, le=0)  # alternatives per position are not computed
     # clawback metadata, also accepted as headers; stripped before rendering
     session_id: str | None = None
     turn_type: str | None = None

@@ -201,3 +201,18 @@ def test_max_tokens_is_clamped_to_the_room_left(client: httpx.Client):
     r = client.post("/v1/chat/completions", json=chat(max_tokens=100_000, temperature=0))
     assert r.status_code == 200
     assert r.json()["usage"]["total_tokens"] <= 512
+
+
+def test_logprobs_are_the_recorded_behaviour_logprobs(client: httpx.Client, daemon: DaemonProcess):
+    from clawback.daemon.store import blob_logprobs
+
+    r = client.post("/v1/chat/completions", json=chat(max_tokens=6, logprobs=True)).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    assert len(content) == r["usage"]["completion_tokens"]
+    stored = blob_logprobs(_wait_for_call(daemon, r["id"])["behaviour_logprobs"])
+    assert [c["logprob"] for c in content] == pytest.approx(stored, abs=1e-6)
+    with client.stream("POST", "/v1/chat/completions", json=chat(max_tokens=6, logprobs=True, stream=True)) as s:
+        events = sse_events(s)
+    final = events[-2]["choices"][0]
+    assert final["finish_reason"] and len(final["logprobs"]["content"]) >= 1
+    assert client.post("/v1/chat/completions", json=chat(logprobs=True, top_logprobs=3)).status_code == 400
