@@ -54,6 +54,8 @@ def free_port() -> int:
 class DaemonProcess:
     """`clawback serve` as a child process, exactly as a user runs it."""
 
+    started: list["DaemonProcess"] = []  # every one ever started, stopped at the end of the session
+
     def __init__(self, data_dir: Path, model_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.data_dir, self.model_dir, self.extra = data_dir, model_dir, extra
         self.port = free_port()
@@ -67,6 +69,7 @@ class DaemonProcess:
         cmd = [sys.executable, "-m", "clawback.daemon.cli", "serve", "--data-dir", str(self.data_dir),
                "--model", str(self.model_dir), "--port", str(self.port), *self.extra]
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=self.env)
+        DaemonProcess.started.append(self)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -92,6 +95,14 @@ class DaemonProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_daemon_outlives_the_tests():
+    """A test that fails half-way must not leave its daemon (and its Ray runtime) running."""
+    yield
+    for d in DaemonProcess.started:
+        d.stop()
 
 
 @pytest.fixture

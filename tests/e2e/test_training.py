@@ -72,6 +72,14 @@ def test_hot_swap_under_load_three_swaps_and_a_rollback(tiny_model_dir: Path, tm
     listener.start()
     clients = [threading.Thread(target=stream_client, args=(i,)) for i in range(8)]
     try:
+        _swap_under_load(d, clients, listener, stop, results, errors, pushes)
+    finally:
+        d.stop()
+    _check_served_versions(d, tiny_model_dir, results)
+
+
+def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> None:
+    try:
         for t in clients:
             t.start()
         with httpx.Client(base_url=d.url, timeout=120) as c:
@@ -89,21 +97,20 @@ def test_hot_swap_under_load_three_swaps_and_a_rollback(tiny_model_dir: Path, tm
             t.join(120)
         listener.join(10)
 
-    try:
-        assert errors == [], errors[:3]
-        seen = {fp for _, fp in results}
-        assert {"base", "v1", "v2", "v3"} <= seen, seen
-        assert [p["version"] for p in pushes if p["type"] == "adapter_live"] == ["v1", "v2", "v3", "v1"]
-        assert [p["version"] for p in pushes if p["type"] == "trained"] == ["v1", "v2", "v3"]
-        status = httpx.get(f"{d.url}/v1/status").json()["training"]
-        assert status["last_step"]["outcome"] == "committed" and status["samples_ready"] == 0
-        assert "clawback_swap_seconds" in httpx.get(f"{d.url}/metrics").text
-        cli(d, "pin", "2")
-        pruned = json.loads(cli(d, "prune"))["pruned"]
-        assert pruned == []  # 3 versions, keep 5
-    finally:
-        d.stop()
+    assert errors == [], errors[:3]
+    seen = {fp for _, fp in results}
+    assert {"base", "v1", "v2", "v3"} <= seen, seen
+    assert [p["version"] for p in pushes if p["type"] == "adapter_live"] == ["v1", "v2", "v3", "v1"]
+    assert [p["version"] for p in pushes if p["type"] == "trained"] == ["v1", "v2", "v3"]
+    status = httpx.get(f"{d.url}/v1/status").json()["training"]
+    assert status["last_step"]["outcome"] == "committed" and status["samples_ready"] == 0
+    assert "clawback_swap_seconds" in httpx.get(f"{d.url}/metrics").text
+    cli(d, "pin", "2")
+    pruned = json.loads(cli(d, "prune"))["pruned"]
+    assert pruned == []  # 3 versions, keep 5
 
+
+def _check_served_versions(d: DaemonProcess, tiny_model_dir: Path, results: list) -> None:
     # Every call says which version served it, and it really was that version: re-scoring its
     # sampled ids under that adapter reproduces the recorded behaviour logprobs.
     db = d.data_dir / "clawback.db"
