@@ -73,6 +73,13 @@ def cpu_ns(pid: int | str = "self") -> int:
     return total
 
 
+def machine_busy_ns() -> int:
+    """CPU time (ns) all processes on the machine have used, from /proc/stat (user+nice+system+irq+softirq+steal)."""
+    f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    busy = sum(int(f[i]) for i in (0, 1, 2, 5, 6, 7))
+    return busy * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
 def pct(xs: list[float], q: float) -> float:
     """Percentile with linear interpolation (numpy's default), without needing numpy."""
     s = sorted(xs)
@@ -88,6 +95,15 @@ def summary(xs: list[float]) -> dict[str, float]:
             "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "min": min(xs), "max": max(xs)}
 
 
+def median_ci95(xs: list[float]) -> tuple[float, float]:
+    """Distribution-free ~95% confidence interval of the median (order statistics n/2 -+ 0.98 sqrt(n))."""
+    s = sorted(xs)
+    n = len(s)
+    lo = max(int(n / 2 - 0.98 * n**0.5), 0)
+    hi = min(int(n / 2 + 0.98 * n**0.5 + 0.999), n - 1)
+    return s[lo], s[hi]
+
+
 def machine() -> dict[str, Any]:
     import torch
     import transformers
@@ -98,18 +114,44 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+def tiny_model(embedded: Path, out: Path) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer and chat template (as in tests/conftest.py).
+
+    Its forward pass costs about a millisecond, so what is left of a request is the serving path:
+    the daemon's overhead can be resolved to a fraction of a millisecond instead of drowning in the
+    +-5% noise of the 135M model's compute.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if (out / "config.json").is_file():
+        return out
+    tok = AutoTokenizer.from_pretrained(str(embedded))
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    shutil.copy(embedded / "generation_config.json", out / "generation_config.json")
+    return out
+
+
 # ---------------------------------------------------------------- the daemon
 
 
 class Daemon:
-    def __init__(self, model_dir: Path, threads: int, device: str, log_level: str) -> None:
+    def __init__(self, model_dir: Path, threads: int, device: str, log_level: str, wrapper: Path | None = None) -> None:
         self.data_dir = Path(tempfile.mkdtemp(prefix="clawback-bench-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = self.data_dir / "daemon.log"
         env = {**os.environ, "CLAWBACK_TORCH_THREADS": str(threads)}
         env.pop("CLAWBACK_DATA_DIR", None)
-        cmd = [sys.executable, "-m", "clawback.daemon.cli", "serve", "--model", str(model_dir),
+        entry = [str(wrapper)] if wrapper else ["-m", "clawback.daemon.cli"]
+        cmd = [sys.executable, *entry, "serve", "--model", str(model_dir),
                "--port", str(self.port), "--data-dir", str(self.data_dir), "--no-auth",
                "--device", device, "--log-level", log_level]
         self.cmd = cmd
@@ -315,7 +357,8 @@ def run_setting(direct: Direct, http: Http, daemon: Daemon, prompts: list[list[d
     from clawback.daemon.chat import ChatRequest
 
     reqs = [ChatRequest.model_validate({"model": "clawback", "messages": m}) for m in prompts]
-    rows = []
+    rows: list[dict[str, Any]] = []
+    m0, o0, w0 = machine_busy_ns(), cpu_ns() + cpu_ns(daemon.proc.pid), time.perf_counter_ns()
     label = f"max_tokens={max_tokens} {'stream' if stream else 'non-stream'}"
     for i in range(-warmup, pairs):
         k = i % len(prompts)
@@ -344,6 +387,10 @@ def run_setting(direct: Direct, http: Http, daemon: Daemon, prompts: list[list[d
         if (i + 1) % 10 == 0 or i == pairs - 1:
             added = [r["added_ms"] for r in rows]
             print(f"  {label}: {i + 1}/{pairs} pairs, added p50 so far {pct(added, 50):+.2f} ms", flush=True)
+    # CPU that other processes on the machine used meanwhile, in cores: 0 = quiet, 1 = a core taken away
+    other = machine_busy_ns() - m0 - (cpu_ns() + cpu_ns(daemon.proc.pid) - o0)
+    for r in rows:
+        r["other_cores"] = max(other, 0) / (time.perf_counter_ns() - w0)
     return rows
 
 
@@ -367,11 +414,15 @@ def analyse(rows: list[dict[str, Any]], timings: dict[str, dict[str, float]]) ->
         "direct_ms": summary([r["direct_ms"] for r in rows]),
         "http_ms": summary([r["http_ms"] for r in rows]),
         "added_ms": summary(added),
+        "added_p50_ci95": median_ci95(added),
+        "added_p50_direct_first": pct([r["added_ms"] for r in rows if r["direct_first"]], 50),
+        "added_p50_http_first": pct([r["added_ms"] for r in rows if not r["direct_first"]], 50),
         "added_pct_p50": 100 * pct(added, 50) / pct([r["direct_ms"] for r in rows], 50),
         "direct_tok_s_p50": pct(d_tps, 50),
         "http_tok_s_p50": pct(h_tps, 50),
         "throughput_ratio": pct(h_tps, 50) / pct(d_tps, 50),
         "direct_step_ms_p50": pct([r["direct_step_ms_median"] for r in rows if r["direct_step_ms_median"]], 50),
+        "other_cores": rows[0]["other_cores"],
         "extra_cpu_ms": summary([r["daemon_cpu_ms"] + r["client_cpu_ms"] - r["direct_cpu_ms"] for r in rows]),
         "daemon_cpu_ms": summary([r["daemon_cpu_ms"] for r in rows]),
         "direct_cpu_ms": summary([r["direct_cpu_ms"] for r in rows]),
@@ -388,9 +439,22 @@ def analyse(rows: list[dict[str, Any]], timings: dict[str, dict[str, float]]) ->
     return out
 
 
+def fit_per_token(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per mode, added p50 = fixed + per_token * max_tokens (least squares over the settings)."""
+    fits = {}
+    for mode in sorted({r["mode"] for r in results}):
+        pts = [(r["max_tokens"], r["stats"]["added_ms"]["p50"]) for r in results if r["mode"] == mode]
+        if len({n for n, _ in pts}) < 2:
+            continue
+        mx, my = statistics.fmean(n for n, _ in pts), statistics.fmean(a for _, a in pts)
+        slope = sum((n - mx) * (a - my) for n, a in pts) / sum((n - mx) ** 2 for n, _ in pts)
+        fits[mode] = {"fixed_ms": my - slope * mx, "per_token_ms": slope}
+    return fits
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
     head = (f"{'setting':<18} {'n':>3} {'tok':>4} {'direct p50':>10} {'http p50':>9} {'added p50':>9} "
-            f"{'added p99':>9} {'ratio':>6} {'in-srv p50':>10} {'out-srv p50':>11} {'+cpu p50':>8}  targets")
+            f"{'added p99':>9} {'ratio':>6} {'in-srv p50':>10} {'out-srv p50':>11} {'+cpu p50':>8} {'other':>5}  targets")
     print(head)
     print("-" * len(head))
     for res in results:
@@ -401,15 +465,22 @@ def print_table(results: list[dict[str, Any]]) -> None:
         outs = a.get("outside_server_ms", {}).get("p50", float("nan"))
         print(f"{res['setting']:<18} {a['pairs']:>3} {tok:>4} {a['direct_ms']['p50']:>10.1f} {a['http_ms']['p50']:>9.1f} "
               f"{a['added_ms']['p50']:>+9.2f} {a['added_ms']['p99']:>+9.2f} {a['throughput_ratio']:>6.3f} "
-              f"{ins:>+10.2f} {outs:>+11.2f} {a['extra_cpu_ms']['p50']:>+8.1f}  "
+              f"{ins:>+10.2f} {outs:>+11.2f} {a['extra_cpu_ms']['p50']:>+8.1f} {a['other_cores']:>5.2f}  "
               f"{'all met' if all(a['meets'].values()) else 'missed: ' + ', '.join(k for k, v in a['meets'].items() if not v)}")
+    for res in results:
+        lo, hi = res["stats"]["added_p50_ci95"]
+        print(f"  {res['setting']:<16} added p50 95% CI [{lo:+.2f}, {hi:+.2f}] ms; by order: direct first "
+              f"{res['stats']['added_p50_direct_first']:+.2f}, http first {res['stats']['added_p50_http_first']:+.2f}")
     print("(ms; added = http - direct per pair; ratio = median http tok/s / median direct tok/s; in-srv = daemon's own "
-          "total_s - direct; out-srv = client time - daemon's total_s; +cpu = daemon+client CPU - direct CPU)")
+          "total_s - direct; out-srv = client time - daemon's total_s; +cpu = daemon+client CPU - direct CPU; other = cores "
+          "busy with other processes on the machine during the setting, 0 = quiet)")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=None, help=f"model dir (default: the embedded model, {DEFAULT_MODEL})")
+    ap.add_argument("--model", default=None,
+                    help=f"model dir (default: the embedded model, {DEFAULT_MODEL}); 'tiny' = a 2-layer random Llama "
+                         "with the same tokenizer, to resolve the overhead without the model's compute noise")
     ap.add_argument("--pairs", type=int, default=30, help="measured direct/http pairs per setting (default 30)")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured pairs before each setting (default 3)")
     ap.add_argument("--max-tokens", type=int, nargs="+", default=[16, 64], help="settings (default 16 64)")
@@ -423,17 +494,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-steps", type=int, default=64, help="steps for the engine-only per-token timing (default 64)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where the JSON goes")
     ap.add_argument("--daemon-log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    ap.add_argument("--daemon-wrapper", type=Path, default=None,
+                    help="experiments only: start the daemon as `python WRAPPER serve ...` (a script that patches "
+                         "something, then calls clawback.daemon.cli.main) instead of `python -m clawback.daemon.cli serve ...`")
     ap.add_argument("--keep-data", action="store_true", help="keep the daemon's temp data dir (its log and store)")
     args = ap.parse_args(argv)
 
     from clawback.daemon.chat import ChatRequest
     from clawback.daemon.models import ensure_embedded_model
 
-    model_dir = args.model or ensure_embedded_model(DEFAULT_MODEL)
+    if args.model in (None, "tiny"):
+        model_dir = ensure_embedded_model(DEFAULT_MODEL)
+        if args.model == "tiny":
+            model_dir = tiny_model(model_dir, Path(tempfile.gettempdir()) / "clawback-bench-tiny-llama")
+    else:
+        model_dir = Path(args.model).expanduser().resolve()
     started = dt.datetime.now().astimezone()
     print(f"serve_overhead: model {model_dir}, torch threads {args.threads} per side, {args.pairs} pairs per setting", flush=True)
     info = machine()
-    daemon = Daemon(model_dir, args.threads, args.device, args.daemon_log_level)
+    daemon = Daemon(model_dir, args.threads, args.device, args.daemon_log_level, args.daemon_wrapper)
     direct = http = None
     try:
         direct = Direct(model_dir, args.threads, args.device)  # loads while the daemon loads
@@ -470,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     finished = dt.datetime.now().astimezone()
     print()
     print_table(results)
+    fits = fit_per_token(results)
+    for mode, f in fits.items():
+        print(f"  {mode}: added p50 ~ {f['fixed_ms']:+.2f} ms + {f['per_token_ms'] * 1e3:+.1f} us per generated token")
     for res in results:
         a = res["stats"]
         if not a["tokens_equal"]:
@@ -485,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         "daemon_command": daemon.cmd, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "model_dir": str(model_dir), "machine": info, "loadavg_at_end": Path("/proc/loadavg").read_text().strip(),
         "targets": {"added_p50_ms": TARGET_P50_MS, "added_p99_ms": TARGET_P99_MS, "throughput_ratio": TARGET_RATIO},
-        "engine_only": engine_only, "prompts": prompts,
+        "engine_only": engine_only, "prompts": prompts, "added_fit": fits,
         "results": results,
         "daemon_dropped_or_errors": [ln for ln in metrics.splitlines() if ln.startswith(("clawback_store_dropped", "clawback_requests"))],
     }

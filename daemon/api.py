@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import secrets
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -660,9 +661,8 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if trainer is not None and trainer.worker is not None:
-                import ray
-
+            ray = sys.modules.get("ray")  # imported only once training started
+            if ray is not None and ray.is_initialized():
                 await asyncio.to_thread(ray.shutdown)
             await state.engine.close()
             await asyncio.to_thread(state.store.close)
