@@ -86,6 +86,9 @@ class _LiveMetrics:
         for kind, n in s.capture.counters.items():
             capture.add_metric([kind], n)
         yield capture
+        yield CounterMetricFamily("clawback_status_pushes_dropped", "Status pushes not sent to a stuck feedback client",
+                                  s.hub.dropped)
+        yield GaugeMetricFamily("clawback_feedback_connections", "Open feedback WebSockets", s.hub.connections())
         live = s.adapters.live() if s.adapters else None
         yield GaugeMetricFamily("clawback_adapter_version", "Live adapter version (0 = base model)", live or 0)
         if s.adapters and s.adapters.last_swap_s is not None:
