@@ -1,0 +1,215 @@
+// clawback for OpenClaw: provider `clawback` tags every LLM call; commands, reactions and session
+// lifecycle become feedback events sent over one durable WebSocket to the clawback daemon.
+import { homedir } from "node:os";
+import { dirname, join } from "node:path";
+import { definePluginEntry, type OpenClawPluginApi } from "openclaw/plugin-sdk/plugin-entry";
+import { FeedbackClient, type Logger, type WsFactory } from "./client.js";
+import { makeCommands } from "./commands.js";
+import { type ClawbackConfig, feedbackWsUrl, readApiKey, type RawConfig, resolveConfig } from "./config.js";
+import { stableEventId } from "./ids.js";
+import { type FeedbackEvent, Outbox } from "./outbox.js";
+import { type Peek, ReactionWatcher } from "./reactions.js";
+import { RunRegistry } from "./runs.js";
+import { fetchDaemonStatus } from "./status.js";
+import { makeWrapSimpleCompletionStreamFn, makeWrapStreamFn, PROVIDER_ID } from "./tagging.js";
+
+export const PLUGIN_ID = "clawback";
+
+/** Where OpenClaw keeps state when no service context tells us (mirrors OpenClaw's own resolution). */
+export function defaultStateDir(env: NodeJS.ProcessEnv = process.env): string {
+  if (env.OPENCLAW_STATE_DIR?.trim()) return env.OPENCLAW_STATE_DIR.trim();
+  if (env.OPENCLAW_CONFIG_PATH?.trim()) return dirname(env.OPENCLAW_CONFIG_PATH.trim());
+  return join(env.OPENCLAW_HOME?.trim() || homedir(), ".openclaw");
+}
+
+export function outboxPath(stateDir: string): string {
+  return join(stateDir, "plugins", PLUGIN_ID, "outbox.jsonl");
+}
+
+type Api = {
+  pluginConfig?: unknown;
+  logger: Logger;
+  registrationMode?: string;
+  on: (hook: string, handler: (event: any, ctx: any) => unknown, opts?: Record<string, unknown>) => void;
+  registerProvider: (p: Record<string, unknown>) => void;
+  registerCommand: (c: Record<string, unknown>) => void;
+  registerService: (s: { id: string; start: (ctx: any) => unknown; stop?: (ctx: any) => unknown }) => void;
+};
+
+/**
+ * State shared by every registration in this process. OpenClaw calls `register` several times (and the
+ * agent runtime may hold a different plugin instance than the gateway service), so the run registry and
+ * the one socket per daemon live here. Everything in it is keyed (run id, session id, outbox path): there
+ * is no "current run" value.
+ */
+export type Shared = { registry: RunRegistry; clients: Map<string, FeedbackClient>; sentLifecycle: Set<string> };
+const SHARED_KEY = Symbol.for("clawback.openclaw.shared.v1");
+export function newShared(): Shared {
+  return { registry: new RunRegistry(), clients: new Map(), sentLifecycle: new Set() };
+}
+export function processShared(): Shared {
+  const g = globalThis as unknown as Record<symbol, Shared | undefined>;
+  return (g[SHARED_KEY] ??= newShared());
+}
+
+export type Overrides = { wsFactory?: WsFactory; peek?: Peek; stateDir?: string; backoffMs?: number; shared?: Shared };
+
+/** Everything one registration owns; exported for tests. */
+export function createPlugin(api: Api, overrides: Overrides = {}) {
+  const raw = (api.pluginConfig ?? {}) as RawConfig;
+  const cfg: ClawbackConfig = resolveConfig(raw);
+  const shared = overrides.shared ?? processShared();
+  const registry = shared.registry;
+  const log = api.logger;
+  let watcher: ReactionWatcher | undefined;
+  const stateDir = overrides.stateDir ?? defaultStateDir();
+  const clientKey = `${feedbackWsUrl(cfg.daemonUrl)}|${outboxPath(stateDir)}`;
+
+  const getClient = (): FeedbackClient => {
+    let client = shared.clients.get(clientKey);
+    if (!client) {
+      const outbox = new Outbox(outboxPath(stateDir));
+      client = new FeedbackClient({
+        url: feedbackWsUrl(cfg.daemonUrl),
+        apiKey: () => readApiKey(raw),
+        outbox,
+        logger: log,
+        wsFactory: overrides.wsFactory,
+        initialBackoffMs: overrides.backoffMs ?? 500,
+      });
+      shared.clients.set(clientKey, client);
+    }
+    return client;
+  };
+  const send = (e: FeedbackEvent) => {
+    try {
+      getClient().enqueue(e);
+    } catch (err) {
+      log.error(`clawback: could not queue ${e.kind}: ${String(err)}`);
+    }
+  };
+
+  // Lifecycle events are idempotent by construction (stable ids), and sent once per gateway.
+  const sentLifecycle = shared.sentLifecycle;
+  const sessionEnd = (sessionId: string | undefined, source: string) => {
+    if (!sessionId || sentLifecycle.has(`end:${sessionId}`)) return;
+    sentLifecycle.add(`end:${sessionId}`);
+    send({ type: "feedback", event_id: stableEventId(`session_end:${sessionId}`), kind: "session_end", session_id: sessionId, source, ts: Date.now() / 1000 });
+  };
+  const sessionLink = (from: string | undefined, to: string | undefined) => {
+    if (!from || !to || from === to || sentLifecycle.has(`link:${from}:${to}`)) return;
+    sentLifecycle.add(`link:${from}:${to}`);
+    registry.rotateSession(from, to);
+    send({ type: "feedback", event_id: stableEventId(`session_link:${from}:${to}`), kind: "session_link", from, to, source: "openclaw", ts: Date.now() / 1000 });
+  };
+
+  // --- tagging -------------------------------------------------------------------------------
+  api.registerProvider({
+    id: PROVIDER_ID,
+    label: "clawback (self-hosted, learns from feedback)",
+    auth: [],
+    wrapStreamFn: makeWrapStreamFn(registry),
+    wrapSimpleCompletionStreamFn: makeWrapSimpleCompletionStreamFn(registry),
+  });
+
+  const recordRun = (event: any, ctx: any) => {
+    const runId = ctx?.runId ?? event?.runId;
+    if (!runId) return;
+    registry.start({
+      runId,
+      trigger: ctx?.trigger,
+      sessionKey: ctx?.sessionKey,
+      sessionId: ctx?.sessionId || event?.sessionId,
+      inputProvenance: ctx?.inputProvenance,
+      channel: ctx?.channel ?? ctx?.messageProvider,
+    });
+  };
+  api.on("before_prompt_build", (event, ctx) => {
+    recordRun(event, ctx);
+    return undefined;
+  });
+  api.on("llm_input", (event, ctx) => recordRun(event, ctx));
+  api.on("agent_end", (event, ctx) => {
+    registry.end(event?.runId ?? ctx?.runId, event?.success !== false);
+  });
+
+  // --- where replies and reactions live ------------------------------------------------------
+  api.on("message_received", (_event, ctx) => {
+    if (ctx?.sessionKey) registry.noteSessionKey(ctx.sessionKey);
+  });
+  api.on("reply_payload_sending", (event, ctx) => {
+    const key = event?.sessionKey ?? ctx?.sessionKey;
+    if (key) registry.noteSessionKey(key, registry.sessionIdForRun(event?.runId ?? ctx?.runId));
+  });
+  api.on("message_sent", (event, ctx) => {
+    const key = event?.sessionKey ?? ctx?.sessionKey;
+    const runId = event?.runId ?? ctx?.runId ?? registry.lastReply(registry.sessionIdForKey(key))?.runId;
+    if (event?.success !== false) registry.noteMessage(ctx?.channelId, event?.messageId, runId);
+  });
+
+  // --- session lifecycle ---------------------------------------------------------------------
+  api.on("before_reset", (_event, ctx) => sessionEnd(ctx?.sessionId, "openclaw"));
+  api.on("session_end", (event, ctx) => {
+    const sid = event?.sessionId ?? ctx?.sessionId;
+    if (event?.nextSessionId && event?.reason === "compaction") sessionLink(sid, event.nextSessionId);
+    else sessionEnd(sid, "openclaw");
+  });
+  api.on("after_compaction", (event, ctx) => sessionLink(event?.previousSessionId, ctx?.sessionId));
+
+  // --- commands ------------------------------------------------------------------------------
+  const commandDeps = {
+    registry,
+    send,
+    waitForAck: (id: string, ms: number) => getClient().waitForAck(id, ms),
+    status: () => fetchDaemonStatus(cfg.daemonUrl, readApiKey(raw)),
+    connection: () => {
+      const c = getClient();
+      return { connected: c.connected, pending: c.pending, adapterVersion: c.adapterVersion, lastPushes: c.lastPushes };
+    },
+    daemonUrl: cfg.daemonUrl,
+  };
+  if (cfg.commands) {
+    for (const c of makeCommands(commandDeps)) api.registerCommand({ ...c, requireAuth: true });
+  }
+
+  // --- the socket and the reaction poller live in a gateway service --------------------------
+  api.registerService({
+    id: "clawback-feedback",
+    start: async (ctx: any) => {
+      const c = getClient();
+      c.start();
+      if (cfg.reactions) {
+        let peek = overrides.peek;
+        if (!peek) {
+          try {
+            const mod = (await import("openclaw/plugin-sdk/system-event-runtime")) as { peekSystemEventEntries: Peek };
+            peek = (key) => mod.peekSystemEventEntries(key);
+          } catch (err) {
+            log.warn(`clawback: reactions off, system events unavailable: ${String(err)}`);
+          }
+        }
+        if (peek) {
+          watcher = new ReactionWatcher(peek, registry, cfg, send, log);
+          watcher.start();
+        }
+      }
+      log.info(`clawback: feedback service started (daemon ${cfg.daemonUrl}, outbox ${outboxPath(stateDir)}, ${c.pending} queued)`);
+    },
+    stop: () => {
+      watcher?.stop();
+      watcher = undefined;
+      shared.clients.get(clientKey)?.stop();
+    },
+  });
+
+  return { cfg, registry, getClient, commandDeps, poll: () => watcher?.poll() ?? 0 };
+}
+
+export default definePluginEntry({
+  id: PLUGIN_ID,
+  name: "clawback",
+  description: "Tags main/side LLM calls for the clawback daemon and sends 👍/👎, corrections and session events to it.",
+  register(api: OpenClawPluginApi) {
+    createPlugin(api as unknown as Api);
+  },
+});

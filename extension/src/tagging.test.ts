@@ -1,0 +1,81 @@
+import { describe, expect, it, vi } from "vitest";
+import { RunRegistry } from "./runs.js";
+import { makeWrapSimpleCompletionStreamFn, makeWrapStreamFn, type StreamOptions } from "./tagging.js";
+
+function recorder() {
+  const calls: StreamOptions[] = [];
+  const streamFn = vi.fn((_m: unknown, _c: unknown, o?: StreamOptions) => {
+    calls.push(o ?? {});
+    return "stream";
+  });
+  return { calls, streamFn };
+}
+
+describe("wrapStreamFn", () => {
+  it("tags a main call with session, turn and request ids and keeps existing headers", () => {
+    const reg = new RunRegistry();
+    reg.start({ runId: "r1", trigger: "user", sessionKey: "agent:main:a", sessionId: "sid-a" });
+    const { calls, streamFn } = recorder();
+    const wrapped = makeWrapStreamFn(reg)({ provider: "clawback", streamFn })!;
+    expect(wrapped({}, {}, { sessionId: "sid-a", requestId: "r1:model:2", headers: { "x-keep": "1" } })).toBe("stream");
+    expect(calls[0]!.headers).toEqual({
+      "x-keep": "1", "X-Session-Id": "sid-a", "X-Turn-Type": "main", "X-Turn-Id": "r1", "X-Request-Id": "r1:model:2",
+    });
+  });
+
+  it("two concurrent runs keep their own headers (no module-global current run)", async () => {
+    const reg = new RunRegistry();
+    const { calls, streamFn } = recorder();
+    const wrapped = makeWrapStreamFn(reg)({ provider: "clawback", streamFn })!;
+    reg.start({ runId: "A", trigger: "user", sessionKey: "agent:main:alice", sessionId: "sA" });
+    reg.start({ runId: "B", trigger: "heartbeat", sessionKey: "agent:main:bob", sessionId: "sB" });
+    // Interleave: B starts after A, A's later tool-loop call comes after B's.
+    await Promise.all([
+      (async () => { wrapped({}, {}, { sessionId: "sA", requestId: "A:model:1" }); await Promise.resolve(); wrapped({}, {}, { sessionId: "sA", requestId: "A:model:2" }); })(),
+      (async () => { wrapped({}, {}, { sessionId: "sB", requestId: "B:model:1" }); })(),
+    ]);
+    const byReq = Object.fromEntries(calls.map((o) => [o.requestId, o.headers]));
+    expect(byReq["A:model:1"]).toMatchObject({ "X-Session-Id": "sA", "X-Turn-Type": "main", "X-Turn-Id": "A" });
+    expect(byReq["A:model:2"]).toMatchObject({ "X-Session-Id": "sA", "X-Turn-Type": "main", "X-Turn-Id": "A" });
+    expect(byReq["B:model:1"]).toMatchObject({ "X-Session-Id": "sB", "X-Turn-Type": "side", "X-Turn-Id": "B" });
+    reg.end("A");
+    wrapped({}, {}, { sessionId: "sB", requestId: "B:model:2" });
+    expect(calls.at(-1)!.headers).toMatchObject({ "X-Session-Id": "sB", "X-Turn-Type": "side" });
+  });
+
+  it("never wraps other providers", () => {
+    const reg = new RunRegistry();
+    reg.start({ runId: "r1", trigger: "user", sessionKey: "k", sessionId: "s" });
+    const { calls, streamFn } = recorder();
+    for (const provider of ["openai", "anthropic", "vllm", "clawback-other"]) {
+      const w = makeWrapStreamFn(reg)({ provider, streamFn });
+      expect(w).toBe(streamFn);
+      w!({}, {}, { sessionId: "s", requestId: "r1:model:1" });
+      const s = makeWrapSimpleCompletionStreamFn(reg)({ provider, streamFn });
+      expect(s).toBe(streamFn);
+    }
+    for (const c of calls) expect(c.headers).toBeUndefined();
+  });
+
+  it("compaction calls are side and borrow the run's session id when options lack it", () => {
+    const reg = new RunRegistry();
+    reg.start({ runId: "r1", trigger: "user", sessionKey: "k", sessionId: "s1" });
+    const { calls, streamFn } = recorder();
+    makeWrapStreamFn(reg)({ provider: "clawback", streamFn })!({}, {}, { sessionId: "", requestId: "r1:compaction:d1:model:1" });
+    expect(calls[0]!.headers).toEqual({ "X-Session-Id": "s1", "X-Turn-Type": "side", "X-Turn-Id": "r1", "X-Request-Id": "r1:compaction:d1:model:1" });
+  });
+
+  it("a call from an unknown run is side", () => {
+    const { calls, streamFn } = recorder();
+    makeWrapStreamFn(new RunRegistry())({ provider: "clawback", streamFn })!({}, {}, { sessionId: "s", requestId: "zz:model:1" });
+    expect(calls[0]!.headers).toMatchObject({ "X-Turn-Type": "side", "X-Session-Id": "s" });
+  });
+});
+
+describe("wrapSimpleCompletionStreamFn", () => {
+  it("always tags side, even when ids are missing", () => {
+    const { calls, streamFn } = recorder();
+    makeWrapSimpleCompletionStreamFn(new RunRegistry())({ provider: "clawback", streamFn })!({}, {}, {});
+    expect(calls[0]!.headers).toEqual({ "X-Turn-Type": "side" });
+  });
+});
