@@ -60,6 +60,14 @@ step "preparing the model and the API key"
 .venv/bin/clawback init
 
 data_dir=${CLAWBACK_DATA_DIR:-$HOME/.clawback}
+if command -v openclaw >/dev/null 2>&1; then
+  step "installing the clawback extension into OpenClaw"
+  extension/scripts/install-into-openclaw.sh --api-key-file "$data_dir/api_key" \
+      --model-id clawback --context-window 8192 \
+    || echo "install.sh: OpenClaw extension not installed; run extension/scripts/install-into-openclaw.sh later" >&2
+else
+  echo "OpenClaw not found: once it is installed, run extension/scripts/install-into-openclaw.sh"
+fi
 cat <<MSG
 
 clawback is installed. Point OpenClaw at it (~/.openclaw/openclaw.json):
