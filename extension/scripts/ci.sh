@@ -31,8 +31,11 @@ log "node $("$NODE" --version)"
 
 # Extension dev dependencies (vitest, typescript) from package-lock.json.
 if [ ! -x "$EXT/node_modules/.bin/vitest" ] || [ "$EXT/package-lock.json" -nt "$EXT/node_modules/.package-lock.json" ]; then
-  log "npm ci in extension/"
-  (cd "$EXT" && npm ci --no-audit --no-fund --loglevel=error)
+  # `npm install --no-save` rather than `npm ci`: npm 11 leaves vite's Windows-only optional
+  # dependency out of the lock and `npm ci` then refuses the lock; install still takes the
+  # locked versions and changes no file.
+  log "npm install (locked versions) in extension/"
+  (cd "$EXT" && npm install --no-save --no-audit --no-fund --loglevel=error)
 fi
 
 log "vitest"
