@@ -7,12 +7,15 @@ through `call_soon_threadsafe`. Because only the worker touches the model, adapt
 no locks: they happen between steps.
 
 Mixed adapters in flight are served with PEFT's per-call `adapter_names`, so a generation that
-started on version N finishes on N even after N+1 is activated.
+started on version N finishes on N even after N+1 is activated. Versions live in reusable PEFT
+adapter slots: a new version is read off the worker thread and copied into the slot of a retired
+one, so a hot-swap stalls the streams for a tensor copy, not for building LoRA layers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import queue
 import threading
@@ -95,6 +98,9 @@ class EmbeddedEngine:
         self._active: str | None = None
         self._inflight: dict[str, int] = {}  # version -> running generations
         self._retiring: set[str] = set()  # unload requested while still in use
+        self._slots: dict[str, str] = {}  # version -> PEFT adapter name holding its weights
+        self._slot_shape: dict[str, tuple] = {}  # every slot ever built -> its LoRA shape
+        self._free_slots: list[str] = []  # slots of unloaded versions, refilled by the next load
         self._lock = threading.Lock()  # guards the three dicts above across loop and worker
         self._commands: queue.Queue = queue.Queue()
         self._running: list[_Generation] = []
@@ -143,7 +149,11 @@ class EmbeddedEngine:
     async def load_adapter(self, version: str, path: str) -> None:
         if version == BASE:
             raise EngineError(f"{BASE!r} is reserved")
-        await self._call("load", version, str(path))
+        try:
+            weights, config = await asyncio.to_thread(read_adapter, str(path))
+        except (OSError, ValueError) as e:
+            raise EngineError(f"cannot read adapter {version!r} at {path}: {e}") from e
+        await self._call("load", version, str(path), weights, config)
 
     async def activate(self, version: str | None) -> None:
         with self._lock:
@@ -258,7 +268,7 @@ class EmbeddedEngine:
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {"use_cache": True, "cache": cache}
         if self._peft:
-            kwargs["adapter_names"] = [adapter or BASE]
+            kwargs["adapter_names"] = [self._slots[adapter] if adapter else BASE]
         return self.model(input_ids=ids, **kwargs)
 
     def _step(self, gen: _Generation) -> None:
@@ -327,19 +337,35 @@ class EmbeddedEngine:
         target = torch.tensor(response_ids, device=logp.device).unsqueeze(1)
         return logp.gather(1, target).squeeze(1).tolist()
 
-    def _load(self, version: str, path: str) -> None:
-        from peft import PeftModel
+    def _load(self, version: str, path: str, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Load a version into a PEFT adapter slot. A free slot of the same shape is refilled with
+        plain tensor copies (milliseconds); only a new shape builds new LoRA layers, which takes
+        the PEFT bookkeeping of inserting every layer and stalls all streams meanwhile."""
+        from peft import PeftModel, set_peft_model_state_dict
 
         with self._lock:
+            if version in self._retiring:  # unloading, but its weights are still in place: keep it
+                self._retiring.discard(version)
+                return
             if version in self._adapters:
                 raise EngineError(f"adapter {version!r} is already loaded")
-        if not self._peft:
-            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=version).eval()
-            self._peft = True
+        slot = next((s for s in self._free_slots if self._slot_shape[s] == _shape(config)), None)
+        if slot is not None:
+            result = set_peft_model_state_dict(self.model, weights, adapter_name=slot)
+            if getattr(result, "unexpected_keys", None):
+                raise EngineError(f"adapter {version!r} does not fit slot {slot}: {result.unexpected_keys[:3]}")
+            self._free_slots.remove(slot)
         else:
-            self.model.load_adapter(path, adapter_name=version)
+            slot = f"slot{len(self._slot_shape)}"
+            if not self._peft:
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=slot).eval()
+                self._peft = True
+            else:
+                self.model.load_adapter(path, adapter_name=slot)
+            self._slot_shape[slot] = _shape(config)
         with self._lock:
             self._adapters[version] = path
+            self._slots[version] = slot
             self._inflight.setdefault(version, 0)
 
     def _unload(self, version: str) -> None:
@@ -351,12 +377,28 @@ class EmbeddedEngine:
             self._delete_adapter(version)
 
     def _delete_adapter(self, version: str) -> None:
-        # PEFT refuses to delete the last adapter; keep the wrapper and route everything to base.
-        names = list(getattr(self.model, "peft_config", {}))
-        if len(names) > 1:
-            self.model.delete_adapter(version)
+        # The slot is kept for the next version of the same shape (see _load).
         with self._lock:
             self._adapters.pop(version, None)
             self._inflight.pop(version, None)
             self._retiring.discard(version)
+            self._free_slots.append(self._slots.pop(version))
 
+
+def _shape(config: dict[str, Any]) -> tuple:
+    """What must match for a slot to take another version's weights by copying."""
+    keys = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora", "bias", "rank_pattern", "alpha_pattern")
+    return tuple(json.dumps(config.get(k), sort_keys=True) for k in keys)
+
+
+def read_adapter(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a PEFT adapter dir (weights and config) without touching the model: done off the
+    engine thread, so only the copy into the slot happens between decode steps."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    config = json.loads((p / "adapter_config.json").read_text())
+    weights_file = p / "adapter_model.safetensors"
+    if not weights_file.is_file():
+        raise EngineError(f"{p} has no adapter_model.safetensors")
+    return load_file(str(weights_file)), config

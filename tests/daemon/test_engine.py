@@ -181,3 +181,29 @@ def test_background_work_yields_to_serving(engine: EmbeddedEngine):
     served, during = run(go())
     assert served == 40
     assert during <= 40 // 8 + 2, f"background took {during} steps while 40 tokens were served"
+
+
+def test_versions_reuse_slots_and_a_retiring_version_can_come_back(tiny_model_dir: Path, adapters: dict[str, Path]):
+    engine = EmbeddedEngine(tiny_model_dir)
+
+    async def go():
+        await engine.load_adapter("v1", str(adapters["v1"]))
+        v1_lp = await engine.score(PROMPT, [10, 20, 30], "v1")
+        await engine.load_adapter("v2", str(adapters["v2"]))
+        await engine.activate("v2")
+        stream = engine.generate(PROMPT, Sampling(temperature=1.0, max_tokens=30), "v2")
+        await stream.__anext__()
+        await engine.activate("v1")
+        await engine.unload("v2")  # retiring: a generation still runs on it
+        await engine.load_adapter("v2", str(adapters["v2"]))  # rolled back to before it is gone
+        assert sorted(engine.loaded_versions()) == ["v1", "v2"]
+        rest = [t async for t in stream]
+        assert len(rest) == 29 and "v2" in engine.loaded_versions()
+        await engine.unload("v2")
+        # v3 has v2's shape: it refills v2's slot instead of building new layers
+        await engine.load_adapter("v3", str(adapters["v1"]))
+        assert len(engine._slot_shape) == 2
+        assert await engine.score(PROMPT, [10, 20, 30], "v3") == pytest.approx(v1_lp, abs=1e-6)
+        await engine.close()
+
+    run(go())
