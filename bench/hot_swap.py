@@ -619,8 +619,11 @@ def engine_breakdown(model_dir: Path, paths: dict[str, str], threads: int, devic
         # one load under cProfile, called directly (the worker is idle, blocked on its queue)
         other = versions[(versions.index(live) + 1) % len(versions)]
         prof = cProfile.Profile()
+        from clawback.daemon.engines.embedded import read_adapter
+
+        weights, config = read_adapter(paths[str(other)])
         with torch.inference_mode():
-            prof.runcall(engine._load, f"v{other}", paths[str(other)])
+            prof.runcall(engine._load, f"v{other}", paths[str(other)], weights, config)
         st = pstats.Stats(prof).stats  # (file, line, func) -> (cc, nc, tottime, cumtime, callers)
         total = sum(v[2] for v in st.values())
 

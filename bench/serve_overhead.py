@@ -221,6 +221,7 @@ class Direct:
         from clawback.daemon.engines.base import Sampling
 
         _, prompt_ids = self.renderer.render(req)
+        rendered = time.perf_counter_ns()
         info = self.engine.info
         sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=min(max_tokens, info.context_length - len(prompt_ids)),
                             stop_token_ids=info.eos_token_ids)
@@ -234,7 +235,7 @@ class Direct:
         text = self.tokenizer.decode([i for i in ids if i not in eos], skip_special_tokens=True)
         steps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:])]
         return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "text": text,
-                "hit_eos": bool(ids) and ids[-1] in eos, "ttft_ms": (stamps[0] - t0) / 1e6 if stamps else None,
+                "hit_eos": bool(ids) and ids[-1] in eos, "render_ms": (rendered - t0) / 1e6, "ttft_ms": (stamps[0] - t0) / 1e6 if stamps else None,
                 "step_ms_median": statistics.median(steps) if steps else None}
 
     def engine_only(self, prompt_ids: list[int], n: int) -> dict[str, Any]:
@@ -352,17 +353,48 @@ def pick_prompts(direct: Direct, longest: int) -> list[list[dict]]:
     return chosen
 
 
+class LoadMeter:
+    """CPU that *other* processes on the machine use, in cores (0 = quiet, 1 = a whole core taken)."""
+
+    QUIET = 0.15
+
+    def __init__(self, daemon_pid: int) -> None:
+        self.daemon_pid = daemon_pid
+
+    def snapshot(self) -> tuple[int, int, int]:
+        return machine_busy_ns(), cpu_ns() + cpu_ns(self.daemon_pid), time.perf_counter_ns()
+
+    def other_cores(self, since: tuple[int, int, int]) -> float:
+        m, o, w = self.snapshot()
+        other = (m - since[0]) - (o - since[1])
+        return max(other, 0) / max(w - since[2], 1)
+
+    def wait_quiet(self, max_s: float, window_s: float = 0.5) -> float:
+        """Wait (at most max_s) for a window in which the rest of the machine is quiet; returns seconds waited."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < max_s:
+            snap = self.snapshot()
+            time.sleep(window_s)
+            if self.other_cores(snap) < self.QUIET:
+                break
+        return time.monotonic() - t0
+
+
 def run_setting(direct: Direct, http: Http, daemon: Daemon, prompts: list[list[dict]], max_tokens: int,
-                stream: bool, pairs: int, warmup: int, gap_s: float) -> list[dict[str, Any]]:
+                stream: bool, pairs: int, warmup: int, gap_s: float, quiet_wait_s: float) -> list[dict[str, Any]]:
     from clawback.daemon.chat import ChatRequest
 
     reqs = [ChatRequest.model_validate({"model": "clawback", "messages": m}) for m in prompts]
     rows: list[dict[str, Any]] = []
-    m0, o0, w0 = machine_busy_ns(), cpu_ns() + cpu_ns(daemon.proc.pid), time.perf_counter_ns()
+    meter = LoadMeter(daemon.proc.pid)
     label = f"max_tokens={max_tokens} {'stream' if stream else 'non-stream'}"
+    waited = 0.0
     for i in range(-warmup, pairs):
         k = i % len(prompts)
         direct_first = i % 2 == 0
+        if quiet_wait_s > 0 and i >= 0:
+            waited += meter.wait_quiet(quiet_wait_s)
+        snap = meter.snapshot()
         res: dict[str, dict] = {}
         for side in (("direct", "http") if direct_first else ("http", "direct")):
             if side == "direct":
@@ -380,17 +412,15 @@ def run_setting(direct: Direct, http: Http, daemon: Daemon, prompts: list[list[d
             "prompt_tokens": [d["prompt_tokens"], h["prompt_tokens"]],
             "same_text": d["text"] == h["text"], "finish_reason": h["finish_reason"],
             "direct_ttft_ms": d["ttft_ms"], "http_ttft_ms": h.get("ttft_ms"), "chunks": h.get("chunks"),
-            "direct_step_ms_median": d["step_ms_median"],
+            "direct_step_ms_median": d["step_ms_median"], "direct_render_ms": d["render_ms"],
             "direct_cpu_ms": d["cpu_ms"], "daemon_cpu_ms": h["daemon_cpu_ms"], "client_cpu_ms": h["client_cpu_ms"],
-            "call_id": h["call_id"],
+            "call_id": h["call_id"], "other_cores": meter.other_cores(snap),
         })
         if (i + 1) % 10 == 0 or i == pairs - 1:
             added = [r["added_ms"] for r in rows]
-            print(f"  {label}: {i + 1}/{pairs} pairs, added p50 so far {pct(added, 50):+.2f} ms", flush=True)
-    # CPU that other processes on the machine used meanwhile, in cores: 0 = quiet, 1 = a core taken away
-    other = machine_busy_ns() - m0 - (cpu_ns() + cpu_ns(daemon.proc.pid) - o0)
-    for r in rows:
-        r["other_cores"] = max(other, 0) / (time.perf_counter_ns() - w0)
+            quiet = sum(r["other_cores"] < LoadMeter.QUIET for r in rows)
+            print(f"  {label}: {i + 1}/{pairs} pairs ({quiet} quiet), added p50 so far {pct(added, 50):+.2f} ms"
+                  + (f", waited {waited:.0f} s for quiet" if waited >= 1 else ""), flush=True)
     return rows
 
 
@@ -422,7 +452,8 @@ def analyse(rows: list[dict[str, Any]], timings: dict[str, dict[str, float]]) ->
         "http_tok_s_p50": pct(h_tps, 50),
         "throughput_ratio": pct(h_tps, 50) / pct(d_tps, 50),
         "direct_step_ms_p50": pct([r["direct_step_ms_median"] for r in rows if r["direct_step_ms_median"]], 50),
-        "other_cores": rows[0]["other_cores"],
+        "other_cores": statistics.fmean(r["other_cores"] for r in rows),
+        "quiet_pairs": sum(r["other_cores"] < LoadMeter.QUIET for r in rows),
         "extra_cpu_ms": summary([r["daemon_cpu_ms"] + r["client_cpu_ms"] - r["direct_cpu_ms"] for r in rows]),
         "daemon_cpu_ms": summary([r["daemon_cpu_ms"] for r in rows]),
         "direct_cpu_ms": summary([r["direct_cpu_ms"] for r in rows]),
@@ -430,7 +461,9 @@ def analyse(rows: list[dict[str, Any]], timings: dict[str, dict[str, float]]) ->
     if all("server_total_ms" in r for r in rows):
         out["outside_server_ms"] = summary([r["outside_server_ms"] for r in rows])
         out["inside_server_ms"] = summary([r["inside_server_ms"] for r in rows])
-        out["server_render_ms"] = summary([r["server_render_ms"] for r in rows])
+        out["server_render_ms"] = summary([r["server_render_ms"] for r in rows])  # body read, validation, render
+    if all("direct_render_ms" in r for r in rows):
+        out["direct_render_ms"] = summary([r["direct_render_ms"] for r in rows])
     ttft = [r["http_ttft_ms"] - r["direct_ttft_ms"] for r in rows if r["http_ttft_ms"] is not None]
     if ttft:
         out["added_ttft_ms"] = summary(ttft)
@@ -457,23 +490,25 @@ def print_table(results: list[dict[str, Any]]) -> None:
             f"{'added p99':>9} {'ratio':>6} {'in-srv p50':>10} {'out-srv p50':>11} {'+cpu p50':>8} {'other':>5}  targets")
     print(head)
     print("-" * len(head))
-    for res in results:
-        a = res["stats"]
+    lines = [x for res in results for x in ([(res["setting"], res["stats"])] +
+                                             ([("  quiet pairs", res["stats_quiet"])] if "stats_quiet" in res else []))]
+    for setting, a in lines:
         tok = "/".join(map(str, a["completion_tokens"]))
         ok = "".join(k if v else k.upper() + "!" for k, v in a["meets"].items())
         ins = a.get("inside_server_ms", {}).get("p50", float("nan"))
         outs = a.get("outside_server_ms", {}).get("p50", float("nan"))
-        print(f"{res['setting']:<18} {a['pairs']:>3} {tok:>4} {a['direct_ms']['p50']:>10.1f} {a['http_ms']['p50']:>9.1f} "
+        print(f"{setting:<18} {a['pairs']:>3} {tok:>4} {a['direct_ms']['p50']:>10.1f} {a['http_ms']['p50']:>9.1f} "
               f"{a['added_ms']['p50']:>+9.2f} {a['added_ms']['p99']:>+9.2f} {a['throughput_ratio']:>6.3f} "
               f"{ins:>+10.2f} {outs:>+11.2f} {a['extra_cpu_ms']['p50']:>+8.1f} {a['other_cores']:>5.2f}  "
               f"{'all met' if all(a['meets'].values()) else 'missed: ' + ', '.join(k for k, v in a['meets'].items() if not v)}")
-    for res in results:
-        lo, hi = res["stats"]["added_p50_ci95"]
-        print(f"  {res['setting']:<16} added p50 95% CI [{lo:+.2f}, {hi:+.2f}] ms; by order: direct first "
-              f"{res['stats']['added_p50_direct_first']:+.2f}, http first {res['stats']['added_p50_http_first']:+.2f}")
+    for setting, a in lines:
+        lo, hi = a["added_p50_ci95"]
+        print(f"  {setting:<16} added p50 95% CI [{lo:+.2f}, {hi:+.2f}] ms; by order: direct first "
+              f"{a['added_p50_direct_first']:+.2f}, http first {a['added_p50_http_first']:+.2f}")
     print("(ms; added = http - direct per pair; ratio = median http tok/s / median direct tok/s; in-srv = daemon's own "
           "total_s - direct; out-srv = client time - daemon's total_s; +cpu = daemon+client CPU - direct CPU; other = cores "
-          "busy with other processes on the machine during the setting, 0 = quiet)")
+          "busy with other processes on the machine, mean over the pairs, 0 = quiet; 'quiet pairs' = only the pairs with "
+          f"other < {LoadMeter.QUIET})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -491,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="engine device on both sides (default auto)")
     ap.add_argument("--gap-ms", type=float, default=10.0,
                     help="pause after each request so the daemon's after-response work (store write) settles (default 10)")
+    ap.add_argument("--quiet-wait", type=float, default=0.0,
+                    help="before each pair, wait up to this many seconds for the rest of the machine to be quiet "
+                         "(< 0.15 cores busy); for shared machines (default 0 = off)")
     ap.add_argument("--engine-steps", type=int, default=64, help="steps for the engine-only per-token timing (default 64)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where the JSON goes")
     ap.add_argument("--daemon-log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -533,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.max_tokens:
             for mode in args.modes:
                 rows = run_setting(direct, http, daemon, prompts, n, mode == "stream", args.pairs, args.warmup,
-                                   args.gap_ms / 1e3)
+                                   args.gap_ms / 1e3, args.quiet_wait)
                 settings_rows.append((f"{n} {mode}", n, mode, rows))
         metrics = http.client.get("/metrics").text
     finally:
@@ -544,8 +582,13 @@ def main(argv: list[str] | None = None) -> int:
             direct.close()
 
     timings = daemon.server_timings()
-    results = [{"setting": name, "max_tokens": n, "mode": mode, "stats": analyse(rows, timings), "rows": rows}
-               for name, n, mode, rows in settings_rows]
+    results = []
+    for name, n, mode, rows in settings_rows:
+        res = {"setting": name, "max_tokens": n, "mode": mode, "stats": analyse(rows, timings), "rows": rows}
+        quiet = [r for r in rows if r["other_cores"] < LoadMeter.QUIET]
+        if len(rows) > len(quiet) >= 10:  # also the pairs during which nothing else ran on the machine
+            res["stats_quiet"] = analyse(quiet, timings)
+        results.append(res)
     finished = dt.datetime.now().astimezone()
     print()
     print_table(results)
