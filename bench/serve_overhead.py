@@ -7,8 +7,9 @@ number of tokens greedily. Requests alternate between the two sides (one at a ti
 every pair so neither side always goes first), so the per-pair difference http - direct is the
 daemon's overhead, not queueing.
 
-    .venv/bin/python bench/serve_overhead.py                       # 30 pairs, max_tokens 16 and 64
-    .venv/bin/python bench/serve_overhead.py --pairs 50 --max-tokens 16 64 --threads 1
+    .venv/bin/python bench/serve_overhead.py                              # 30 pairs, max_tokens 16 and 64
+    .venv/bin/python bench/serve_overhead.py --model tiny --pairs 100     # the overhead without compute noise
+    .venv/bin/python bench/serve_overhead.py --quiet-wait 30              # on a shared machine
 
 Prints a table and writes bench/results/serve_overhead-<timestamp>.json (raw pairs included).
 Targets: added latency <= 1 ms p50 and <= 3 ms p99, throughput ratio >= 0.98. See bench/README.md.
@@ -235,7 +236,8 @@ class Direct:
         text = self.tokenizer.decode([i for i in ids if i not in eos], skip_special_tokens=True)
         steps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:])]
         return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "text": text,
-                "hit_eos": bool(ids) and ids[-1] in eos, "render_ms": (rendered - t0) / 1e6, "ttft_ms": (stamps[0] - t0) / 1e6 if stamps else None,
+                "hit_eos": bool(ids) and ids[-1] in eos, "render_ms": (rendered - t0) / 1e6,
+                "ttft_ms": (stamps[0] - t0) / 1e6 if stamps else None,
                 "step_ms_median": statistics.median(steps) if steps else None}
 
     def engine_only(self, prompt_ids: list[int], n: int) -> dict[str, Any]:
@@ -494,7 +496,6 @@ def print_table(results: list[dict[str, Any]]) -> None:
                                              ([("  quiet pairs", res["stats_quiet"])] if "stats_quiet" in res else []))]
     for setting, a in lines:
         tok = "/".join(map(str, a["completion_tokens"]))
-        ok = "".join(k if v else k.upper() + "!" for k, v in a["meets"].items())
         ins = a.get("inside_server_ms", {}).get("p50", float("nan"))
         outs = a.get("outside_server_ms", {}).get("p50", float("nan"))
         print(f"{setting:<18} {a['pairs']:>3} {tok:>4} {a['direct_ms']['p50']:>10.1f} {a['http_ms']['p50']:>9.1f} "
