@@ -56,6 +56,11 @@ class TrainConfig:
     # reweighted: past a few versions the TIS weight is mostly at its cap and carries little signal.
     max_staleness: int = 4
     seed: int = 0  # LoRA initialisation
+    # Recompute each decoder layer's activations in the backward pass instead of storing them:
+    # ~30% more compute for activations that shrink from O(layers) to O(1) layers. None = on for
+    # CUDA (a 4B model at the default token budget does not fit a 24 GB card without it, see
+    # docs/memory-plan.md), off on CPU where memory is rarely the limit and compute always is.
+    gradient_checkpointing: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("binary", "opd", "combined"):

@@ -46,6 +46,16 @@ def make_lora_model(base_model: torch.nn.Module, cfg: TrainConfig) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
+    checkpointing = cfg.gradient_checkpointing
+    if checkpointing is None:
+        checkpointing = next(base_model.parameters()).device.type == "cuda"
+    if checkpointing:
+        # Non-reentrant checkpointing needs no input that requires grad, so the frozen embeddings
+        # of a LoRA model are fine as they are. transformers renamed the method in 5.2x.
+        if hasattr(base_model, "activation_checkpointing_enable"):
+            base_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with torch.random.fork_rng():  # seed the LoRA init without touching the caller's RNG
         torch.manual_seed(cfg.seed)
         return get_peft_model(base_model, lora)

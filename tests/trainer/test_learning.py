@@ -121,6 +121,21 @@ def test_gradient_accumulation_equals_one_big_batch():
         assert m_one[1][key] == pytest.approx(m_many[1][key], rel=1e-4, abs=1e-6), key
 
 
+def test_gradient_checkpointing_gives_the_same_update():
+    samples = random_samples(6, seed=4, teacher=True)
+    weights = []
+    for checkpointing in (False, True):
+        cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, gradient_checkpointing=checkpointing)
+        model, opt = tiny_policy(cfg)
+        base = model.base_model.model
+        assert base.is_activation_checkpointing == checkpointing
+        for _ in range(2):
+            train_step(model, opt, samples, cfg)
+        weights.append({k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad})
+    for k in weights[0]:
+        torch.testing.assert_close(weights[0][k], weights[1][k], atol=1e-6, rtol=1e-5)
+
+
 def test_binary_rl_raises_the_rewarded_token():
     cfg = TrainConfig(method="binary", lora_rank=8, lora_alpha=16, lr=2e-2)
     model, opt = tiny_policy(cfg)
