@@ -246,6 +246,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parent / "results"))
     args = ap.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "python": sys.version.split()[0],
         "torch": torch.__version__, "cap_gb": args.cap_gb, "smoke": args.smoke,
