@@ -15,6 +15,7 @@ one, so a hot-swap stalls the streams for a tensor copy, not for building LoRA l
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import queue
@@ -79,6 +80,8 @@ class EmbeddedEngine:
         self.dtype = pick_dtype(dtype, self.device)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
         self.model = model.to(self.device).eval()
+        # transformers renamed `past_key_values` to `cache` in 5.2x; accept both releases.
+        self._cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
         config = AutoConfig.from_pretrained(str(model_dir))
         eos = config.eos_token_id
         try:  # generation_config.json often lists more end tokens (e.g. <|im_end|>) than config.json
@@ -266,7 +269,7 @@ class EmbeddedEngine:
 
     def _forward(self, input_ids: list[int], adapter: str | None, cache: Any) -> Any:
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        kwargs: dict[str, Any] = {"use_cache": True, "cache": cache}
+        kwargs: dict[str, Any] = {"use_cache": True, self._cache_arg: cache}
         if self._peft:
             kwargs["adapter_names"] = [self._slots[adapter] if adapter else BASE]
         return self.model(input_ids=ids, **kwargs)
@@ -284,7 +287,7 @@ class EmbeddedEngine:
                 if gen.sampling.seed is not None:
                     gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
             out = self._forward(gen.next_input, gen.adapter, gen.cache)
-            gen.cache = out.cache
+            gen.cache = getattr(out, self._cache_arg)
             logits = out.logits[0, -1].float()
             token_id = self._sample(logits, gen.sampling, gen.rng)
             logprob = float(torch.log_softmax(logits, dim=-1)[token_id])
