@@ -165,6 +165,27 @@ async def _stream(engine: EmbeddedEngine, prompt: list[int], max_tokens: int, ad
     return n
 
 
+def plain_decode(engine: EmbeddedEngine, prompt: list[int], tokens: int) -> dict[str, float]:
+    """The same per-token work as the engine (forward, log_softmax, sample) in a bare loop, on
+    this thread: the floor the engine's own scheduling adds to."""
+    from transformers import DynamicCache
+
+    model, device = engine.model, engine.device
+    with torch.inference_mode():
+        cache, ids = DynamicCache(), prompt
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            out = model(input_ids=torch.tensor([ids], device=device), use_cache=True,
+                        **{engine._cache_arg: cache})
+            cache = getattr(out, engine._cache_arg)
+            logits = out.logits[0, -1].float()
+            token = int(torch.multinomial(torch.softmax(logits, -1), 1))
+            float(torch.log_softmax(logits, -1)[token])
+            ids = [token]
+        wall = time.perf_counter() - t0
+    return {"tokens": tokens, "wall_s": wall, "ms_per_token": 1000 * wall / tokens}
+
+
 def max_gap(stamps: list[float], start: float, end: float) -> float:
     """Longest gap between consecutive tokens of one stream that overlaps [start, end]."""
     return max((b - a for a, b in zip(stamps, stamps[1:]) if b >= start and a <= end), default=0.0)
@@ -181,6 +202,8 @@ async def section_smollm2_async(args: argparse.Namespace, device: torch.device, 
     prompt = list(range(10, 10 + (32 if args.smoke else 256)))
     try:
         await _stream(engine, prompt, 8, None, [])  # warm-up
+        out["plain_hf_decode"] = await asyncio.to_thread(plain_decode, engine, prompt, tokens)
+        print(f"  smollm2 plain HF decode (no engine): {out['plain_hf_decode']['ms_per_token']:.1f} ms/token", flush=True)
         for streams in (1, 8):
             stamps: list[list[float]] = [[] for _ in range(streams)]
             t0 = time.perf_counter()
