@@ -108,6 +108,9 @@ def train_settings(smoke: bool) -> list[dict[str, Any]]:
         dict(name="16x512 no checkpointing", n=16, prompt=384, response=128, checkpointing=False),
         dict(name="4x2048 checkpointing", n=4, prompt=1536, response=512, checkpointing=True),
         dict(name="16x2048 checkpointing (4 micro-batches)", n=16, prompt=1536, response=512, checkpointing=True),
+        # Smaller micro-batches: what the trainer needs beside a serving engine on one 24 GB card.
+        dict(name="16x512 checkpointing, budget 4096", n=16, prompt=384, response=128, checkpointing=True, budget=4096),
+        dict(name="16x512 checkpointing, budget 2048", n=16, prompt=384, response=128, checkpointing=True, budget=2048),
     ]
 
 
@@ -116,6 +119,8 @@ def section_qwen3(args: argparse.Namespace, device: torch.device) -> dict[str, A
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     out: dict[str, Any] = {"shapes": shapes, "dtype": str(dtype), "settings": []}
     for setting in train_settings(args.smoke):
+        if args.only and args.only not in setting["name"]:
+            continue
         reset_peak(device)
         row: dict[str, Any] = dict(setting)
         model = opt = None
@@ -126,7 +131,8 @@ def section_qwen3(args: argparse.Namespace, device: torch.device) -> dict[str, A
             row["build_s"] = time.perf_counter() - t0
             row["params"] = sum(p.numel() for p in base.parameters())
             row["weights_gib"] = sum(p.numel() * p.element_size() for p in base.parameters()) / GiB
-            cfg = TrainConfig(lora_rank=16, lora_alpha=32, gradient_checkpointing=setting["checkpointing"])
+            cfg = TrainConfig(lora_rank=16, lora_alpha=32, gradient_checkpointing=setting["checkpointing"],
+                              micro_batch_tokens=setting.get("budget", 8192))
             model = make_lora_model(base, cfg)
             opt = make_optimizer(model, cfg)
             row["lora_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -265,6 +271,7 @@ def main() -> int:
     ap.add_argument("--cap-gb", type=float, default=24.0, help="memory cap of the process (a home card)")
     ap.add_argument("--reps", type=int, default=3, help="timed training steps per setting (after 1 warm-up)")
     ap.add_argument("--sections", default="qwen3,smollm2")
+    ap.add_argument("--only", default="", help="run only the training settings whose name contains this")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes: check the script, not the GPU")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parent / "results"))
     args = ap.parse_args()
