@@ -123,7 +123,7 @@ def section_qwen3(args: argparse.Namespace, device: torch.device) -> dict[str, A
             continue
         reset_peak(device)
         row: dict[str, Any] = dict(setting)
-        model = opt = None
+        base = model = opt = None
         try:
             t0 = time.perf_counter()
             base = build(shapes, "qwen3", device, dtype)
@@ -153,7 +153,7 @@ def section_qwen3(args: argparse.Namespace, device: torch.device) -> dict[str, A
         except Exception as e:
             row.update(fits=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-2000:])
         finally:
-            del model, opt
+            del base, model, opt  # all three, or the next setting measures two models
             reset_peak(device)
         print(f"  qwen3 {row['name']}: " + (
             f"{row['step_s']:.2f} s/step, {row['tokens_per_s']:.0f} tok/s, peak {row['peak_gib']}"
