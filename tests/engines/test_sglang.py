@@ -277,3 +277,25 @@ def test_daemon_serves_through_sglang_and_stops_it(daemon_factory, tiny_model_di
     while time.time() < deadline and not all(_gone(c) for c in children):
         time.sleep(0.2)
     assert all(_gone(c) for c in children), "the model server outlived the daemon"
+
+
+def test_attach_to_a_running_server_without_supervising_it(loop, engine: SGLangEngine, tiny_model_dir: Path,
+                                                          tmp_path: Path):
+    """engine_url: the engine uses a server someone else runs, and leaves it running on close."""
+    attached = build_engine(Settings(data_dir=tmp_path, engine="sglang", engine_url=engine.endpoint.base_url,
+                                     engine_api_key=engine.endpoint.api_key), str(tiny_model_dir))
+    assert attached.server is None
+    loop.run(attached.start())
+    toks = loop.run(collect(attached, Sampling(temperature=0, max_tokens=4)))
+    assert [t.id for t in toks] == [t.id for t in loop.run(collect(engine, Sampling(temperature=0, max_tokens=4)))]
+    loop.run(attached.close())
+    assert engine.server.proc.poll() is None, "the attached engine did not stop the server"
+
+
+def test_a_server_that_cannot_start_is_a_clear_error(loop, tiny_model_dir: Path, tmp_path: Path):
+    settings = Settings(data_dir=tmp_path, engine="sglang", lora_rank=8,
+                        engine_command=f"{sys.executable} -c 'import sys; print(\"no GPU\"); sys.exit(3)'")
+    engine = build_engine(settings, str(tiny_model_dir))
+    with pytest.raises(EngineError, match=r"exited with code 3(.|\n)*no GPU"):
+        loop.run(engine.start())
+    loop.run(engine.close())
