@@ -105,12 +105,14 @@ class ServerProcess:
         unhealthy_after_s: float = 60.0,
         max_backoff_s: float = 30.0,
         on_restart: Callable[[], Any] | None = None,
+        auto_port: bool = False,
     ) -> None:
         self.command, self.env, self.base_url, self.log_path = command, env, base_url, Path(log_path)
         self._mask = [s for s in secrets_to_mask if s]
         self.start_timeout_s, self.health_interval_s = start_timeout_s, health_interval_s
         self.unhealthy_after_s, self.max_backoff_s = unhealthy_after_s, max_backoff_s
         self.on_restart = on_restart
+        self.auto_port = auto_port  # the port after --port was picked by us and may be re-picked
         self.proc: subprocess.Popen | None = None
         self._log_copier: threading.Thread | None = None
         self.restarts = 0
@@ -134,6 +136,24 @@ class ServerProcess:
         self._monitor = asyncio.create_task(self._watch(), name="engine-supervisor")
 
     async def _launch(self) -> None:
+        """Start the child; with an auto-picked port, pick another when someone took it
+        between our pick and the server's bind (other processes pick free ports too)."""
+        for attempt in range(3):
+            try:
+                return await self._launch_once()
+            except EngineError as e:
+                taken = "address already in use" in str(e).lower()
+                if not (self.auto_port and taken and attempt < 2):
+                    raise
+                self._rebind(free_port())
+                log.warning("model server port was taken: retrying on %s", self.base_url)
+
+    def _rebind(self, port: int) -> None:
+        i = self.command.index("--port")
+        self.command[i + 1] = str(port)
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    async def _launch_once(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting model server: %s (log: %s)", self.redacted_command(), self.log_path)
         # Own session/process group: stop() signals the whole group (vLLM and SGLang fork
@@ -177,9 +197,11 @@ class ServerProcess:
             return ""
 
     async def _watch(self) -> None:
-        """Restart the server when it exits or stays unhealthy; back off 1, 2, 4 ... s."""
+        """Restart the server when it exits or stays unhealthy; back off 1, 2, 4 ... s between
+        restarts, back to 1 s once a restarted server has stayed up for `unhealthy_after_s`."""
         backoff = 1.0
         unhealthy_since: float | None = None
+        up_since = time.monotonic()
         async with httpx.AsyncClient(timeout=10) as client:
             while not self._stopping:
                 await asyncio.sleep(self.health_interval_s)
@@ -188,7 +210,8 @@ class ServerProcess:
                 if proc.poll() is None:
                     if await _healthy(client, self.base_url):
                         unhealthy_since = None
-                        backoff = 1.0 if self.restarts == 0 else backoff
+                        if time.monotonic() - up_since > self.unhealthy_after_s:
+                            backoff = 1.0
                         continue
                     unhealthy_since = unhealthy_since or time.monotonic()
                     if time.monotonic() - unhealthy_since < self.unhealthy_after_s:
@@ -209,6 +232,7 @@ class ServerProcess:
                     log.error("model server restart failed: %s", e)
                     continue
                 self.restarts += 1
+                up_since = time.monotonic()
                 if self.on_restart is not None:
                     try:
                         await self.on_restart()
@@ -316,6 +340,7 @@ class RemoteEngine:
         """Start (or, attached, wait for) the server; check it serves the model."""
         if self.server is not None:
             await self.server.start()
+            self._follow_server()
         else:
             deadline = time.monotonic() + 60
             while not await _healthy(self.client, self.endpoint.base_url):
@@ -324,6 +349,12 @@ class RemoteEngine:
                 await asyncio.sleep(0.5)
         await self._check_server()
         return self
+
+    def _follow_server(self) -> None:
+        """The supervised server may have moved to another port (see ServerProcess._launch)."""
+        if self.server is not None and self.server.base_url != self.endpoint.base_url:
+            self.endpoint.base_url = self.server.base_url
+            self.client.base_url = self.server.base_url
 
     async def _check_server(self) -> None:
         """Subclasses compare the server's model with ours."""
@@ -472,6 +503,7 @@ class RemoteEngine:
         """A restarted server has no adapters: load every live version again under new names.
         Requests that were running died with the old server; their versions are marked dead so
         that finishing them does not unload anything on the new one."""
+        self._follow_server()
         old = self._versions
         self._versions = {}
         for name, v in old.items():

@@ -111,5 +111,6 @@ def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo) -> SGLan
     env = {**os.environ, "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "PYTHONUNBUFFERED": "1"}
     base_url = f"http://127.0.0.1:{port}"
     server = ServerProcess(command, env, base_url, Path(settings.data_dir) / "logs" / "sglang.log",
-                           secrets_to_mask=[key, admin_key], start_timeout_s=settings.engine_start_timeout_s)
+                           secrets_to_mask=[key, admin_key], start_timeout_s=settings.engine_start_timeout_s,
+                           auto_port=not settings.engine_port)
     return SGLangEngine(info, Endpoint(base_url, key, admin_key), server)

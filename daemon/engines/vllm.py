@@ -113,7 +113,8 @@ def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo) -> VLLMEng
     env.pop("PYTHONPATH", None)  # vLLM's venv must not see clawback's packages
     base_url = f"http://127.0.0.1:{port}"
     server = ServerProcess(command, env, base_url, Path(settings.data_dir) / "logs" / "vllm.log",
-                           secrets_to_mask=[key], start_timeout_s=settings.engine_start_timeout_s)
+                           secrets_to_mask=[key], start_timeout_s=settings.engine_start_timeout_s,
+                           auto_port=not settings.engine_port)
     return VLLMEngine(info, Endpoint(base_url, key), served, server)
 
 

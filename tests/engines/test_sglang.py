@@ -299,3 +299,21 @@ def test_a_server_that_cannot_start_is_a_clear_error(loop, tiny_model_dir: Path,
     with pytest.raises(EngineError, match=r"exited with code 3(.|\n)*no GPU"):
         loop.run(engine.start())
     loop.run(engine.close())
+
+
+def test_a_taken_port_is_replaced_by_a_free_one(loop, tiny_model_dir: Path, tmp_path: Path):
+    """Another process binds the port we picked before the server does: the server starts on
+    another free port and the engine follows it."""
+    import socket
+
+    engine = build_engine(sglang_settings(tmp_path), str(tiny_model_dir))
+    picked = int(engine.server.command[engine.server.command.index("--port") + 1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", picked))
+        squatter.listen()
+        try:
+            loop.run(engine.start())
+            assert engine.endpoint.base_url != f"http://127.0.0.1:{picked}"
+            assert loop.run(collect(engine, Sampling(max_tokens=2)))
+        finally:
+            loop.run(engine.close())
