@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from .base import EngineError, ModelInfo, Sampling, Token
-from .remote import Endpoint, RemoteEngine, ServerProcess, free_port, lora_target_modules
+from .remote import Endpoint, RemoteEngine, lora_target_modules
+from .supervisor import ServerProcess, free_port
 
 DEFAULT_SGLANG_VENV = Path.home() / ".cache" / "clawback" / "sglang-venv"  # install.sh --gpu
 MAX_LORAS_PER_BATCH = 3  # base + v{N} + v{N+1} in one batch during a swap
@@ -87,8 +88,8 @@ def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo) -> SGLan
     key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
     if settings.engine_url:
         return SGLangEngine(info, Endpoint(settings.engine_url.rstrip("/"), key))
-    key = key or secrets.token_urlsafe(24)
-    admin_key = secrets.token_urlsafe(24)  # adapter routes: only this daemon may swap
+    key = key or secrets.token_hex(24)  # hex: a key starting with '-' would read as a flag
+    admin_key = secrets.token_hex(24)  # adapter routes: only this daemon may swap
     port = settings.engine_port or free_port()
     venv_python = DEFAULT_SGLANG_VENV / "bin" / "python"
     python = settings.engine_python or (str(venv_python) if venv_python.exists() else sys.executable)

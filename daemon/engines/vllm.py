@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from .base import EngineError, ModelInfo, Sampling, Token
-from .remote import Endpoint, RemoteEngine, ServerProcess, free_port
+from .remote import Endpoint, RemoteEngine
+from .supervisor import ServerProcess, free_port
 
 DEFAULT_VLLM_VENV = Path.home() / ".cache" / "clawback" / "vllm-venv"
 
@@ -92,7 +93,7 @@ def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo) -> VLLMEng
     key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
     if settings.engine_url:
         return VLLMEngine(info, Endpoint(settings.engine_url.rstrip("/"), key), served)
-    key = key or secrets.token_urlsafe(24)  # only the daemon talks to its own child
+    key = key or secrets.token_hex(24)  # only the daemon talks to its own child
     port = settings.engine_port or free_port()
     python = settings.engine_python or str(DEFAULT_VLLM_VENV / "bin" / "python")
     if not settings.engine_command and not Path(python).exists():
