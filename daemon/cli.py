@@ -20,6 +20,8 @@ def _settings_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="port (default 30000)")
     p.add_argument("--model", help="'smollm2-135m-instruct' (embedded), a local HF model dir, or a hub id")
     p.add_argument("--served-model-name", help="model id clients ask for (default 'clawback')")
+    p.add_argument("--engine", choices=["embedded", "vllm", "sglang"], help="inference engine (default embedded)")
+    p.add_argument("--engine-url", help="attach to a running vLLM/SGLang server instead of launching one")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--no-auth", action="store_const", const=True, help="serve without a bearer key (local experiments)")
@@ -28,7 +30,7 @@ def _settings_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    keys = ("config_file", "data_dir", "host", "port", "model", "served_model_name", "device", "dtype",
+    keys = ("config_file", "data_dir", "host", "port", "model", "served_model_name", "engine", "engine_url", "device", "dtype",
             "no_auth", "log_level", "ray_address")
     return load_settings(**{k: getattr(args, k, None) for k in keys})
 

@@ -37,10 +37,21 @@ class Settings(BaseSettings):
     # Model: the embedded alias, a local HF model dir, or a hub id where the machine has network.
     model: str = EMBEDDED_MODEL
     served_model_name: str = "clawback"
-    engine: Literal["embedded"] = "embedded"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     torch_threads: int = Field(0, ge=0)  # 0 = torch's default
+
+    # Engine: embedded (transformers+PEFT in the daemon), or a model server: vllm / sglang, launched
+    # and supervised as a child, or already running at engine_url (docs/engines.md).
+    engine: Literal["embedded", "vllm", "sglang"] = "embedded"
+    engine_url: str | None = None  # attach to this server instead of launching one (not supervised)
+    engine_api_key: SecretStr | None = None  # the attached server's key; a launched one gets a random key
+    engine_python: str | None = None  # python that runs the server (vllm: ~/.cache/clawback/vllm-venv)
+    engine_command: str | None = None  # launch command instead of `<engine_python> -m <server module>`
+    engine_args: str = ""  # extra server flags, appended verbatim (e.g. "--tp 2")
+    engine_port: int = Field(0, ge=0, le=65535)  # the launched server's port; 0 = a free one
+    engine_mem_fraction: float = Field(0.55, gt=0, lt=1)  # SGLang --mem-fraction-static; the rest is the trainer's
+    engine_start_timeout_s: float = Field(900.0, gt=0)  # first start loads weights and may compile
 
     # Auth: a key given here wins; otherwise <data_dir>/api_key (created on first start).
     api_key: SecretStr | None = None
@@ -92,6 +103,13 @@ class Settings(BaseSettings):
     def _odd(cls, v: int) -> int:
         if v % 2 == 0:
             raise ValueError("judge_votes must be odd so that a majority always exists")
+        return v
+
+    @field_validator("engine_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("engine_url must be an http:// or https:// URL")
         return v
 
     @field_validator("data_dir", mode="after")

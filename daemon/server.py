@@ -31,12 +31,11 @@ def build_state(settings: Settings) -> AppState:
     """Load model, tokenizer, store: everything the routes need."""
     from transformers import AutoTokenizer
 
-    from .engines.embedded import EmbeddedEngine
+    from .engines import build_engine
     from .models import resolve_model
 
     model_dir = resolve_model(settings.model, settings.models_dir)
-    engine = EmbeddedEngine(model_dir, device=settings.device, dtype=settings.dtype,
-                            name=Path(model_dir).name, torch_threads=settings.torch_threads)
+    engine = build_engine(settings, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     store = Store(settings.db_path, queue_size=settings.store_queue_size)
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
@@ -127,6 +126,9 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
                 except Exception:
                     log.exception("session sweep failed")
 
+        start = getattr(state.engine, "start", None)  # vllm/sglang: launch or reach the model server
+        if start is not None:
+            await start()
         await state.adapters.restore()  # serve the version that was live before a restart
         tasks = [asyncio.create_task(sweeper())]
         pipeline, trainer = state.pipeline, state.trainer

