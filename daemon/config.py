@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     engine_command: str | None = None  # launch command instead of `<engine_python> -m <server module>`
     engine_args: str = ""  # extra server flags, appended verbatim (e.g. "--tp 2")
     engine_port: int = Field(0, ge=0, le=65535)  # the launched server's port; 0 = a free one
-    engine_mem_fraction: float = Field(0.55, gt=0, lt=1)  # SGLang --mem-fraction-static; the rest is the trainer's
+    engine_mem_fraction: float = Field(0.45, gt=0, lt=1)  # SGLang --mem-fraction-static; the rest is the trainer's (docs/memory-plan.md)
     engine_start_timeout_s: float = Field(900.0, gt=0)  # first start loads weights and may compile
 
     # Auth: a key given here wins; otherwise <data_dir>/api_key (created on first start).
