@@ -86,11 +86,12 @@ def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> Non
             for k in range(1, 4):  # each rated reply is a batch of one: v1, v2, v3 go live in turn
                 rate(c, f"train-{k}")
                 wait_for(lambda: c.get("/v1/adapters").json()["live"] == k, timeout=120, what=f"v{k} live")
-                time.sleep(1.0)  # let streams run on this version
+                served_on(f"v{k}", results, since=0)  # streams ran on this version (a loaded machine may be slow)
             assert "live: v3" in cli(d, "list")
+            before = len(results)
             cli(d, "rollback", "1")
             assert c.get("/v1/adapters").json()["live"] == 1
-            time.sleep(1.0)
+            served_on("v1", results, since=before)
     finally:
         stop.set()
         for t in clients:
@@ -108,6 +109,10 @@ def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> Non
     cli(d, "pin", "2")
     pruned = json.loads(cli(d, "prune"))["pruned"]
     assert pruned == []  # 3 versions, keep 5
+
+
+def served_on(version: str, results: list, since: int) -> None:
+    wait_for(lambda: any(fp == version for _, fp in results[since:]), timeout=60, what=f"a stream served by {version}")
 
 
 def _check_served_versions(d: DaemonProcess, tiny_model_dir: Path, results: list) -> None:
