@@ -9,13 +9,15 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from .layout import Layout
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
@@ -82,6 +84,7 @@ class Settings(BaseSettings):
     max_staleness: int = Field(4, ge=0)
     keep_versions: int = Field(5, ge=1)  # retention: the newest K good versions, plus pinned and live
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
+    layout: Layout = Field(default_factory=Layout)  # [layout]: where engine, judge and trainer run (daemon/layout.py)
     trainer_device: str = "auto"
     trainer_threads: int = Field(1, ge=0)  # torch threads of the trainer (leave cores for serving)
 
@@ -93,6 +96,12 @@ class Settings(BaseSettings):
         if v % 2 == 0:
             raise ValueError("judge_votes must be odd so that a majority always exists")
         return v
+
+    @model_validator(mode="after")
+    def _layout_fits(self) -> "Settings":
+        if self.ray_address is None:
+            self.layout.check_local()
+        return self
 
     @field_validator("data_dir", mode="after")
     @classmethod
