@@ -121,7 +121,7 @@ class Layout(BaseModel):
         return 1.0 if trainer_device.startswith("cuda") else 0.0
 
 
-def check_nodes(layout: Layout, trainer_gpus: float, nodes: list[dict[str, Any]], daemon_node: str) -> list[str]:
+def check_nodes(layout: Layout, nodes: list[dict[str, Any]], daemon_node: str, trainer_device: str) -> list[str]:
     """What in `layout` no node can satisfy; `nodes` as `ray.nodes()` returns them. Empty = fits.
 
     The engine and the judge must fit the daemon's own node (together); the trainer any alive node.
@@ -143,7 +143,7 @@ def check_nodes(layout: Layout, trainer_gpus: float, nodes: list[dict[str, Any]]
             together[k] = together.get(k, 0.0) + v
     if not problems and (missing := _unmet(together, {}, home)):
         problems.append(f"layout.engine and layout.judge together need more than the daemon's node has: {missing}")
-    trainer = layout.trainer.bundle(trainer_gpus)
+    trainer = layout.trainer.bundle(layout.trainer_gpus(trainer_device))
     if not any(not _unmet(trainer, layout.trainer.node_labels, n) for n in alive):
         problems.append(f"no node can host layout.trainer ({trainer}, labels {layout.trainer.node_labels}); "
                         f"nodes: {'; '.join(_describe(n) for n in alive)}")
@@ -169,7 +169,7 @@ class RayPlacement:
     its nodes, reserves the layout in one placement group, and starts the trainer actor in it."""
 
     def __init__(self, layout: Layout, ray_address: str | None, trainer_device: str) -> None:
-        self.layout, self.ray_address = layout, ray_address
+        self.layout, self.ray_address, self.trainer_device = layout, ray_address, trainer_device
         self.trainer_gpus = layout.trainer_gpus(trainer_device)
         self.node_id: str | None = None  # the daemon's own Ray node
         self.group: Any = None  # ray.util.placement_group.PlacementGroup, once reserved
@@ -192,7 +192,7 @@ class RayPlacement:
             except ConnectionError as e:
                 raise PlacementError(f"cannot join the Ray cluster at {self.ray_address}: {e}") from e
         self.node_id = ray.get_runtime_context().get_node_id()
-        problems = check_nodes(self.layout, self.trainer_gpus, ray.nodes(), self.node_id)
+        problems = check_nodes(self.layout, ray.nodes(), self.node_id, self.trainer_device)
         if problems:
             raise PlacementError("layout does not fit the Ray cluster: " + " | ".join(problems))
         bundles, selectors = [], []
