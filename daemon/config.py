@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -96,12 +96,6 @@ class Settings(BaseSettings):
         if v % 2 == 0:
             raise ValueError("judge_votes must be odd so that a majority always exists")
         return v
-
-    @model_validator(mode="after")
-    def _layout_fits(self) -> "Settings":
-        if self.ray_address is None:
-            self.layout.check_local()
-        return self
 
     @field_validator("data_dir", mode="after")
     @classmethod

@@ -17,9 +17,9 @@ start, and their amounts are reserved there (bundles pinned to the daemon's node
 trainer, or anything else on the cluster, cannot be scheduled onto the engine's GPU.
 
 Every field is checked: the table's shape when settings load; against the Ray cluster's nodes
-before anything is reserved. Joining a cluster (`ray_address`) does both at start; the local Ray
-runtime (no `ray_address`) starts with the first training batch as before, and only `num_cpus`
-and `num_gpus` make sense there, which settings enforce.
+before anything is reserved. `clawback serve` joins a cluster (`ray_address`) and checks at start;
+the local Ray runtime (no `ray_address`) still starts with the first training batch, and since
+only `num_cpus` and `num_gpus` make sense there, anything else is refused at start.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Layout(BaseModel):
         """Raise unless a local Ray runtime (only this machine, no custom resources or labels) can host it."""
         wanting = [name for name in ("engine", "judge", "trainer") if getattr(self, name).needs_cluster()]
         if wanting:
-            raise ValueError(f"layout.{', layout.'.join(wanting)}: custom resources and node labels need a Ray "
+            raise PlacementError(f"layout.{', layout.'.join(wanting)}: custom resources and node labels need a Ray "
                              "cluster (ray_address / --ray-address); a local Ray runtime has neither")
 
     def trainer_gpus(self, trainer_device: str) -> float:
@@ -169,6 +169,8 @@ class RayPlacement:
     its nodes, reserves the layout in one placement group, and starts the trainer actor in it."""
 
     def __init__(self, layout: Layout, ray_address: str | None, trainer_device: str) -> None:
+        if ray_address is None:
+            layout.check_local()
         self.layout, self.ray_address, self.trainer_device = layout, ray_address, trainer_device
         self.trainer_gpus = layout.trainer_gpus(trainer_device)
         self.node_id: str | None = None  # the daemon's own Ray node

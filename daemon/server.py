@@ -157,6 +157,8 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if trainer is not None:
+                await trainer.close()
             ray = sys.modules.get("ray")  # imported only once training started
             if ray is not None and ray.is_initialized():
                 await asyncio.to_thread(ray.shutdown)

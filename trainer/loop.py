@@ -134,6 +134,14 @@ class TrainingLoop:
                          "metrics": metrics})
         return metrics
 
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Let the actor remove its private dir before Ray goes down (a step under way runs out first)."""
+        if self.worker is not None:
+            try:
+                await asyncio.wait_for(self.worker.close.remote(), timeout_s)
+            except Exception as e:
+                log.warning("trainer actor did not close cleanly: %s", e)
+
     async def _recover(self, parent: int | None, error: Exception) -> None:
         """After a failed step the actor must not keep weights no version holds."""
         if self.worker is None:

@@ -11,6 +11,7 @@ not hold (after a rollback, or in a fresh actor) arrive as bytes the same way.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -25,6 +26,27 @@ from .config import TrainConfig
 from .step import Sample, make_lora_model, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
+
+
+_DIR_PREFIX = "clawback-trainer-"  # + pid of the actor process that owns it
+
+
+def _remove_dirs_of_dead_trainers() -> None:
+    # A killed actor (OOM, kill -9, a node restart) cannot clean up after itself.
+    for path in Path(tempfile.gettempdir()).glob(f"{_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(_DIR_PREFIX).split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def ray_node_id() -> str | None:
@@ -49,7 +71,8 @@ class TrainerWorker:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device)
         if adapters_root is None:  # private to this actor; the daemon holds every version that matters
-            adapters_root = tempfile.mkdtemp(prefix="clawback-trainer-")
+            _remove_dirs_of_dead_trainers()
+            adapters_root = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
             weakref.finalize(self, shutil.rmtree, adapters_root, True)
         self.cfg, self.root = cfg, Path(adapters_root)
         self.model = make_lora_model(base, cfg)
@@ -102,6 +125,10 @@ class TrainerWorker:
 
     def ping(self) -> int | None:
         return self.version
+
+    def close(self) -> None:
+        """The daemon is shutting down: this dir holds nothing the daemon lacks."""
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def _keep_only(self, version: int) -> None:
         # Only the current version is needed here (to go back after a failed step); the daemon

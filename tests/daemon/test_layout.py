@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from clawback.daemon.config import load_settings
-from clawback.daemon.layout import Layout, check_nodes
+from clawback.daemon.layout import Layout, PlacementError, RayPlacement, check_nodes
 
 HEAD, GPU_BOX = "a" * 56, "b" * 56
 
@@ -58,8 +58,10 @@ def test_toml_layout_table(clean_env: Path) -> None:
     ({"engine": {"node_labels": {"zone": "a"}}}, "need a Ray cluster"),
 ])
 def test_a_local_runtime_cannot_offer_custom_resources_or_labels(clean_env: Path, table: dict, error: str) -> None:
-    with pytest.raises(ValidationError, match=error):
-        load_settings(data_dir=str(clean_env / "data"), layout=table)
+    s = load_settings(data_dir=str(clean_env / "data"), layout=table)  # other commands (status, adapters) still work
+    with pytest.raises(PlacementError, match=error):  # `serve` refuses it before building anything
+        RayPlacement(s.layout, s.ray_address, s.trainer_device)
+    RayPlacement(s.layout, "10.0.0.1:6379", s.trainer_device)  # nothing connects before connect()
 
 
 @pytest.mark.parametrize("table, error", [

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -74,12 +75,13 @@ class RayCluster:
     def stop(self) -> None:
         for p in self.procs:
             _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + 5
         for p in self.procs:
             try:
-                p.wait(5)
+                p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            _signal_group(p, signal.SIGKILL)  # raylet, GCS and workers that did not drain in time
+            _signal_group(p, signal.SIGKILL)  # GCS and raylet that did not drain in time; workers follow their raylet
             p.wait()
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -3,6 +3,10 @@ versions leave it as bytes and come back to it as bytes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -70,3 +74,15 @@ def test_resume_without_the_version_or_its_files_fails_and_keeps_the_weights(tin
 def test_a_missing_base_model_is_a_clear_error(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="base model not found"):
         TrainerWorker(str(tmp_path / "nowhere"), CFG)
+
+
+def test_its_private_dir_goes_on_close_and_dirs_of_dead_actors_on_the_next_start(tiny_model_dir: Path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = Path(tempfile.mkdtemp(prefix=f"clawback-trainer-{dead.pid}-"))  # as a killed actor leaves it
+    (leftover / "v1").mkdir()
+    w = TrainerWorker(str(tiny_model_dir), CFG)
+    assert not leftover.exists() and str(os.getpid()) in w.root.name
+    w.train(batch(0), 1, {})
+    w.close()
+    assert not w.root.exists()
