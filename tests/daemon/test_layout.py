@@ -100,3 +100,13 @@ def test_engine_and_judge_must_fit_the_daemons_own_node() -> None:
     both = Layout(engine={"num_gpus": 1.5}, judge={"num_gpus": 1})  # each fits, together they do not
     assert "together" in check_nodes(both, NODES, GPU_BOX, "cpu")[0]
     assert "not an alive node" in check_nodes(Layout(), NODES, "c" * 56, "cpu")[0]
+
+
+def test_the_readme_example_is_a_valid_layout(clean_env: Path) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    example = readme.split("### Beyond one machine", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    (clean_env / "clawback.toml").write_text(example)
+    s = load_settings(data_dir=str(clean_env / "data"))
+    assert s.ray_address == "10.0.0.5:6379" and s.layout.reserve_timeout_s == 120
+    assert s.layout.trainer.bundle(s.layout.trainer_gpus(s.trainer_device)) == {"CPU": 1, "GPU": 1, "trainer_node": 1}
+    assert s.layout.engine.node_labels == {"ray.io/accelerator-type": "H100"} and s.layout.judge.bundle() == {"CPU": 1}
