@@ -22,14 +22,6 @@ CFG = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2)
 PROMPT, RESPONSE = [1, 520, 33, 4481, 28], [9000, 77, 198, 2]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny matmuls: with 2 threads on a busy machine each one waits on a spinning peer (~30 ms).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def samples(seed: int, n: int = 4) -> list[Sample]:
     g = torch.Generator().manual_seed(seed)

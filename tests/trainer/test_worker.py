@@ -20,13 +20,6 @@ from clawback.trainer.worker import TrainerWorker
 CFG = TrainConfig(method="binary", lora_rank=4, lora_alpha=8, lr=1e-2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def batch(seed: int) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
