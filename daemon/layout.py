@@ -25,6 +25,7 @@ only `num_cpus` and `num_gpus` make sense there, anything else is refused at sta
 from __future__ import annotations
 
 import logging
+import os
 import re
 from typing import Any
 
@@ -112,8 +113,8 @@ class Layout(BaseModel):
         """Raise unless a local Ray runtime (only this machine, no custom resources or labels) can host it."""
         wanting = [name for name in ("engine", "judge", "trainer") if getattr(self, name).needs_cluster()]
         if wanting:
-            raise PlacementError(f"layout.{', layout.'.join(wanting)}: custom resources and node labels need a Ray "
-                             "cluster (ray_address / --ray-address); a local Ray runtime has neither")
+            raise PlacementError(f"layout.{', layout.'.join(wanting)}: custom resources and node labels need a "
+                                 "Ray cluster (ray_address / --ray-address); a local Ray runtime has neither")
 
     def trainer_gpus(self, trainer_device: str) -> float:
         if self.trainer.num_gpus is not None:
@@ -124,8 +125,9 @@ class Layout(BaseModel):
 def check_nodes(layout: Layout, nodes: list[dict[str, Any]], daemon_node: str, trainer_device: str) -> list[str]:
     """What in `layout` no node can satisfy; `nodes` as `ray.nodes()` returns them. Empty = fits.
 
-    The engine and the judge must fit the daemon's own node (together); the trainer any alive node.
-    Whether the amounts are free right now is the placement group's business, not this check's.
+    The engine and the judge must fit the daemon's own node (together); the trainer any alive node,
+    the daemon's counting what is left after them. Whether the amounts are free right now (other
+    Ray work) is the placement group's business, not this check's.
     """
     alive = [n for n in nodes if n.get("Alive")]
     problems = []
@@ -143,10 +145,13 @@ def check_nodes(layout: Layout, nodes: list[dict[str, Any]], daemon_node: str, t
             together[k] = together.get(k, 0.0) + v
     if not problems and (missing := _unmet(together, {}, home)):
         problems.append(f"layout.engine and layout.judge together need more than the daemon's node has: {missing}")
+    left = {**home, "Resources": {k: v - together.get(k, 0.0) for k, v in home.get("Resources", {}).items()}}
+    candidates = [left if n is home else n for n in alive]
     trainer = layout.trainer.bundle(layout.trainer_gpus(trainer_device))
-    if not any(not _unmet(trainer, layout.trainer.node_labels, n) for n in alive):
+    if not any(not _unmet(trainer, layout.trainer.node_labels, n) for n in candidates):
         problems.append(f"no node can host layout.trainer ({trainer}, labels {layout.trainer.node_labels}); "
-                        f"nodes: {'; '.join(_describe(n) for n in alive)}")
+                        f"nodes, the daemon's less what engine and judge reserve: "
+                        f"{'; '.join(_describe(n) for n in candidates)}")
     return problems
 
 
@@ -179,8 +184,6 @@ class RayPlacement:
 
     def connect(self) -> None:
         """Blocking and idempotent: the first call joins Ray, checks and reserves (PlacementError if it cannot)."""
-        import os
-
         import ray
         from ray.util import placement_group, remove_placement_group
 
@@ -210,7 +213,7 @@ class RayPlacement:
         if not group.wait(timeout_seconds=self.layout.reserve_timeout_s):
             remove_placement_group(group)
             raise PlacementError(f"the Ray cluster did not grant the layout's reservation {bundles} within "
-                              f"{self.layout.reserve_timeout_s:.0f} s: the resources exist but are taken")
+                                 f"{self.layout.reserve_timeout_s:.0f} s: the resources exist but are taken")
         self.group = group
         log.info("layout reserved on Ray: %s (daemon node %s)", bundles, self.node_id)
 

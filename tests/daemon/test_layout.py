@@ -102,6 +102,16 @@ def test_engine_and_judge_must_fit_the_daemons_own_node() -> None:
     assert "not an alive node" in check_nodes(Layout(), NODES, "c" * 56, "cpu")[0]
 
 
+
+def test_on_one_gpu_the_engine_and_the_trainer_cannot_both_reserve_it() -> None:
+    one_gpu = [node(HEAD, CPU=4, GPU=1)]
+    assert check_nodes(Layout(engine={"num_gpus": 1}), one_gpu, HEAD, "cpu") == []
+    assert check_nodes(Layout(), one_gpu, HEAD, "cuda") == []  # the default: only the trainer reserves it
+    problems = check_nodes(Layout(engine={"num_gpus": 1}), one_gpu, HEAD, "cuda")
+    assert len(problems) == 1 and "no node can host layout.trainer ({'CPU': 1.0, 'GPU': 1.0}" in problems[0]
+    assert "'GPU': 0.0" in problems[0]  # what is left of the daemon's node
+
+
 def test_the_readme_example_is_a_valid_layout(clean_env: Path) -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     example = readme.split("### Beyond one machine", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
