@@ -63,6 +63,21 @@ class AdapterManager:
                 log.error("cannot restore adapter v%d: %s", a["version"], e)
         return None
 
+    async def receive(self, version: int, files: dict[str, bytes]) -> str:
+        """Commit a version the trainer sent as bytes into this host's adapters dir; its path."""
+        from clawback.trainer.adapters import AdapterError as FileError, install
+
+        try:
+            return str(await asyncio.to_thread(install, self.root, version, files))
+        except FileError as e:
+            raise AdapterError(f"v{version} failed to install: {e}") from e
+
+    async def files(self, version: int | None) -> dict[str, bytes] | None:
+        """A version's files as bytes, for a trainer that must resume from it (None = base)."""
+        from clawback.trainer.adapters import read_files, version_dir
+
+        return None if version is None else await asyncio.to_thread(read_files, version_dir(self.root, version))
+
     async def load(self, version: int, path: str) -> None:
         """Validate and load a version without routing anything to it."""
         from clawback.trainer.adapters import AdapterError as FileError, validate

@@ -241,6 +241,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
                 "batch_size": state.settings.batch_size,
                 "samples_ready": counts["samples"].get("ready", 0),
                 "training_now": bool(state.trainer and state.trainer.busy),
+                "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step
                 "last_step": last_step,
             },
             "store": {

@@ -17,6 +17,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .layout import Layout
+
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 
@@ -93,6 +95,7 @@ class Settings(BaseSettings):
     max_staleness: int = Field(4, ge=0)
     keep_versions: int = Field(5, ge=1)  # retention: the newest K good versions, plus pinned and live
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
+    layout: Layout = Field(default_factory=Layout)  # [layout]: where engine, judge and trainer run (daemon/layout.py)
     trainer_device: str = "auto"
     trainer_threads: int = Field(1, ge=0)  # torch threads of the trainer (leave cores for serving)
 

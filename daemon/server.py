@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from .api import AppState, create_app, resolve_api_key
 from .capture import Capture
 from .chat import ChatRenderer
 from .config import Settings
+from .layout import RayPlacement
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ def build_state(settings: Settings) -> AppState:
     from .engines import build_engine
     from .models import resolve_model
 
+    placement = _ray_placement(settings)  # first: a layout the cluster cannot host fails before anything is built
     model_dir = resolve_model(settings.model, settings.models_dir)
     engine = build_engine(settings, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -45,32 +46,38 @@ def build_state(settings: Settings) -> AppState:
         engine, store, settings.data_dir / "adapters", settings.keep_versions,
         on_live=lambda v: state.hub.broadcast({"type": "adapter_live", "version": None if v is None else f"v{v}"}))
     if settings.train:
-        state.trainer = _training_loop(settings, state, model_dir)
+        state.trainer = _training_loop(settings, state, model_dir, placement)
     return state
 
 
-def _training_loop(settings: Settings, state: AppState, model_dir: str) -> Any:
+def _ray_placement(settings: Settings) -> RayPlacement | None:
+    """The trainer's place on Ray. Joining a cluster happens now, so a bad address or layout is an
+    error at start; the local runtime still starts with the first batch (serving starts fast)."""
+    if not settings.train:
+        return None
+    placement = RayPlacement(settings.layout, settings.ray_address, settings.trainer_device)
+    if settings.ray_address:
+        placement.connect()
+    return placement
+
+
+def _training_loop(settings: Settings, state: AppState, model_dir: str, placement: RayPlacement) -> Any:
     from clawback.trainer.config import TrainConfig
     from clawback.trainer.loop import TrainingLoop
 
     cfg = TrainConfig(method=settings.method, lr=settings.lr, lora_rank=settings.lora_rank,
                       lora_alpha=settings.lora_alpha, batch_size=settings.batch_size,
                       micro_batch_tokens=settings.micro_batch_tokens, max_staleness=settings.max_staleness)
-    root = str(settings.data_dir / "adapters")
 
     def start_worker() -> Any:  # blocking (Ray start-up): the loop runs it in a thread
         import ray
 
         from clawback.trainer.worker import TrainerWorker
 
-        if not ray.is_initialized():
-            local = {} if settings.ray_address else {"num_cpus": max(2, os.cpu_count() or 2),
-                                                     "object_store_memory": 256 * 1024 * 1024}
-            ray.init(address=settings.ray_address, include_dashboard=False, log_to_driver=False,
-                     ignore_reinit_error=True, **local)
-        gpus = 1 if settings.trainer_device.startswith("cuda") else 0
-        actor = ray.remote(TrainerWorker).options(num_cpus=1, num_gpus=gpus, max_concurrency=1)
-        return actor.remote(model_dir, cfg, root, settings.trainer_device, settings.trainer_threads)
+        placement.connect()
+        actor = ray.remote(TrainerWorker).options(max_concurrency=1, **placement.trainer_options())
+        # No adapters dir: the actor keeps its own, wherever it runs; versions travel as bytes.
+        return actor.remote(model_dir, cfg, None, settings.trainer_device, settings.trainer_threads)
 
     def on_trained(step: dict[str, Any]) -> None:
         state.hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
@@ -152,6 +159,8 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if trainer is not None:
+                await trainer.close()
             ray = sys.modules.get("ray")  # imported only once training started
             if ray is not None and ray.is_initialized():
                 await asyncio.to_thread(ray.shutdown)

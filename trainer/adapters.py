@@ -1,4 +1,4 @@
-"""Adapter versions on disk: publish atomically, validate, resume.
+"""Adapter versions on disk: publish atomically, validate, resume, and move between nodes.
 
     <root>/v{N}/adapter_config.json        PEFT LoRA config   } loadable unchanged by
     <root>/v{N}/adapter_model.safetensors  LoRA weights       } PEFT, SGLang and vLLM
@@ -8,6 +8,10 @@
 A version is written into a hidden temp dir beside its target, fsynced, checked, and renamed to
 `v{N}` in one step, so `v{N}` either exists complete or not at all. A crash leaves at most a
 `.v{N}.*.tmp` dir, which nothing reads and `resume` deletes.
+
+The trainer and the engine may run on different nodes with no shared filesystem: `read_files`
+turns a version into bytes (they travel through Ray's object store) and `install` commits them
+on the other side with the same atomic commit and checks as `publish`.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 log = logging.getLogger(__name__)
 
 CONFIG, WEIGHTS, OPTIMIZER, META = "adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "clawback.json"
+FILES = (CONFIG, WEIGHTS, OPTIMIZER, META)  # a version is exactly these (PEFT's README.md is not needed)
 _VERSION_DIR = re.compile(r"v(\d+)")
 
 
@@ -61,6 +66,42 @@ def publish(
     `meta` is the caller's record (parent, samples used, method, loss, reward stats, timings...);
     version, creation time and file hashes are added here. Returns the committed dir.
     """
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(str(tmp))
+        torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+        files = {name: _sha256(tmp / name) for name in (CONFIG, WEIGHTS, OPTIMIZER)}
+        info = {**meta, "version": int(version), "created_at": time.time(), "files": files}
+        (tmp / META).write_text(json.dumps(info, indent=2, sort_keys=True, default=str))
+
+    return _commit(root, version, write)
+
+
+def read_files(path: str | Path) -> dict[str, bytes]:
+    """A valid version's files as bytes, to send to another process or node (Ray's object store)."""
+    path = Path(path)
+    validate(path)
+    return {name: (path / name).read_bytes() for name in FILES}
+
+
+def install(root: str | Path, version: int, files: dict[str, bytes]) -> Path:
+    """Commit a version received as bytes (from `read_files` elsewhere) as `<root>/v{version}`.
+
+    The same atomic commit as `publish`: the files are checked against their recorded hashes
+    before the rename, so a damaged transfer never becomes a version.
+    """
+    if set(files) != set(FILES):  # also keeps names like '../x' out of the path
+        raise AdapterError(f"v{version}: expected files {sorted(FILES)}, got {sorted(files)}")
+
+    def write(tmp: Path) -> None:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+
+    return _commit(root, version, write)
+
+
+def _commit(root: str | Path, version: int, write: Callable[[Path], None]) -> Path:
+    """Run `write(tmp)` in a hidden temp dir beside `<root>/v{version}`, check, fsync, rename."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = version_dir(root, version)
@@ -68,11 +109,7 @@ def publish(
         raise AdapterError(f"{final} already exists")
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", suffix=".tmp", dir=root))
     try:
-        model.save_pretrained(str(tmp))
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
-        files = {name: _sha256(tmp / name) for name in (CONFIG, WEIGHTS, OPTIMIZER)}
-        info = {**meta, "version": int(version), "created_at": time.time(), "files": files}
-        (tmp / META).write_text(json.dumps(info, indent=2, sort_keys=True, default=str))
+        write(tmp)
         _check(tmp, version)  # never commit what a loader would refuse (e.g. NaN weights)
         for f in tmp.iterdir():
             _fsync(f)
@@ -134,7 +171,7 @@ def resume(model: Any, optimizer: torch.optim.Optimizer, root: str | Path, versi
 def _check(path: Path, version: int) -> dict[str, Any]:
     from safetensors.torch import load_file
 
-    for name in (CONFIG, WEIGHTS, OPTIMIZER, META):
+    for name in FILES:
         if not (path / name).is_file():
             raise AdapterError(f"{path}: missing {name}")
     try:

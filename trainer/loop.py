@@ -5,12 +5,14 @@ serving never waits for it. Per step:
   1. take `batch_size` ready samples (only non-zero signals are ever `ready`), dropping with
      reason `stale` those served more than `max_staleness` versions ago (younger ones are
      corrected by truncated importance sampling in the loss);
-  2. the actor trains and publishes `v{N+1}` atomically;
+  2. the actor trains `v{N+1}` and returns its files through Ray's object store (the actor may
+     be on another node: no shared filesystem); the daemon commits them atomically into its
+     adapters dir;
   3. the daemon validates and loads it beside the live version; only then the store commits the
      version and marks its samples consumed (one transaction), and new requests go to it.
 A step that fails (actor crash, NaN, a version that does not load) is recorded with its error;
 its samples stay ready and the actor goes back to the live version. The actor starts lazily, at
-the first full batch, and resumes from the live version.
+the first full batch, and resumes from the live version, whose files the daemon sends it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class TrainingLoop:
         self.failures = 0
         self.busy = False
         self.last_metrics: dict[str, Any] = {}
+        self.trainer_node: str | None = None  # the Ray node the last step ran on
 
     def wake(self) -> None:
         """Thread-safe: a sample became ready (called from the store's writer thread)."""
@@ -84,8 +87,11 @@ class TrainingLoop:
     async def _worker(self) -> Any:
         if self.worker is None:
             self.worker = await asyncio.to_thread(self.start_worker)
-            await self.worker.resume.remote(self.adapters.live())
+            await self._resume(self.worker, self.adapters.live())
         return self.worker
+
+    async def _resume(self, worker: Any, version: int | None) -> None:
+        await worker.resume.remote(version, await self.adapters.files(version))
 
     async def step(self, batch: list[dict[str, Any]]) -> dict[str, Any] | None:
         self.busy = True
@@ -100,10 +106,12 @@ class TrainingLoop:
         try:
             worker = await self._worker()
             if await worker.ping.remote() != parent:  # e.g. after a rollback: train from what serves
-                await worker.resume.remote(parent)
+                await self._resume(worker, parent)
             result = await worker.train.remote(batch, version, meta)
-            step.update(path=result["path"], metrics=result["metrics"])
-            await self.adapters.load(version, result["path"])
+            self.trainer_node = result["node"]
+            path = await self.adapters.receive(version, result["files"])
+            step.update(path=path, metrics=result["metrics"])
+            await self.adapters.load(version, path)
         except Exception as e:
             self.failures += 1
             log.error("training step for v%d failed: %s", version, e)
@@ -115,7 +123,7 @@ class TrainingLoop:
             self.busy = False
         step["outcome"] = "committed"
         await self.store.commit("train_step", step, call_ids)
-        swap_s = await self.adapters.go_live(version, result["path"])
+        swap_s = await self.adapters.go_live(version, path)
         self.steps += 1
         pruned = await self.adapters.prune()  # retention: newest K good versions + pinned + live
         if pruned:
@@ -126,12 +134,20 @@ class TrainingLoop:
                          "metrics": metrics})
         return metrics
 
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Let the actor remove its private dir before Ray goes down (a step under way runs out first)."""
+        if self.worker is not None:
+            try:
+                await asyncio.wait_for(self.worker.close.remote(), timeout_s)
+            except Exception as e:
+                log.warning("trainer actor did not close cleanly: %s", e)
+
     async def _recover(self, parent: int | None, error: Exception) -> None:
         """After a failed step the actor must not keep weights no version holds."""
         if self.worker is None:
             return
         try:
-            await self.worker.resume.remote(parent)
+            await self._resume(self.worker, parent)
         except Exception:  # the actor itself is gone (killed, OOM): start a fresh one next time
             log.warning("trainer actor lost (%s); it restarts at the next batch", error)
             self.worker = None

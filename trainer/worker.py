@@ -1,32 +1,68 @@
 """The trainer process: the trainable copy of the policy (base + LoRA) and its optimizer.
 
 `TrainerWorker` is a plain class; the daemon runs it as a Ray actor (`ray.remote(TrainerWorker)`),
-so training never shares a process or an event loop with serving, and `--ray-address` can place
-it on another GPU or node. It publishes each version into the adapters dir itself; with a remote
-Ray cluster that dir must be on storage the engine host also sees.
+so training never shares a process or an event loop with serving, and the layout can place it on
+another GPU or node. It shares no filesystem with the daemon: each version is published into the
+actor's own dir (which also holds what `resume` needs) and returned as bytes, which travel back
+through Ray's object store; the daemon commits them into its adapters dir. Versions the actor does
+not hold (after a rollback, or in a fresh actor) arrive as bytes the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .adapters import publish, resume
+from .adapters import install, list_versions, publish, read_files, resume, version_dir
 from .config import TrainConfig
 from .step import Sample, make_lora_model, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
 
 
+_DIR_PREFIX = "clawback-trainer-"  # + pid of the actor process that owns it
+
+
+def _remove_dirs_of_dead_trainers() -> None:
+    # A killed actor (OOM, kill -9, a node restart) cannot clean up after itself.
+    for path in Path(tempfile.gettempdir()).glob(f"{_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(_DIR_PREFIX).split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def ray_node_id() -> str | None:
+    """The Ray node this process runs on (None outside Ray): where a version was trained."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
 class TrainerWorker:
-    def __init__(self, model_dir: str, cfg: TrainConfig, adapters_root: str, device: str = "auto",
+    def __init__(self, model_dir: str, cfg: TrainConfig, adapters_root: str | None = None, device: str = "auto",
                  torch_threads: int = 0) -> None:
         from transformers import AutoModelForCausalLM
 
+        if not Path(model_dir).is_dir():  # the base model is not shipped: it must be on this node
+            raise FileNotFoundError(f"base model not found at {model_dir} on the trainer's node {ray_node_id()}")
         if torch_threads:
             torch.set_num_threads(torch_threads)
         if device == "auto":
@@ -34,13 +70,21 @@ class TrainerWorker:
         self.device = torch.device(device)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device)
+        if adapters_root is None:  # private to this actor; the daemon holds every version that matters
+            _remove_dirs_of_dead_trainers()
+            adapters_root = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
+            weakref.finalize(self, shutil.rmtree, adapters_root, True)
         self.cfg, self.root = cfg, Path(adapters_root)
         self.model = make_lora_model(base, cfg)
         self.optimizer = make_optimizer(self.model, cfg)
         self.version: int | None = None
 
-    def resume(self, version: int | None) -> int | None:
-        """Continue from a committed version (weights and optimizer state); None = fresh LoRA."""
+    def resume(self, version: int | None, files: dict[str, bytes] | None = None) -> int | None:
+        """Continue from a committed version (weights and optimizer state); None = fresh LoRA.
+
+        `files` (from `adapters.read_files`) are installed first when this actor's dir lacks the
+        version, so the daemon can resume any version it holds on whichever node this runs.
+        """
         if version is None:
             if self.version is not None:  # start over from the base model
                 for name, p in self.model.named_parameters():
@@ -49,26 +93,46 @@ class TrainerWorker:
                 self.optimizer = make_optimizer(self.model, self.cfg)
             self.version = None
             return None
+        if not version_dir(self.root, version).is_dir() and files is not None:
+            install(self.root, version, files)
         resume(self.model, self.optimizer, self.root, version)
         self.version = version
+        self._keep_only(version)
         return version
 
     def train(self, samples: list[dict[str, Any]], version: int, meta: dict[str, Any]) -> dict[str, Any]:
-        """One optimizer step on `samples`, published atomically as `v{version}`."""
+        """One optimizer step on `samples`, published as `v{version}` and returned as its files."""
         t0 = time.time()
         batch = [Sample(prompt_ids=s["prompt_ids"], response_ids=s["response_ids"],
                         behaviour_logprobs=s["behaviour_logprobs"], reward=s["reward"],
                         teacher_logprobs=s.get("teacher_logprobs")) for s in samples]
         metrics = train_step(self.model, self.optimizer, batch, self.cfg)
-        parent = self.version
+        parent, node = self.version, ray_node_id()
+        target = version_dir(self.root, version)  # the daemon numbers versions: a leftover here is not it
+        shutil.rmtree(target, ignore_errors=True)
         try:
             path = publish(self.root, version, self.model, self.optimizer,
-                           {**meta, "parent": parent, "metrics": metrics, "train_s": time.time() - t0})
+                           {**meta, "parent": parent, "metrics": metrics, "train_s": time.time() - t0,
+                            "trainer_node": node})
+            files = read_files(path)
         except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
             self.resume(parent)  # the weights moved but no version holds them: go back
             raise
         self.version = version
-        return {"version": version, "parent": parent, "path": str(path), "metrics": metrics}
+        self._keep_only(version)
+        return {"version": version, "parent": parent, "node": node, "metrics": metrics, "files": files}
 
     def ping(self) -> int | None:
         return self.version
+
+    def close(self) -> None:
+        """The daemon is shutting down: this dir holds nothing the daemon lacks."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _keep_only(self, version: int) -> None:
+        # Only the current version is needed here (to go back after a failed step); the daemon
+        # sends any other one when it is wanted.
+        for v in list_versions(self.root):
+            if v != version:
+                shutil.rmtree(version_dir(self.root, v), ignore_errors=True)

@@ -13,21 +13,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from clawback.trainer import adapters
-from clawback.trainer.adapters import AdapterError, list_versions, next_version, publish, resume, validate
+from clawback.trainer.adapters import (AdapterError, install, list_versions, next_version, publish, read_files, resume,
+                                       validate)
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 
 CFG = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2)
 PROMPT, RESPONSE = [1, 520, 33, 4481, 28], [9000, 77, 198, 2]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny matmuls: with 2 threads on a busy machine each one waits on a spinning peer (~30 ms).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def samples(seed: int, n: int = 4) -> list[Sample]:
@@ -245,3 +238,34 @@ def test_resume_refuses_a_different_lora_signature(tiny_model_dir: Path, v1):
     model, opt = fresh(tiny_model_dir, other)
     with pytest.raises(AdapterError, match="signature"):
         resume(model, opt, path.parent)
+
+
+def test_a_version_sent_as_bytes_is_committed_unchanged_on_the_other_side(tiny_model_dir: Path, v1, tmp_path: Path):
+    # What the trainer actor returns through Ray's object store, and the daemon commits.
+    _, _, path = v1
+    files = read_files(path)
+    assert sorted(files) == sorted(adapters.FILES)  # PEFT's README.md is not part of a version
+    got = install(tmp_path / "elsewhere", 1, files)
+    assert got == tmp_path / "elsewhere" / "v1" and validate(got)["version"] == 1
+    assert {p.name: p.read_bytes() for p in got.iterdir()} == files
+    model, opt = fresh(tiny_model_dir)
+    assert resume(model, opt, got.parent, 1)["version"] == 1
+
+
+def test_install_refuses_damaged_or_foreign_files_and_commits_nothing(v1, tmp_path: Path):
+    _, _, path = v1
+    files = read_files(path)
+    root = tmp_path / "adapters"
+    damaged = {**files, adapters.WEIGHTS: files[adapters.WEIGHTS][:-10]}
+    with pytest.raises(AdapterError, match="sha256"):
+        install(root, 1, damaged)
+    with pytest.raises(AdapterError, match="expected files"):
+        install(root, 1, {**files, "../escape": b"x"})
+    with pytest.raises(AdapterError, match="expected files"):
+        install(root, 1, {k: v for k, v in files.items() if k != adapters.OPTIMIZER})
+    with pytest.raises(AdapterError, match="version"):  # v1's files are not v2
+        install(root, 2, files)
+    assert list(root.iterdir()) == [] and not (tmp_path / "escape").exists()
+    install(root, 1, files)
+    with pytest.raises(AdapterError, match="exists"):
+        install(root, 1, files)

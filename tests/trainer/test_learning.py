@@ -18,14 +18,6 @@ V, PROMPT_LEN, RESPONSE_LEN, N = 64, 4, 8, 32
 TARGET = 7
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny tensors: threads only add overhead, and the machine is shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def tiny_policy(cfg: TrainConfig):
     # initializer_range 0.2 rather than HF's 0.02: with near-zero embeddings the (tied, not
