@@ -56,6 +56,17 @@ def ray_node_id() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
+def attention_for(device: torch.device) -> str:
+    """flash-attn on CUDA when `install.sh --gpu` installed it, else PyTorch's SDPA (which has its
+    own flash kernel for bf16 on recent GPUs but takes a slower path with padding masks)."""
+    if device.type == "cuda":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
+
+
 class TrainerWorker:
     def __init__(self, model_dir: str, cfg: TrainConfig, adapters_root: str | None = None, device: str = "auto",
                  torch_threads: int = 0) -> None:
@@ -69,7 +80,8 @@ class TrainerWorker:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device)
+        base = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation=attention_for(self.device)).to(self.device)
         if adapters_root is None:  # private to this actor; the daemon holds every version that matters
             _remove_dirs_of_dead_trainers()
             adapters_root = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
