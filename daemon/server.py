@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI

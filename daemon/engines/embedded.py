@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 import torch
 
-from .base import EngineError, ModelInfo, Sampling, Token
+from .base import EngineError, Sampling, Token, read_model_info
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class EmbeddedEngine:
         name: str | None = None,
         torch_threads: int = 0,
     ) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoModelForCausalLM
 
         if torch_threads:
             torch.set_num_threads(torch_threads)
@@ -82,20 +82,7 @@ class EmbeddedEngine:
         self.model = model.to(self.device).eval()
         # transformers renamed `past_key_values` to `cache` in 5.2x; accept both releases.
         self._cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-        config = AutoConfig.from_pretrained(str(model_dir))
-        eos = config.eos_token_id
-        try:  # generation_config.json often lists more end tokens (e.g. <|im_end|>) than config.json
-            gen_eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
-            eos = gen_eos if gen_eos is not None else eos
-        except OSError:
-            pass
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-        self.info = ModelInfo(
-            name=name or Path(str(model_dir)).name,
-            context_length=int(getattr(config, "max_position_embeddings", 2048)),
-            eos_token_ids=eos_ids,
-            n_params=sum(p.numel() for p in self.model.parameters()),
-        )
+        self.info = read_model_info(model_dir, name)
         self._peft = False
         self._adapters: dict[str, str] = {}  # version -> path
         self._active: str | None = None

@@ -38,47 +38,6 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------
-# Model facts read from the local model dir (the daemon needs the dir for the tokenizer anyway).
-
-
-def read_model_info(model_dir: str | Path, name: str | None = None) -> ModelInfo:
-    """Name, context length, end tokens and parameter count without loading the weights."""
-    from transformers import AutoConfig, GenerationConfig
-
-    config = AutoConfig.from_pretrained(str(model_dir))
-    eos = config.eos_token_id
-    try:  # generation_config.json often lists more end tokens (e.g. <|im_end|>) than config.json
-        gen_eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
-        eos = gen_eos if gen_eos is not None else eos
-    except OSError:
-        pass
-    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-    return ModelInfo(
-        name=name or Path(str(model_dir)).name,
-        context_length=int(getattr(config, "max_position_embeddings", 2048)),
-        eos_token_ids=eos_ids,
-        n_params=_count_params(Path(model_dir)),
-    )
-
-
-def _count_params(model_dir: Path) -> int:
-    """Sum of tensor sizes from the safetensors headers (a few KB read, no weights)."""
-    import struct
-
-    total = 0
-    for f in model_dir.glob("*.safetensors"):
-        with f.open("rb") as fh:
-            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
-        for key, t in header.items():
-            if key != "__metadata__":
-                n = 1
-                for d in t["shape"]:
-                    n *= d
-                total += n
-    return total
-
-
-# ---------------------------------------------------------------------------------------------
 # Adapter versions and routing.
 
 
