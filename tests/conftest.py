@@ -25,24 +25,27 @@ def embedded_model_dir() -> Path:
     return ensure_embedded_model(CACHE / "models" / EMBEDDED_DIR_NAME)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def make_tiny_llama(embedded_model_dir: Path, out: Path, **shape: int) -> Path:
     """A 2-layer random Llama with SmolLM2's tokenizer and chat template: fast, real code paths."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny-llama")
     tok = AutoTokenizer.from_pretrained(str(embedded_model_dir))
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+        vocab_size=len(tok), num_hidden_layers=2, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True, **shape,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(str(out))
     tok.save_pretrained(str(out))
     shutil.copy(embedded_model_dir / "generation_config.json", out / "generation_config.json")
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(embedded_model_dir, tmp_path_factory.mktemp("tiny-llama"), hidden_size=32,
+                           intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
 
 
 def free_port() -> int:

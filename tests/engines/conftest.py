@@ -1,16 +1,17 @@
 """Fixtures for the model-server engines: an event loop in a thread that outlives single tests
 (so one server can serve a whole module), adapters in PEFT format, and a head_dim-64 tiny
-model (vLLM's CPU attention supports head_dim 64, not the 8 of the default tiny model)."""
+model."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.conftest import make_tiny_llama
 
 
 class LoopThread:
@@ -59,18 +60,6 @@ def make_adapters(model_dir: Path, out_root: Path, n: int = 2, rank: int = 4) ->
 
 @pytest.fixture(scope="module")
 def hd64_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer random Llama with head_dim 64 and SmolLM2's tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-llama-hd64")
-    tok = AutoTokenizer.from_pretrained(str(embedded_model_dir))
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    shutil.copy(embedded_model_dir / "generation_config.json", out / "generation_config.json")
-    return out
+    """head_dim 64: vLLM's CPU attention supports it, not the 8 of the default tiny model (reference §7)."""
+    return make_tiny_llama(embedded_model_dir, tmp_path_factory.mktemp("tiny-llama-hd64"), hidden_size=128,
+                           intermediate_size=256, num_attention_heads=2, num_key_value_heads=2, head_dim=64)
