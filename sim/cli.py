@@ -1,0 +1,142 @@
+"""`clawback simulate`: run cells (scenario × method × seed), skip finished ones, summarize, plot."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import METHODS, SimConfig, parse_methods
+from .scenarios import SCENARIOS
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="measure personalization: the real loop against a simulated user",
+                       description=__doc__)
+    p.add_argument("--scenario", default="student",
+                   help=f"{', '.join(SCENARIOS)}, a comma list, or all (default student)")
+    p.add_argument("--method", default="all", help=f"{', '.join(METHODS)}, a comma list, or all (default all)")
+    p.add_argument("--interactions", type=int, default=48, help="tasks per cell (default 48)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 1..K per scenario and method (default 3)")
+    p.add_argument("--first-seed", type=int, default=1, help="start seeds here (default 1)")
+    p.add_argument("--out", default="bench/results/simulate", help="output dir (default bench/results/simulate)")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="the embedded alias or a local HF model dir")
+    p.add_argument("--batch-size", type=int, default=SimConfig.batch_size)
+    p.add_argument("--lr", type=float, default=SimConfig.lr, help="binary/opd/combined (seed keeps its recipe's 1e-5)")
+    p.add_argument("--lora-rank", type=int, default=SimConfig.lora_rank)
+    p.add_argument("--max-tokens", type=int, default=SimConfig.max_tokens)
+    p.add_argument("--temperature", type=float, default=SimConfig.temperature)
+    p.add_argument("--eval-tasks", type=int, default=SimConfig.eval_tasks, help="0 = all held-out tasks")
+    p.add_argument("--threads", type=int, default=SimConfig.threads, help="torch threads (default 1)")
+    p.add_argument("--user-llm", help="rate replies with this OpenAI-compatible endpoint (not implemented yet)")
+    p.add_argument("--plot-only", action="store_true", help="only redraw summary and plot from existing cells")
+    p.set_defaults(fn=cmd_simulate)
+
+
+def _names(text: str, known: dict[str, Any], what: str) -> list[str]:
+    names = list(known) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise ValueError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from {', '.join(known)} or all")
+    return names
+
+
+class Progress:
+    """One status line on stderr (redrawn in place on a terminal, a line per change elsewhere)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.t0 = max(total, 1), 0, time.time()
+        self.tty = sys.stderr.isatty()
+        self.cell, self.note = "", ""
+
+    def show(self, i: int, n: int) -> None:
+        frac = self.done / self.total
+        bar = "█" * int(frac * 24) + "·" * (24 - int(frac * 24))
+        elapsed = time.time() - self.t0
+        eta = f"{elapsed / frac * (1 - frac) / 60:.0f}m left" if frac > 0 else "…"
+        line = f"[{bar}] {self.cell} {i}/{n} {self.note} | {elapsed / 60:.1f}m, {eta}"
+        print(("\r" + line.ljust(110)) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def end_cell(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+def _check_config(existing: dict[str, Any], cfg: SimConfig, path: Path) -> None:
+    if existing["config"] != cfg.as_dict():
+        diff = {k: (existing["config"].get(k), v) for k, v in cfg.as_dict().items() if existing["config"].get(k) != v}
+        raise ValueError(f"{path} was run with other settings {diff} (was, now): use another --out or delete it")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from clawback.daemon.config import load_settings
+    from clawback.daemon.models import resolve_model
+
+    from .harness import Cell, run_cell
+    from .results import cell_path, read_cell, write_cell, write_summary
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress line is the one on stderr
+    if args.user_llm:
+        raise ValueError("--user-llm is not implemented yet; the rule-based user is the only one")
+    scenarios = _names(args.scenario, SCENARIOS, "scenario")
+    methods = parse_methods(args.method)
+    if args.seeds < 1:
+        raise ValueError("--seeds must be at least 1")
+    cfg = SimConfig(interactions=args.interactions, batch_size=args.batch_size, lr=args.lr, lora_rank=args.lora_rank,
+                    lora_alpha=2 * args.lora_rank, max_tokens=args.max_tokens, temperature=args.temperature,
+                    eval_tasks=args.eval_tasks, threads=args.threads)
+    out = Path(args.out)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    # Seeds outermost: a stopped run leaves every method with about the same number of seeds.
+    cells = [Cell(s, m, k) for k in seeds for s in scenarios for m in methods]
+    if not args.plot_only:
+        model_dir = Path(resolve_model(args.model, load_settings().models_dir))
+        todo = []
+        for cell in cells:
+            existing = read_cell(out, cell)
+            if existing is None:
+                todo.append(cell)
+            else:
+                _check_config(existing, cfg, cell_path(out, cell))
+        print(f"simulate: {len(cells)} cells, {len(cells) - len(todo)} already finished, {len(todo)} to run "
+              f"({out})", file=sys.stderr)
+        progress = Progress(sum(cfg.interactions if METHODS[c.method].trains else 1 for c in todo))
+        for cell in todo:
+            progress.cell, progress.note = cell.key, ""
+            n = cfg.interactions if METHODS[cell.method].trains else 1
+
+            def on_progress(ev: dict[str, Any], n: int = n) -> None:
+                if "score" in ev:
+                    v = ev["version"]
+                    progress.note = f"{'base' if v is None else f'v{v}'} score {ev['score']:.2f}"
+                else:
+                    progress.done += 1
+                progress.show(ev["interaction"], n)
+
+            with tempfile.TemporaryDirectory(prefix="clawback-sim-") as tmp:
+                record = asyncio.run(run_cell(cell, cfg, model_dir, Path(tmp), on_progress))
+            if not METHODS[cell.method].trains:
+                progress.done += 1
+            write_cell(out, cell, record)
+            progress.end_cell()
+            print(f"{cell.key}: score {record['curve'][0]['score']:.3f} -> {record['final_score']:.3f}, "
+                  f"{sum(s['outcome'] == 'committed' for s in record['steps'])} steps, {record['wall_s'] / 60:.1f} min",
+                  file=sys.stderr, flush=True)
+    summary, pngs = write_summary(out, cells)
+    for scen, ms in summary["scenarios"].items():
+        for m, s in ms.items():
+            lo, hi = s["final"][1], s["final"][2]
+            print(f"{scen:<9} {m:<9} seeds {len(s['seeds'])}: before {s['before'][0]:.3f}  after "
+                  f"{s['interactions']} interactions {s['final'][0]:.3f} [{lo:.3f}, {hi:.3f}]  "
+                  f"steps {s['steps_per_seed']}")
+    if summary["missing"]:
+        print(f"missing cells: {', '.join(summary['missing'])}", file=sys.stderr)
+    print(json.dumps({"summary": str(out / "summary.json"), "plots": [str(p) for p in pngs]}))
+    return 0
