@@ -22,7 +22,7 @@ from clawback.daemon.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.base import Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.judge.samples import teacher_messages
-from clawback.sim.scenarios import CANDIDATE_CHECKS, STUDENT, TEACHER, Scenario
+from clawback.sim.scenarios import CANDIDATE_CHECKS, SURE, STUDENT, TEACHER, Scenario
 
 
 async def reply(engine, renderer, messages, max_tokens: int) -> str:
@@ -46,8 +46,11 @@ async def measure(args) -> dict:
     cases: list[tuple[str, Scenario | None, object, list]] = [
         ("student (all checks)", STUDENT, None, list(STUDENT.train[: args.tasks])),
         ("teacher (all checks)", TEACHER, None, list(TEACHER.train[: args.tasks])),
+        ("sure (all checks)", SURE, None, list(SURE.train[: args.tasks])),
         *[(name, None, check, list(STUDENT.train[: args.tasks])) for name, check in CANDIDATE_CHECKS.items()],
     ]
+    if args.only:
+        cases = [c for c in cases if c[0].split(" ")[0] in args.only.split(",")]
     for name, scen, check, tasks in cases:
         hint = scen.preference if scen else f"Please {check.ask}."
         told, untold, examples = [], [], []
@@ -75,8 +78,13 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--out", default="bench/results/in_context_following.json")
+    p.add_argument("--only", help="comma list of preferences to (re)measure; the other rows of --out are kept")
     args = p.parse_args()
     result = asyncio.run(measure(args))
+    if args.only and Path(args.out).is_file():  # merge: re-measured rows replace their old ones
+        fresh = {r["preference"]: r for r in result["rows"]}
+        old = json.loads(Path(args.out).read_text())["rows"]
+        result["rows"] = [fresh.pop(r["preference"], r) for r in old] + list(fresh.values())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print("| preference | hint | followed untold | followed when told | gain |\n|---|---|---|---|---|")

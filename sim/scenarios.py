@@ -71,10 +71,12 @@ def words(text: str) -> list[str]:
 
 
 _BOLD = re.compile(r"\*\*[^*\n]+\*\*|__[^_\n]+__")
-_HEADER = re.compile(r"^\s{0,3}#{1,6}\s", re.MULTILINE)
+_HEADER = re.compile(r"^\s{0,3}#{1,6}\s+(?!\d)", re.MULTILINE)  # "#### 7" is an answer label, below
 _NUMBERED = re.compile(r"^\s*(?:\d+[.)]|step\s*\d+\s*[:.)])\s*", re.MULTILINE | re.IGNORECASE)
 _BULLET = re.compile(r"^\s*[-*•+]\s+", re.MULTILINE)
-_AI_PHRASES = re.compile(r"final answer|\\boxed|in conclusion|therefore, the answer is", re.IGNORECASE)
+# Answer-label lines a student would not write: "Final answer: 7", "The answer is: 7", GSM8K's
+# "#### 7" (which SmolLM2 often ends with), a LaTeX box.
+_AI_PHRASES = re.compile(r"final answer|the answer is:|^\s*#{2,}\s*\d|\\boxed|in conclusion", re.IGNORECASE | re.MULTILINE)
 ENCOURAGING = ("great", "good", "nice", "well done", "excellent", "keep it up", "keep up", "keep going",
                "keep practicing", "proud", "awesome", "fantastic", "wonderful", "you're on the right track",
                "good job", "great job", "nice work", "impressive", "brilliant")
@@ -106,7 +108,7 @@ STUDENT_CHECKS = (
     Check("no_headers", lambda r, t: not _HEADER.search(r), "don't use headers"),
     Check("no_numbered_steps", lambda r, t: not _NUMBERED.search(r), "don't use numbered lists or numbered steps"),
     Check("no_bullets", lambda r, t: not _BULLET.search(r), "don't use bullet points"),
-    Check("no_ai_phrases", lambda r, t: not _AI_PHRASES.search(r), "don't write 'Final answer' or 'In conclusion'"),
+    Check("no_ai_phrases", lambda r, t: not _AI_PHRASES.search(r), "don't end with answer labels like 'Final answer:', 'The answer is:' or '#### 7'"),
     # Guards the others against an empty or evasive reply scoring full marks.
     Check("shows_work", lambda r, t: len(words(r)) >= 12 and has_digit(r),
           "write the work out in plain sentences with the numbers"),
@@ -160,7 +162,13 @@ CANDIDATE_CHECKS = {
     "unit": Check("mentions_unit", lambda r, t: t.unit.lower() in r.lower(), "name the unit of the result"),
 }
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER)}
+# The third scenario takes the candidate the model follows best when told (bench/README.md,
+# "In-context following": 0.00 untold, 0.88 told), so OPD's teacher really differs from the student.
+SURE = Scenario(
+    "sure", "homework help that opens with 'Sure!' and shows the work",
+    _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], STUDENT_CHECKS[-1]), "Hmm.")
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE)}
 
 
 def scenario(name: str) -> Scenario:

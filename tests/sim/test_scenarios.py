@@ -57,3 +57,15 @@ def test_user_reactions_follow_the_documented_rule():
     assert kinds == {"correction", "moved_on"}  # one failed check: a correction, or moving on by coin
     again = SimulatedUser(STUDENT, seed=1, interactions=40, thumbs_down_below=0.5, move_on=0.25)
     assert again.tasks == user.tasks and again.coins == user.coins  # same seed, same user
+
+
+def test_gsm8k_answer_labels_look_ai_written_once():
+    reply = "Mia gives away 5 so 12 - 5 = 7 apples, then 7 + 8 = 15 apples.\n#### 15\nThe answer is: 15"
+    assert [c.name for c in STUDENT.rate(reply, MATH).failed] == ["no_ai_phrases"]
+
+
+def test_sure_scenario():
+    sure = scenario("sure")
+    assert sure.rate("Sure! 12 - 5 = 7 and 7 + 8 = 15, so Mia has 15 apples at the end of the day.", MATH).score == 1
+    rating = sure.rate("Mia has 12 - 5 + 8 = 15 apples, because she gave some away and then bought more.", MATH)
+    assert rating.score == 0.5 and sure.correction(rating) == "Hmm. Please start your reply with 'Sure!'."
