@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--temperature", type=float, default=SimConfig.temperature)
     p.add_argument("--eval-tasks", type=int, default=SimConfig.eval_tasks, help="0 = all held-out tasks")
     p.add_argument("--threads", type=int, default=SimConfig.threads, help="torch threads (default 1)")
-    p.add_argument("--user-llm", help="rate replies with this OpenAI-compatible endpoint (not implemented yet)")
+    p.add_argument("--user-llm", help="an OpenAI-compatible base URL whose model plays the user instead of the "
+                   "rules (key from $CLAWBACK_USER_LLM_KEY)")
+    p.add_argument("--user-llm-model", help="model name at --user-llm (required with it)")
     p.add_argument("--plot-only", action="store_true", help="only redraw summary and plot from existing cells")
     p.set_defaults(fn=cmd_simulate)
 
@@ -67,9 +69,29 @@ class Progress:
             print(file=sys.stderr)
 
 
+async def _run(cell: Any, cfg: SimConfig, model_dir: Path, data_dir: Path, on_progress: Any,
+               args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
+    from .harness import run_cell
+    from .raters import LLMRater
+    from .scenarios import scenario
+
+    if not args.user_llm:
+        return await run_cell(cell, cfg, model_dir, data_dir, on_progress)
+    rater = LLMRater(scenario(cell.scenario), args.user_llm, args.user_llm_model,
+                     os.environ.get("CLAWBACK_USER_LLM_KEY"))
+    try:
+        return await run_cell(cell, cfg, model_dir, data_dir, on_progress, rater)
+    finally:
+        await rater.close()
+
+
 def _check_config(existing: dict[str, Any], cfg: SimConfig, path: Path) -> None:
-    if existing["config"] != cfg.as_dict():
-        diff = {k: (existing["config"].get(k), v) for k, v in cfg.as_dict().items() if existing["config"].get(k) != v}
+    defaults = SimConfig().as_dict()  # a key added since the cell ran had its default then
+    diff = {k: (existing["config"].get(k, defaults[k]), v) for k, v in cfg.as_dict().items()
+            if existing["config"].get(k, defaults[k]) != v}
+    if diff:
         raise ValueError(f"{path} was run with other settings {diff} (was, now): use another --out or delete it")
 
 
@@ -77,21 +99,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from clawback.daemon.config import load_settings
     from clawback.daemon.models import resolve_model
 
-    from .harness import Cell, run_cell
+    from .harness import Cell
     from .results import cell_path, read_cell, write_cell, write_summary
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress line is the one on stderr
-    if args.user_llm:
-        raise ValueError("--user-llm is not implemented yet; the rule-based user is the only one")
+    if bool(args.user_llm) != bool(args.user_llm_model):
+        raise ValueError("--user-llm and --user-llm-model go together")
     scenarios = _names(args.scenario, SCENARIOS, "scenario")
     methods = parse_methods(args.method)
     if args.seeds < 1:
         raise ValueError("--seeds must be at least 1")
     cfg = SimConfig(interactions=args.interactions, batch_size=args.batch_size, lr=args.lr, lora_rank=args.lora_rank,
                     lora_alpha=2 * args.lora_rank, max_tokens=args.max_tokens, temperature=args.temperature,
-                    eval_tasks=args.eval_tasks, threads=args.threads)
+                    eval_tasks=args.eval_tasks, threads=args.threads,
+                    user_llm=f"{args.user_llm_model}@{args.user_llm}" if args.user_llm else None)
     out = Path(args.out)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     # Seeds outermost: a stopped run leaves every method with about the same number of seeds.
@@ -121,7 +144,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 progress.show(ev["interaction"], n)
 
             with tempfile.TemporaryDirectory(prefix="clawback-sim-") as tmp:
-                record = asyncio.run(run_cell(cell, cfg, model_dir, Path(tmp), on_progress))
+                record = asyncio.run(_run(cell, cfg, model_dir, Path(tmp), on_progress, args))
             if not METHODS[cell.method].trains:
                 progress.done += 1
             write_cell(out, cell, record)

@@ -65,6 +65,9 @@ class SimConfig:
     # (the next task arrives as the reply's next state).
     thumbs_down_below: float = 0.5
     move_on: float = 0.25
+    # Who judges replies: None = the scenario's rules; else "MODEL@URL" of an OpenAI-compatible
+    # endpoint playing the user (raters.LLMRater). Part of the config so cells never mix the two.
+    user_llm: str | None = None
 
     def __post_init__(self) -> None:
         if self.interactions < 1 or self.batch_size < 1 or self.max_tokens < 1:

@@ -30,7 +30,8 @@ from clawback.trainer.loop import TrainingLoop
 
 from .config import METHODS, SimConfig
 from .local_worker import local_worker_starter
-from .scenarios import Scenario, Task, scenario
+from .raters import RuleRater
+from .scenarios import Task, scenario
 from .user import SimulatedUser
 
 SETTLE_TIMEOUT_S = 1800.0  # a step on a busy 2-core laptop takes seconds; this only catches a hang
@@ -72,17 +73,18 @@ async def _feedback(client: httpx.AsyncClient, session: str, target: str, kind: 
         raise SimError(f"feedback {kind} failed: {r.status_code} {r.text[:500]}")
 
 
-async def evaluate(client: httpx.AsyncClient, scen: Scenario, tasks: tuple[Task, ...], max_tokens: int) -> dict[str, Any]:
-    """Greedy first replies to the held-out tasks, rated: the score and each check's pass rate."""
-    ratings, replies = [], []
+async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...], max_tokens: int) -> dict[str, Any]:
+    """Greedy first replies to the held-out tasks, judged: the score and each check's pass rate."""
+    judgements, replies = [], []
     for j, task in enumerate(tasks):
         reply, _ = await _chat(client, [{"role": "user", "content": task.prompt}],
                                {"x-session-id": f"eval-{j}", "x-turn-type": "side"},
                                temperature=0.0, max_tokens=max_tokens)
-        ratings.append(scen.rate(reply, task))
+        judgements.append(await rater.judge(reply, task))
         replies.append(reply)
-    checks = {c.name: sum(c not in r.failed for r in ratings) / len(ratings) for c in scen.checks}
-    return {"score": sum(r.score for r in ratings) / len(ratings), "checks": checks, "replies": replies}
+    names = judgements[0].checks or {}
+    checks = {name: sum(bool(g.checks and g.checks[name]) for g in judgements) / len(judgements) for name in names}
+    return {"score": sum(g.score for g in judgements) / len(judgements), "checks": checks, "replies": replies}
 
 
 async def _settle(state: Any, batch_size: int) -> None:
@@ -133,10 +135,14 @@ def _sample_counts(store: Any) -> dict[str, Any]:
 
 
 async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
-                   on_progress: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
-    """Run one cell in a fresh data dir; returns its result record (see results.py)."""
+                   on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
+                   rater: Any = None) -> dict[str, Any]:
+    """Run one cell in a fresh data dir; returns its result record (see results.py).
+
+    `rater` judges replies for the user and for the score (default: the scenario's rules)."""
     started = time.time()
     scen, method = scenario(cell.scenario), METHODS[cell.method]
+    rater = rater or RuleRater(scen)
     eval_tasks = scen.eval[: cfg.eval_tasks] if cfg.eval_tasks else scen.eval
     settings = Settings(data_dir=data_dir, model=str(model_dir), device="cpu", no_auth=True, train=False,
                         log_level="warning", session_idle_timeout_s=24 * 3600.0, **cfg.settings_for(method))
@@ -157,7 +163,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
 
         async def score_now(i: int) -> None:
             version = state.adapters.live()
-            result = await evaluate(client, scen, eval_tasks, cfg.max_tokens)
+            result = await evaluate(client, rater, eval_tasks, cfg.max_tokens)
             curve.append({"interaction": i, "version": version, "score": result["score"], "checks": result["checks"]})
             evals["before" if version is None else "last"] = {"version": version, "replies": result["replies"]}
             on_progress({"interaction": i, "version": version, "score": result["score"]})
@@ -173,14 +179,14 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
                                        temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                                        seed=_request_seed(cell.seed, i))
                 await asyncio.to_thread(state.store.flush)  # the call is stored before it is rated
-                reaction = user.react(i, reply)
+                reaction = user.react(i, await rater.judge(reply, task))
                 if reaction.thumbs:
                     await _feedback(client, session, request_id, reaction.thumbs)
                 if reaction.correction:
                     await _feedback(client, session, request_id, "correction", reaction.correction)
                 live_before = state.adapters.live()
                 await _settle(state, cfg.batch_size)
-                interactions.append({"i": i, "adapter": live_before, "rating": round(reaction.rating.score, 4),
+                interactions.append({"i": i, "adapter": live_before, "rating": round(reaction.judgement.score, 4),
                                      "reaction": reaction.kind})
                 on_progress({"interaction": i + 1})
                 if state.adapters.live() != live_before:
@@ -192,7 +198,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
     if curve[-1]["interaction"] != cfg.interactions:  # the curve runs to the end of the cell
         curve.append({**curve[-1], "interaction": cfg.interactions, "carried": True})
     return {
-        "cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name),
+        "cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": rater.name,
         "settings": cfg.settings_for(method), "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
         "eval_tasks": len(eval_tasks), "curve": curve, "final_score": curve[-1]["score"],
         "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),

@@ -1,8 +1,8 @@
-"""The simulated user: reads a reply, rates it with the scenario's rules, and reacts.
+"""The simulated user: sends tasks, and reacts to each reply from its rater's judgement.
 
-Reaction rule (deterministic given the rating and the user's coin for this interaction):
-  rating == 1                  -> 👍
-  rating <  thumbs_down_below  -> 👎 and a correction naming what failed
+Reaction rule (deterministic given the judgement and the user's coin for this interaction):
+  score == 1                   -> 👍
+  score <  thumbs_down_below   -> 👎 and the correction (rules: naming what failed)
   otherwise                    -> a correction alone, or (coin < move_on) moving on without a word,
                                   so the next task becomes the reply's next state
 The coins are drawn up front from the cell's seed, one per interaction, so every method of a cell
@@ -14,12 +14,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .scenarios import Rating, Scenario, Task
+from .raters import Judgement
+from .scenarios import Scenario, Task
 
 
 @dataclass(frozen=True)
 class Reaction:
-    rating: Rating
+    judgement: Judgement
     thumbs: str | None  # "thumbs_up" | "thumbs_down" | None
     correction: str | None
 
@@ -47,13 +48,11 @@ class SimulatedUser:
         self.tasks = order[:interactions]
         self.coins = [rng.random() for _ in range(interactions)]
 
-    def react(self, i: int, reply: str) -> Reaction:
-        rating = self.scenario.rate(reply, self.tasks[i])
-        if not rating.failed:
-            return Reaction(rating, "thumbs_up", None)
-        correction = self.scenario.correction(rating)
-        if rating.score < self.thumbs_down_below:
-            return Reaction(rating, "thumbs_down", correction)
+    def react(self, i: int, judgement: Judgement) -> Reaction:
+        if judgement.score >= 1:
+            return Reaction(judgement, "thumbs_up", None)
+        if judgement.score < self.thumbs_down_below:
+            return Reaction(judgement, "thumbs_down", judgement.correction)
         if self.coins[i] < self.move_on:
-            return Reaction(rating, None, None)
-        return Reaction(rating, None, correction)
+            return Reaction(judgement, None, None)
+        return Reaction(judgement, None, judgement.correction)

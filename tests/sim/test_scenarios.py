@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from clawback.sim.raters import RuleRater
 from clawback.sim.scenarios import SCENARIOS, STUDENT, TEACHER, scenario
 from clawback.sim.user import SimulatedUser
+
+RULES = RuleRater(STUDENT)
 
 MATH = STUDENT.train[0]  # Mia has 12 apples ... -> 15
 
@@ -48,11 +51,12 @@ def test_user_reactions_follow_the_documented_rule():
     user = SimulatedUser(STUDENT, seed=1, interactions=40, thumbs_down_below=0.5, move_on=0.25)
     task0 = user.tasks[0]
     perfect = f"You work it out step by step and get {task0.numbers[0]} {task0.unit} in the end, which is the answer."
-    assert user.react(0, perfect).kind == "thumbs_up"
-    assert user.react(0, "no").kind in ("correction", "moved_on")  # 5/6 checks pass: a mild miss
-    ai = "## Answer\n1. **Add**\n- done"  # fails 5 of 6 checks: below 0.5
-    assert user.react(0, ai).kind == "thumbs_down+correction"
-    mild = [user.react(i, "**" + perfect.replace(task0.numbers[0], "1") + "**") for i in range(40)]
+    assert user.react(0, RULES.judge_now(perfect, task0)).kind == "thumbs_up"
+    assert user.react(0, RULES.judge_now("no", task0)).kind in ("correction", "moved_on")  # 5/6 pass: mild
+    ai = RULES.judge_now("## Answer\n1. **Add**\n- done", task0)  # fails 5 of 6 checks: below 0.5
+    assert user.react(0, ai).kind == "thumbs_down+correction" and ai.correction.startswith("That looks AI")
+    bold = RULES.judge_now("**" + perfect + "**", task0)
+    mild = [user.react(i, bold) for i in range(40)]
     kinds = {r.kind for r in mild}
     assert kinds == {"correction", "moved_on"}  # one failed check: a correction, or moving on by coin
     again = SimulatedUser(STUDENT, seed=1, interactions=40, thumbs_down_below=0.5, move_on=0.25)
