@@ -100,7 +100,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from clawback.daemon.models import resolve_model
 
     from .harness import Cell
-    from .results import cell_path, read_cell, write_cell, write_summary
+    from .results import cell_path, markdown_table, read_cell, write_cell, write_summary
 
     from transformers.utils import logging as hf_logging
 
@@ -153,12 +153,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                   f"{sum(s['outcome'] == 'committed' for s in record['steps'])} steps, {record['wall_s'] / 60:.1f} min",
                   file=sys.stderr, flush=True)
     summary, pngs = write_summary(out, cells)
-    for scen, ms in summary["scenarios"].items():
-        for m, s in ms.items():
-            lo, hi = s["final"][1], s["final"][2]
-            print(f"{scen:<9} {m:<9} seeds {len(s['seeds'])}: before {s['before'][0]:.3f}  after "
-                  f"{s['interactions']} interactions {s['final'][0]:.3f} [{lo:.3f}, {hi:.3f}]  "
-                  f"steps {s['steps_per_seed']}")
+    print(markdown_table(summary))
     if summary["missing"]:
         print(f"missing cells: {', '.join(summary['missing'])}", file=sys.stderr)
     print(json.dumps({"summary": str(out / "summary.json"), "plots": [str(p) for p in pngs]}))

@@ -144,5 +144,30 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
 
 def write_summary(out: Path, expected: list[Cell]) -> tuple[dict[str, Any], list[Path]]:
     summary = summarize(all_cells(out), expected)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary, plot(summary, out)
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """Per scenario and method: seeds, score before/after with 95% intervals, steps, samples, time."""
+
+    def ci(t: list[float]) -> str:
+        m, lo, hi = t
+        return f"{m:.3f}" if math.isnan(lo) else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    def opt(x: float | None, fmt: str) -> str:
+        return "–" if x is None else format(x, fmt)
+
+    lines = ["| scenario | method | seeds | score before | score after N interactions (95% CI) | N | steps/seed "
+             "| samples used/seed | mean drift | mean entropy | wall min/cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for scen, methods in summary["scenarios"].items():
+        for method, s in methods.items():
+            wall = statistics.fmean(s["wall_s_per_seed"]) / 60
+            lines.append(
+                f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {ci(s['before'])} | {ci(s['final'])} "
+                f"| {s['interactions']} | {','.join(map(str, s['steps_per_seed']))} "
+                f"| {','.join(map(str, s['samples_used_per_seed']))} | {opt(s['mean_drift'], '.2g')} "
+                f"| {opt(s['mean_entropy'], '.2f')} | {wall:.1f} |")
+    return "\n".join(lines)
