@@ -14,6 +14,7 @@ import json
 import math
 import os
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,12 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
         missing = [k for k in summary["missing"] if k.startswith(f"{scen}/")]
         title = f"{scen}: held-out score vs interactions (mean, 95% interval over seeds)"
         if missing:
-            title += f"\nmissing cells: {', '.join(k.split('/', 1)[1] for k in missing)}"
+            by_method: dict[str, list[str]] = {}
+            for k in missing:
+                _, method, seed = k.split("/")
+                by_method.setdefault(method, []).append(seed.removeprefix("seed"))
+            text = "; ".join(f"{m} seed {','.join(s)}" for m, s in by_method.items())
+            title += "\n" + textwrap.fill(f"missing cells: {text}", 110)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("interactions")
         ax.set_ylabel("score (0..1)")
