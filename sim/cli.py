@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -87,6 +88,36 @@ async def _run(cell: Any, cfg: SimConfig, model_dir: Path, data_dir: Path, on_pr
         await rater.close()
 
 
+def _units(cfg: SimConfig, cell: Any) -> int:
+    return cfg.interactions if METHODS[cell.method].trains else 1
+
+
+def _cell_process(cell: Any, cfg: SimConfig, model_dir: Path, out: Path, args: argparse.Namespace,
+                  progress_at: tuple[int, int, float]) -> None:
+    """Run one cell and write its file (the body of the per-cell process)."""
+    from transformers.utils import logging as hf_logging
+
+    from .results import write_cell
+
+    hf_logging.disable_progress_bar()
+    progress = Progress(progress_at[1])
+    progress.done, progress.t0, progress.cell = progress_at[0], progress_at[2], cell.key
+    n = _units(cfg, cell)
+
+    def on_progress(ev: dict[str, Any]) -> None:
+        if "score" in ev:
+            v = ev["version"]
+            progress.note = f"{'base' if v is None else f'v{v}'} score {ev['score']:.2f}"
+        else:
+            progress.done += 1
+        progress.show(ev["interaction"], n)
+
+    with tempfile.TemporaryDirectory(prefix="clawback-sim-") as tmp:
+        record = asyncio.run(_run(cell, cfg, model_dir, Path(tmp), on_progress, args))
+    write_cell(out, cell, record)
+    progress.end_cell()
+
+
 def _check_config(existing: dict[str, Any], cfg: SimConfig, path: Path) -> None:
     defaults = SimConfig().as_dict()  # a key added since the cell ran had its default then
     diff = {k: (existing["config"].get(k, defaults[k]), v) for k, v in cfg.as_dict().items()
@@ -100,11 +131,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from clawback.daemon.models import resolve_model
 
     from .harness import Cell
-    from .results import cell_path, markdown_table, read_cell, write_cell, write_summary
+    from .results import cell_path, markdown_table, read_cell, write_summary
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress line is the one on stderr
     if bool(args.user_llm) != bool(args.user_llm_model):
         raise ValueError("--user-llm and --user-llm-model go together")
     scenarios = _names(args.scenario, SCENARIOS, "scenario")
@@ -130,25 +158,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 _check_config(existing, cfg, cell_path(out, cell))
         print(f"simulate: {len(cells)} cells, {len(cells) - len(todo)} already finished, {len(todo)} to run "
               f"({out})", file=sys.stderr)
-        progress = Progress(sum(cfg.interactions if METHODS[c.method].trains else 1 for c in todo))
+        progress = Progress(sum(_units(cfg, c) for c in todo))
         for cell in todo:
-            progress.cell, progress.note = cell.key, ""
-            n = cfg.interactions if METHODS[cell.method].trains else 1
-
-            def on_progress(ev: dict[str, Any], n: int = n) -> None:
-                if "score" in ev:
-                    v = ev["version"]
-                    progress.note = f"{'base' if v is None else f'v{v}'} score {ev['score']:.2f}"
-                else:
-                    progress.done += 1
-                progress.show(ev["interaction"], n)
-
-            with tempfile.TemporaryDirectory(prefix="clawback-sim-") as tmp:
-                record = asyncio.run(_run(cell, cfg, model_dir, Path(tmp), on_progress, args))
-            if not METHODS[cell.method].trains:
-                progress.done += 1
-            write_cell(out, cell, record)
-            progress.end_cell()
+            # Each cell runs in a fresh process: two models, an optimizer and the transient
+            # full-vocabulary tensors of training are returned to the OS when the cell ends,
+            # whatever the allocator kept, so a long grid does not grow.
+            ctx = multiprocessing.get_context("spawn")
+            child = ctx.Process(target=_cell_process, args=(cell, cfg, model_dir, out, args,
+                                                             (progress.done, progress.total, progress.t0)))
+            child.start()
+            child.join()
+            if child.exitcode != 0:
+                raise RuntimeError(f"cell {cell.key} failed (exit code {child.exitcode}); its error is above")
+            progress.done += _units(cfg, cell)
+            record = read_cell(out, cell)
             print(f"{cell.key}: score {record['curve'][0]['score']:.3f} -> {record['final_score']:.3f}, "
                   f"{sum(s['outcome'] == 'committed' for s in record['steps'])} steps, {record['wall_s'] / 60:.1f} min",
                   file=sys.stderr, flush=True)
