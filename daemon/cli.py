@@ -1,4 +1,4 @@
-"""The `clawback` command: init, serve, status, adapters, export."""
+"""The `clawback` command: init, serve, status, adapters, export, simulate."""
 
 from __future__ import annotations
 
@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--since", help="only records from this time on (ISO 8601 or unix seconds)")
     p.add_argument("--out", help="output file (default stdout)")
     p.set_defaults(fn=cmd_export)
+
+    from clawback.sim.cli import add_parser as add_simulate
+
+    add_simulate(sub)  # clawback.sim: the real loop against a simulated user
 
     args = parser.parse_args(argv)
     try:

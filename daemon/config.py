@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     judge_timeout_s: float = Field(120.0, gt=0)
     judge_retries: int = Field(1, ge=0)
     judge_concurrency: int = Field(2, ge=1)
+    # full = the judge sees the request and recent context; response_only = only the reply and
+    # its next state, as the original OpenClaw-RL judge (the `seed` recipe).
+    judge_context: Literal["full", "response_only"] = "full"
+    # Keep samples without any signal as ready with reward 0, so they count toward the batch (the
+    # original project's Binary RL did); by default they are dropped with reason no_signal.
+    count_zero_signal: bool = False
 
     train: bool = True  # train in the background once batch_size samples are ready
     batch_size: int = Field(16, ge=1)

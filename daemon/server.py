@@ -108,7 +108,8 @@ def _sample_pipeline(settings: Settings, state: AppState, tokenizer: Any) -> Any
     cfg = SignalConfig(method=settings.method, teacher=settings.teacher, judge_votes=settings.judge_votes,
                        judge_temperature=settings.judge_temperature, judge_max_tokens=settings.judge_max_tokens,
                        judge_timeout_s=settings.judge_timeout_s, judge_retries=settings.judge_retries,
-                       concurrency=settings.judge_concurrency)
+                       concurrency=settings.judge_concurrency, judge_context=settings.judge_context,
+                       count_zero_signal=settings.count_zero_signal)
 
     def on_ready(sample: dict[str, Any]) -> None:
         state.hub.broadcast({"type": "sample_ready", **sample})

@@ -8,6 +8,7 @@ judges; see `backends.py`.
 Unlike the original OpenClaw-RL judge, which saw only the response and the next state, this one
 is shown the user's request and a bounded slice of recent context, and never the response's
 `<think>` reasoning (which would cost context and invite grading the thinking, not the reply).
+`context="response_only"` restores the original's view (used by the `seed` recipe).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.resources import files
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from clawback.daemon.chat import parse_tool_calls
 
@@ -39,6 +40,12 @@ NEXT_STATE_CHARS = 2000
 MIN_HINT_CHARS = 10  # a positive vote's hint must be longer than this to be used
 
 Message = Mapping[str, Any]
+
+# What the judge sees besides the response and the next state: "full" = the request and recent
+# context (ours); "response_only" = nothing else, as the original OpenClaw-RL judge (the `seed`
+# preset). The template is the same; the hidden fields read NOT_SHOWN.
+JudgeContext = Literal["full", "response_only"]
+NOT_SHOWN = "(not shown to the judge)"
 
 
 # ---------------------------------------------------------------- results
@@ -309,9 +316,14 @@ def load_template(version: str) -> PromptTemplate:
     return PromptTemplate(version, match.group(1).strip(), match.group(2).strip())
 
 
-def _judge_fields(request_messages: Sequence[Message], response_text: str, next_state: Sequence[Message] | str) -> dict[str, str]:
+def _judge_fields(request_messages: Sequence[Message], response_text: str, next_state: Sequence[Message] | str,
+                  context: JudgeContext = "full") -> dict[str, str]:
+    if context not in ("full", "response_only"):
+        raise ValueError(f"unknown judge context {context!r}; choose full or response_only")
+    shown = _context_fields(request_messages) if context == "full" else dict.fromkeys(
+        ("earlier", "request", "since_request"), NOT_SHOWN)
     return {
-        **_context_fields(request_messages),
+        **shown,
         "response": response_for_judge(response_text),
         **_next_state_fields(next_state),
     }
@@ -319,16 +331,16 @@ def _judge_fields(request_messages: Sequence[Message], response_text: str, next_
 
 def build_prm_messages(
     request_messages: Sequence[Message], response_text: str, next_state: Sequence[Message] | str,
-    prompt_version: str = PRM_PROMPT,
+    prompt_version: str = PRM_PROMPT, context: JudgeContext = "full",
 ) -> list[dict[str, str]]:
-    return load_template(prompt_version).render(_judge_fields(request_messages, response_text, next_state))
+    return load_template(prompt_version).render(_judge_fields(request_messages, response_text, next_state, context))
 
 
 def build_hint_messages(
     request_messages: Sequence[Message], response_text: str, next_state: Sequence[Message] | str,
-    prompt_version: str = HINT_PROMPT,
+    prompt_version: str = HINT_PROMPT, context: JudgeContext = "full",
 ) -> list[dict[str, str]]:
-    return load_template(prompt_version).render(_judge_fields(request_messages, response_text, next_state))
+    return load_template(prompt_version).render(_judge_fields(request_messages, response_text, next_state, context))
 
 
 # ---------------------------------------------------------------- running votes
@@ -396,9 +408,10 @@ async def judge_prm(
     retries: int = 1,
     seed: int | None = None,
     prompt_version: str = PRM_PROMPT,
+    context: JudgeContext = "full",
 ) -> Verdict:
     """Score the response from its next state with m concurrent votes (m odd)."""
-    messages = build_prm_messages(request_messages, response_text, next_state, prompt_version)
+    messages = build_prm_messages(request_messages, response_text, next_state, prompt_version, context)
     votes = await _run_votes(
         backend, messages, lambda raw: (parse_score(raw), None), prompt_version,
         m=m, temperature=temperature, max_tokens=max_tokens, timeout_s=timeout_s, retries=retries, seed=seed,
@@ -419,9 +432,10 @@ async def judge_hint(
     retries: int = 1,
     seed: int | None = None,
     prompt_version: str = HINT_PROMPT,
+    context: JudgeContext = "full",
 ) -> HintVerdict:
     """Ask m concurrent votes whether the next state says how the response should have been."""
-    messages = build_hint_messages(request_messages, response_text, next_state, prompt_version)
+    messages = build_hint_messages(request_messages, response_text, next_state, prompt_version, context)
     votes = await _run_votes(
         backend, messages, parse_hint, prompt_version,
         m=m, temperature=temperature, max_tokens=max_tokens, timeout_s=timeout_s, retries=retries, seed=seed,

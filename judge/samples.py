@@ -48,6 +48,12 @@ class SignalConfig:
     judge_timeout_s: float = 120.0
     judge_retries: int = 1
     concurrency: int = 2
+    # What the judge sees: "full" (request + recent context) or "response_only" (the seed's judge).
+    judge_context: Literal["full", "response_only"] = "full"
+    # A sample with no signal (reward 0, no teacher) is dropped (False), or kept `ready` with
+    # reward 0 so that it counts toward the batch (True: the original project's Binary RL, which
+    # submitted such samples with a zero loss mask). It then only dilutes the batch mean.
+    count_zero_signal: bool = False
 
 
 def explicit_reward(feedback: list[dict[str, Any]]) -> float | None:
@@ -147,7 +153,7 @@ class SamplePipeline:
         votes: list[dict[str, Any]] = []
         fields: dict[str, Any] = {"method": cfg.method, "teacher": cfg.teacher}
         judge_kw = dict(m=cfg.judge_votes, temperature=cfg.judge_temperature, max_tokens=cfg.judge_max_tokens,
-                        timeout_s=cfg.judge_timeout_s, retries=cfg.judge_retries)
+                        timeout_s=cfg.judge_timeout_s, retries=cfg.judge_retries, context=cfg.judge_context)
 
         reward = explicit_reward(inp["feedback"])
         fields["reward_source"] = "explicit" if reward is not None else "none"
@@ -179,9 +185,10 @@ class SamplePipeline:
 
         has_signal = {"binary": reward != 0, "opd": teacher_logprobs is not None,
                       "combined": reward != 0 or teacher_logprobs is not None}[cfg.method]
-        fields.update(state="ready" if has_signal else "dropped",
-                      reason=None if has_signal else fields.get("reason") or "no_signal")
-        if await self._commit(call_id, revision, fields, votes) and has_signal:
+        keep = has_signal or cfg.count_zero_signal
+        fields.update(state="ready" if keep else "dropped",
+                      reason=None if keep else fields.get("reason") or "no_signal")
+        if await self._commit(call_id, revision, fields, votes) and keep:
             self.on_ready({"call_id": call_id, "session_id": inp["session_id"], "reward": reward,
                            "reward_source": fields["reward_source"], "hint": fields.get("hint") is not None})
 

@@ -303,3 +303,12 @@ def test_content_parts_are_read():
 ])
 def test_strip_reasoning(text, expected):
     assert strip_reasoning(text) == expected
+
+
+def test_response_only_context_hides_the_request_like_the_seed_judge():
+    for build in (build_prm_messages, build_hint_messages):
+        prompt = user_prompt(build(REQUEST, RESPONSE, THANKS, context="response_only"))
+        assert "Convert 5 miles to kilometres." not in prompt
+        assert "5 miles is about 8.05 km." in prompt and "(not shown to the judge)" in prompt
+    with pytest.raises(ValueError, match="judge context"):
+        build_prm_messages(REQUEST, RESPONSE, THANKS, context="everything")

@@ -233,3 +233,12 @@ def test_teacher_context_building():
     assert teacher_messages([{"role": "system", "content": "x"}], "h")[-1] == {"role": "user", "content": "[Hint for a better reply] h"}
     assert explicit_reward([{"kind": "thumbs_up"}, {"kind": "comment"}, {"kind": "thumbs_down"}]) == -1.0
     assert explicit_reward([{"kind": "correction"}]) is None
+
+
+def test_zero_signal_samples_count_toward_the_batch_when_asked(store, engine, renderer):
+    # The seed recipe keeps a no-signal sample ready (reward 0) so it fills a batch slot.
+    call_id = served_call(store, renderer, engine, NEXT_USER)
+    drain(pipe(store, engine, renderer, None, method="combined", count_zero_signal=True))
+    row = sample_row(store, call_id)
+    assert (row["state"], row["reason"], row["reward"], row["teacher_logprobs"]) == ("ready", None, 0.0, None)
+    assert store.ready_count() == 1

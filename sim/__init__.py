@@ -1,0 +1,1 @@
+"""`clawback simulate`: the real daemon loop against a simulated user, scored on held-out tasks."""

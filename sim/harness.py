@@ -1,0 +1,214 @@
+"""One cell: one scenario × method × seed, on the real daemon app driven in-process.
+
+The daemon's own pieces run unchanged: `server.build_state` (engine, store, capture, the sample
+pipeline, the adapter manager), `server.daemon_app` and its lifespan (pipeline and training loop
+as background tasks), the OpenAI route for replies and POST /v1/feedback for reactions, over
+httpx's ASGI transport (no network). Only the trainer's worker runs in a thread instead of a Ray
+actor (local_worker.py).
+
+The user waits for the daemon to settle after each reaction (its sample judged and, when a
+batch is full, the step trained and swapped in) before sending the next task, so a cell is
+reproducible and its curve does not depend on machine speed. After every new adapter version the
+held-out tasks are answered greedily (side calls, never trained) and rated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from clawback.daemon.config import Settings
+from clawback.daemon.server import build_state, daemon_app
+from clawback.trainer.loop import TrainingLoop
+
+from .config import METHODS, SimConfig
+from .local_worker import local_worker_starter
+from .raters import RuleRater
+from .scenarios import Task, scenario
+from .user import SimulatedUser
+
+SETTLE_TIMEOUT_S = 1800.0  # a step on a busy 2-core laptop takes seconds; this only catches a hang
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: str
+    method: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.scenario}/{self.method}/seed{self.seed}"
+
+
+class SimError(RuntimeError):
+    pass
+
+
+def _request_seed(seed: int, i: int) -> int:
+    return seed * 100_003 + i
+
+
+async def _chat(client: httpx.AsyncClient, messages: list[dict[str, Any]], headers: dict[str, str],
+                **sampling: Any) -> tuple[str, str]:
+    r = await client.post("/v1/chat/completions", json={"model": "clawback", "messages": messages, **sampling},
+                          headers=headers)
+    if r.status_code != 200:
+        raise SimError(f"chat completion failed: {r.status_code} {r.text[:500]}")
+    return r.json()["choices"][0]["message"]["content"] or "", r.headers["x-clawback-call-id"]
+
+
+async def _feedback(client: httpx.AsyncClient, session: str, target: str, kind: str, text: str | None = None) -> None:
+    body = {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": session, "target": target,
+            "source": "simulator", **({"text": text} if text else {})}
+    r = await client.post("/v1/feedback", json=body)
+    if r.status_code not in (200, 202):
+        raise SimError(f"feedback {kind} failed: {r.status_code} {r.text[:500]}")
+
+
+async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...], max_tokens: int) -> dict[str, Any]:
+    """Greedy first replies to the held-out tasks, judged: the score and each check's pass rate."""
+    judgements, replies = [], []
+    for j, task in enumerate(tasks):
+        reply, _ = await _chat(client, [{"role": "user", "content": task.prompt}],
+                               {"x-session-id": f"eval-{j}", "x-turn-type": "side"},
+                               temperature=0.0, max_tokens=max_tokens)
+        judgements.append(await rater.judge(reply, task))
+        replies.append(reply)
+    names = judgements[0].checks or {}
+    checks = {name: sum(bool(g.checks and g.checks[name]) for g in judgements) / len(judgements) for name in names}
+    return {"score": sum(g.score for g in judgements) / len(judgements), "checks": checks, "replies": replies}
+
+
+async def _settle(state: Any, batch_size: int) -> None:
+    """Wait until every queued sample is judged and no full batch is waiting to be trained."""
+    trainer, deadline = state.trainer, time.monotonic() + SETTLE_TIMEOUT_S
+    failures = trainer.failures if trainer is not None else 0
+    while time.monotonic() < deadline:
+        await asyncio.to_thread(state.store.flush)
+        pending = await asyncio.to_thread(state.store.pending_samples, 1)
+        if not pending and not state.pipeline._inflight:
+            if trainer is None:
+                return
+            if not trainer.busy:
+                ready = await asyncio.to_thread(state.store.ready_count)
+                if ready < batch_size or trainer.failures > failures:
+                    return
+        await asyncio.sleep(0.05)
+    raise SimError(f"the daemon did not settle within {SETTLE_TIMEOUT_S:.0f}s")
+
+
+def _train_steps(store: Any) -> list[dict[str, Any]]:
+    import json
+
+    keep = ("loss", "drift", "entropy", "adv", "ratio", "tis", "grad_norm", "reward_mean", "reward_pos",
+            "reward_neg", "clip_frac", "response_len", "step_time_s", "samples")
+    rows = store.read(lambda c: c.execute(
+        "SELECT version, parent, samples, outcome, error, metrics, started_at, finished_at FROM train_steps "
+        "ORDER BY step").fetchall())
+    out = []
+    for r in rows:
+        m = json.loads(r["metrics"] or "{}")
+        out.append({"version": r["version"], "parent": r["parent"], "samples": r["samples"], "outcome": r["outcome"],
+                    "error": r["error"], "seconds": r["finished_at"] - r["started_at"],
+                    "metrics": {k: m[k] for k in keep if k in m}})
+    return out
+
+
+def _sample_counts(store: Any) -> dict[str, Any]:
+    rows = store.read(lambda c: c.execute(
+        "SELECT state, coalesce(reason, '') AS reason, count(*) AS n FROM samples GROUP BY state, reason").fetchall())
+    counts: dict[str, Any] = {"dropped": {}}
+    for r in rows:
+        if r["state"] == "dropped":
+            counts["dropped"][r["reason"]] = r["n"]
+        else:
+            counts[r["state"]] = counts.get(r["state"], 0) + r["n"]
+    return counts
+
+
+async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
+                   on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
+                   rater: Any = None) -> dict[str, Any]:
+    """Run one cell in a fresh data dir; returns its result record (see results.py).
+
+    `rater` judges replies for the user and for the score (default: the scenario's rules)."""
+    started = time.time()
+    scen, method = scenario(cell.scenario), METHODS[cell.method]
+    rater = rater or RuleRater(scen)
+    eval_tasks = scen.eval[: cfg.eval_tasks] if cfg.eval_tasks else scen.eval
+    settings = Settings(data_dir=data_dir, model=str(model_dir), device="cpu", no_auth=True, train=False,
+                        log_level="warning", session_idle_timeout_s=24 * 3600.0, **cfg.settings_for(method))
+    state = build_state(settings)  # train=False: the training loop below replaces the Ray one
+    train_cfg = None
+    if method.trains:
+        train_cfg = cfg.train_config(method, cell.seed)
+        start = local_worker_starter(str(model_dir), train_cfg, str(data_dir / "adapters"), cfg.threads)
+        state.trainer = TrainingLoop(state.store, state.adapters, train_cfg, start, poll_s=1.0)
+    app = daemon_app(settings, state)
+    curve: list[dict[str, Any]] = []
+    interactions: list[dict[str, Any]] = []
+    evals: dict[str, Any] = {}
+    transport = httpx.ASGITransport(app=app)
+    fastapi_app = getattr(app, "app", app)  # daemon_app wraps FastAPI in its auth/counting gate
+    async with fastapi_app.router.lifespan_context(fastapi_app), httpx.AsyncClient(
+            transport=transport, base_url="http://clawback.sim", timeout=3600) as client:
+
+        async def score_now(i: int) -> None:
+            version = state.adapters.live()
+            result = await evaluate(client, rater, eval_tasks, cfg.max_tokens)
+            curve.append({"interaction": i, "version": version, "score": result["score"], "checks": result["checks"]})
+            evals["before" if version is None else "last"] = {"version": version, "replies": result["replies"]}
+            on_progress({"interaction": i, "version": version, "score": result["score"]})
+
+        await score_now(0)
+        if method.trains:
+            user = SimulatedUser(scen, cell.seed, cfg.interactions, cfg.thumbs_down_below, cfg.move_on)
+            session = f"sim-{cell.scenario}-{cell.seed}"
+            for i, task in enumerate(user.tasks):
+                request_id = f"task-{i}"
+                headers = {"x-session-id": session, "x-turn-type": "main", "x-request-id": request_id}
+                reply, _ = await _chat(client, [{"role": "user", "content": task.prompt}], headers,
+                                       temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                       seed=_request_seed(cell.seed, i))
+                await asyncio.to_thread(state.store.flush)  # the call is stored before it is rated
+                reaction = user.react(i, await rater.judge(reply, task))
+                if reaction.thumbs:
+                    await _feedback(client, session, request_id, reaction.thumbs)
+                if reaction.correction:
+                    await _feedback(client, session, request_id, "correction", reaction.correction)
+                live_before = state.adapters.live()
+                await _settle(state, cfg.batch_size)
+                interactions.append({"i": i, "adapter": live_before, "rating": round(reaction.judgement.score, 4),
+                                     "reaction": reaction.kind})
+                on_progress({"interaction": i + 1})
+                if state.adapters.live() != live_before:
+                    await score_now(i + 1)
+            await _feedback(client, session, "last", "session_end")
+            await _settle(state, cfg.batch_size)
+        steps = await asyncio.to_thread(_train_steps, state.store)
+        samples = await asyncio.to_thread(_sample_counts, state.store)
+    if curve[-1]["interaction"] != cfg.interactions:  # the curve runs to the end of the cell
+        curve.append({**curve[-1], "interaction": cfg.interactions, "carried": True})
+    return {
+        "cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": rater.name,
+        "settings": cfg.settings_for(method), "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
+        "eval_tasks": len(eval_tasks), "curve": curve, "final_score": curve[-1]["score"],
+        "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),
+        "steps": steps, "samples": samples, "eval_replies": evals,
+        "wall_s": time.time() - started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _tally(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out

@@ -1,0 +1,178 @@
+"""Scenarios: a hidden preference, the tasks it is tested on, and its rule-based scorer.
+
+A scenario's rating of a reply is the fraction of its checks the reply passes (0..1). Every check
+is a plain, documented rule on the reply text, so a score can be recomputed by hand. Each check
+also carries what a person says when the reply fails it; the simulated user's correction is built
+from the failed checks only, so it states what it wanted, like a person would.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from .tasks import EVAL_ANSWERS, EVAL_PROBLEMS, PROBLEMS, STUDENT_ANSWERS
+
+
+@dataclass(frozen=True)
+class Task:
+    prompt: str  # the user's message
+    numbers: tuple[str, ...]  # numbers a specific reply may refer to
+    unit: str
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passes: Callable[[str, Task], bool]
+    ask: str  # what the user asks for when a reply fails this check ("don't use bold")
+
+
+@dataclass(frozen=True)
+class Rating:
+    score: float  # fraction of checks passed
+    failed: tuple[Check, ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    train: tuple[Task, ...]
+    eval: tuple[Task, ...]
+    checks: tuple[Check, ...]
+    complaint: str  # how the correction starts ("That looks AI-written.")
+
+    def rate(self, reply: str, task: Task) -> Rating:
+        failed = tuple(c for c in self.checks if not c.passes(reply, task))
+        return Rating(1 - len(failed) / len(self.checks), failed)
+
+    def correction(self, rating: Rating) -> str:
+        """The user's own words: the complaint, then one request per failed check."""
+        asks = [c.ask for c in rating.failed]
+        return f"{self.complaint} Please {_join(asks)}."
+
+    @property
+    def preference(self) -> str:
+        """Every check's request at once: the hint a person would give up front."""
+        return f"Please {_join([c.ask for c in self.checks])}."
+
+
+def _join(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+# ---------------------------------------------------------------- reply features
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[A-Za-z0-9']+", text)
+
+
+_BOLD = re.compile(r"\*\*[^*\n]+\*\*|__[^_\n]+__")
+_HEADER = re.compile(r"^\s{0,3}#{1,6}\s+(?!\d)", re.MULTILINE)  # "#### 7" is an answer label, below
+_NUMBERED = re.compile(r"^\s*(?:\d+[.)]|step\s*\d+\s*[:.)])\s*", re.MULTILINE | re.IGNORECASE)
+_BULLET = re.compile(r"^\s*[-*•+]\s+", re.MULTILINE)
+# Answer-label lines a student would not write: "Final answer: 7", "The answer is: 7", GSM8K's
+# "#### 7" (which SmolLM2 often ends with), a LaTeX box.
+_AI_PHRASES = re.compile(r"final answer|the answer is:|^\s*#{2,}\s*\d|\\boxed|in conclusion", re.IGNORECASE | re.MULTILINE)
+ENCOURAGING = ("great", "good", "nice", "well done", "excellent", "keep it up", "keep up", "keep going",
+               "keep practicing", "proud", "awesome", "fantastic", "wonderful", "you're on the right track",
+               "good job", "great job", "nice work", "impressive", "brilliant")
+
+
+def has_digit(text: str) -> bool:
+    return bool(re.search(r"\d", text))
+
+
+def mentions_a_number_of(text: str, task: Task) -> bool:
+    """Refers to one of the task's numbers (as a whole number, not inside another)."""
+    return any(re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", text) for n in task.numbers)
+
+
+def encouraging(text: str) -> bool:
+    low = text.lower()
+    return any(w in low for w in ENCOURAGING)
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def _student_task(p) -> Task:
+    return Task(f"Can you help me with my homework? {p.question}", (p.answer,), p.unit)
+
+
+STUDENT_CHECKS = (
+    Check("no_bold", lambda r, t: not _BOLD.search(r), "don't use bold"),
+    Check("no_headers", lambda r, t: not _HEADER.search(r), "don't use headers"),
+    Check("no_numbered_steps", lambda r, t: not _NUMBERED.search(r), "don't use numbered lists or numbered steps"),
+    Check("no_bullets", lambda r, t: not _BULLET.search(r), "don't use bullet points"),
+    Check("no_ai_phrases", lambda r, t: not _AI_PHRASES.search(r), "don't end with answer labels like 'Final answer:', 'The answer is:' or '#### 7'"),
+    # Guards the others against an empty or evasive reply scoring full marks.
+    Check("shows_work", lambda r, t: len(words(r)) >= 12 and has_digit(r),
+          "write the work out in plain sentences with the numbers"),
+)
+
+
+def _answer_numbers(a) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(re.findall(r"\d+", a.answer)))
+
+
+def _teacher_task(a) -> Task:
+    prompt = ("I am a math teacher. Write a grading comment for my student's answer.\n"
+              f"Problem: {a.problem.question}\nStudent's answer: {a.answer}")
+    return Task(prompt, _answer_numbers(a), a.problem.unit)
+
+
+TEACHER_CHECKS = (
+    Check("specific", lambda r, t: mentions_a_number_of(r, t),
+          "refer to a specific step or number from the student's answer"),
+    Check("friendly", lambda r, t: encouraging(r), "be friendly and encouraging (say what they did well)"),
+    Check("length", lambda r, t: 15 <= len(words(r)) <= 80, "keep it between 15 and 80 words"),
+)
+
+
+def _split(items, n_eval: int, make) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
+    tasks = tuple(make(i) for i in items)
+    return tasks[:-n_eval], tasks[-n_eval:]
+
+
+_student_train, _student_eval = _split(PROBLEMS, EVAL_PROBLEMS, _student_task)
+_teacher_train, _teacher_eval = _split(STUDENT_ANSWERS, EVAL_ANSWERS, _teacher_task)
+
+STUDENT = Scenario(
+    "student", "homework help that must not look AI-written: no bold, headers, numbered steps, bullets "
+    "or 'Final answer'; the work in plain sentences",
+    _student_train, _student_eval, STUDENT_CHECKS, "That looks AI-written.")
+
+TEACHER = Scenario(
+    "teacher", "grading comments that are specific (name a number from the answer), friendly "
+    "(an encouraging word) and 15-80 words long",
+    _teacher_train, _teacher_eval, TEACHER_CHECKS, "That comment is not what I need.")
+
+# Candidate preferences for the third scenario, measured by bench/in_context_following.py: the
+# rate at which the base model follows each when told in context, against its rate untold.
+CANDIDATE_CHECKS = {
+    "sure": Check("starts_with_sure", lambda r, t: r.lstrip().lower().startswith("sure"),
+                  "start your reply with 'Sure!'"),
+    "short": Check("under_20_words", lambda r, t: 0 < len(words(r)) < 20, "answer in under 20 words"),
+    "question": Check("ends_with_question", lambda r, t: r.rstrip().endswith("?"), "end your reply with a question"),
+    "lowercase": Check("lowercase_only", lambda r, t: r.strip() != "" and r == r.lower(), "use lowercase letters only"),
+    "unit": Check("mentions_unit", lambda r, t: t.unit.lower() in r.lower(), "name the unit of the result"),
+}
+
+# The third scenario takes the candidate the model follows best when told (bench/README.md,
+# "In-context following": 0.00 untold, 0.88 told), so OPD's teacher really differs from the student.
+SURE = Scenario(
+    "sure", "homework help that opens with 'Sure!' and shows the work",
+    _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], STUDENT_CHECKS[-1]), "Hmm.")
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE)}
+
+
+def scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(sorted(SCENARIOS))}") from None

@@ -1,0 +1,75 @@
+"""The rule-based scorers and the simulated user's reactions."""
+
+from __future__ import annotations
+
+import pytest
+
+from clawback.sim.raters import RuleRater
+from clawback.sim.scenarios import SCENARIOS, STUDENT, TEACHER, scenario
+from clawback.sim.user import SimulatedUser
+
+RULES = RuleRater(STUDENT)
+
+MATH = STUDENT.train[0]  # Mia has 12 apples ... -> 15
+
+
+def test_student_rules():
+    plain = "Mia starts with 12 apples, gives away 5 so she has 7, then buys 8 more, so she has 15 apples now."
+    assert STUDENT.rate(plain, MATH).score == 1.0
+    ai = "## Solution\n1. **Start**: 12 - 5 = 7\n2. Then 7 + 8 = 15\n- check\nFinal answer: 15"
+    failed = {c.name for c in STUDENT.rate(ai, MATH).failed}
+    assert failed == {"no_bold", "no_headers", "no_numbered_steps", "no_bullets", "no_ai_phrases"}
+    assert STUDENT.rate("15", MATH).failed[0].name == "shows_work"  # an evasive reply is not full marks
+
+
+def test_teacher_rules():
+    task = TEACHER.train[3]  # 24 x 7 = 148 pencils (wrong)
+    good = "Great effort! You set up 24 x 7 correctly, but check the multiplication: 24 x 7 is 168, not 148."
+    assert TEACHER.rate(good, task).score == 1.0
+    cold = "Wrong."
+    assert {c.name for c in TEACHER.rate(cold, task).failed} == {"specific", "friendly", "length"}
+    assert "specific step or number" in TEACHER.correction(TEACHER.rate(cold, task))
+
+
+def test_correction_names_only_what_failed():
+    rating = STUDENT.rate("**Sure** Mia has 12 apples, gives 5 away and buys 8 more, so 15 apples.", MATH)
+    assert STUDENT.correction(rating) == "That looks AI-written. Please don't use bold."
+
+
+def test_train_and_eval_tasks_are_disjoint():
+    for s in SCENARIOS.values():
+        assert s.train and 6 <= len(s.eval) <= 8
+        assert not {t.prompt for t in s.train} & {t.prompt for t in s.eval}
+
+
+def test_unknown_scenario_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown scenario 'nope'; choose from"):
+        scenario("nope")
+
+
+def test_user_reactions_follow_the_documented_rule():
+    user = SimulatedUser(STUDENT, seed=1, interactions=40, thumbs_down_below=0.5, move_on=0.25)
+    task0 = user.tasks[0]
+    perfect = f"You work it out step by step and get {task0.numbers[0]} {task0.unit} in the end, which is the answer."
+    assert user.react(0, RULES.judge_now(perfect, task0)).kind == "thumbs_up"
+    assert user.react(0, RULES.judge_now("no", task0)).kind in ("correction", "moved_on")  # 5/6 pass: mild
+    ai = RULES.judge_now("## Answer\n1. **Add**\n- done", task0)  # fails 5 of 6 checks: below 0.5
+    assert user.react(0, ai).kind == "thumbs_down+correction" and ai.correction.startswith("That looks AI")
+    bold = RULES.judge_now("**" + perfect + "**", task0)
+    mild = [user.react(i, bold) for i in range(40)]
+    kinds = {r.kind for r in mild}
+    assert kinds == {"correction", "moved_on"}  # one failed check: a correction, or moving on by coin
+    again = SimulatedUser(STUDENT, seed=1, interactions=40, thumbs_down_below=0.5, move_on=0.25)
+    assert again.tasks == user.tasks and again.coins == user.coins  # same seed, same user
+
+
+def test_gsm8k_answer_labels_look_ai_written_once():
+    reply = "Mia gives away 5 so 12 - 5 = 7 apples, then 7 + 8 = 15 apples.\n#### 15\nThe answer is: 15"
+    assert [c.name for c in STUDENT.rate(reply, MATH).failed] == ["no_ai_phrases"]
+
+
+def test_sure_scenario():
+    sure = scenario("sure")
+    assert sure.rate("Sure! 12 - 5 = 7 and 7 + 8 = 15, so Mia has 15 apples at the end of the day.", MATH).score == 1
+    rating = sure.rate("Mia has 12 - 5 + 8 = 15 apples, because she gave some away and then bought more.", MATH)
+    assert rating.score == 0.5 and sure.correction(rating) == "Hmm. Please start your reply with 'Sure!'."
