@@ -150,7 +150,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
     train_cfg = None
     if method.trains:
         train_cfg = cfg.train_config(method, cell.seed)
-        start = local_worker_starter(str(model_dir), train_cfg, str(data_dir / "adapters"), cfg.threads)
+        start = local_worker_starter(str(model_dir), train_cfg, cfg.threads)
         state.trainer = TrainingLoop(state.store, state.adapters, train_cfg, start, poll_s=1.0)
     app = daemon_app(settings, state)
     curve: list[dict[str, Any]] = []

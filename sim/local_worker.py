@@ -54,10 +54,12 @@ def _trim() -> None:
             pass
 
 
-def local_worker_starter(model_dir: str, cfg: TrainConfig, adapters_root: str, threads: int) -> Callable[[], Any]:
+def local_worker_starter(model_dir: str, cfg: TrainConfig, threads: int) -> Callable[[], Any]:
     def start() -> InThreadActor:  # blocking (model load): TrainingLoop runs it in a thread
         from clawback.trainer.worker import TrainerWorker
 
-        return InThreadActor(TrainerWorker(model_dir, cfg, adapters_root, "cpu", threads))
+        # No adapters dir, as for the Ray actor: the worker keeps its own and versions reach the
+        # daemon's dir as bytes (the same path as with a remote trainer).
+        return InThreadActor(TrainerWorker(model_dir, cfg, None, "cpu", threads))
 
     return start
