@@ -98,6 +98,8 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None) -
             "interactions": n_int,
             "mean": [p[0] for p in per_x], "low": [p[1] for p in per_x], "high": [p[2] for p in per_x],
             "before": mean_ci([c[0] for c in curves]), "final": mean_ci([c[-1] for c in curves]),
+            # The score averaged over the whole run (area under the curve / N): how soon it learned.
+            "run_mean": mean_ci([statistics.fmean(c) for c in curves]),
             "steps_per_seed": [sum(s["outcome"] == "committed" for s in m["steps"]) for m in members],
             "samples_used_per_seed": [sum(s["samples"] for s in m["steps"] if s["outcome"] == "committed")
                                       for m in members],
@@ -165,14 +167,16 @@ def markdown_table(summary: dict[str, Any]) -> str:
     def opt(x: float | None, fmt: str) -> str:
         return "–" if x is None else format(x, fmt)
 
-    lines = ["| scenario | method | seeds | score before | score after N interactions (95% CI) | N | steps/seed "
-             "| samples used/seed | mean drift | mean entropy | wall min/cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| scenario | method | seeds | score before | score after N interactions (95% CI) "
+             "| mean score over the run (95% CI) | N | steps/seed | samples used/seed | mean drift | mean entropy "
+             "| wall min/cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen, methods in summary["scenarios"].items():
         for method, s in methods.items():
             wall = statistics.fmean(s["wall_s_per_seed"]) / 60
             lines.append(
                 f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {ci(s['before'])} | {ci(s['final'])} "
+                f"| {ci(s['run_mean'])} "
                 f"| {s['interactions']} | {','.join(map(str, s['steps_per_seed']))} "
                 f"| {','.join(map(str, s['samples_used_per_seed']))} | {opt(s['mean_drift'], '.2g')} "
                 f"| {opt(s['mean_entropy'], '.2f')} | {wall:.1f} |")
