@@ -20,6 +20,7 @@ server someone else runs and supervises nothing.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import logging
@@ -63,7 +64,7 @@ class Endpoint:
         return {"authorization": f"Bearer {key}"} if key else {}
 
 
-class RemoteEngine:
+class RemoteEngine(abc.ABC):
     """The Engine protocol over a model server. Subclasses speak its HTTP dialect:
     `_server_load`, `_server_unload`, `_stream` and `_score`."""
 
@@ -273,17 +274,21 @@ class RemoteEngine:
 
     # ---- the server's dialect (subclasses) ----
 
+    @abc.abstractmethod
     async def _server_load(self, server_name: str, path: str) -> None:
-        raise NotImplementedError
+        """Implemented by each server's engine (sglang.py, vllm.py)."""
 
+    @abc.abstractmethod
     async def _server_unload(self, server_name: str) -> None:
-        raise NotImplementedError
+        """Implemented by each server's engine (sglang.py, vllm.py)."""
 
+    @abc.abstractmethod
     def _stream(self, prompt_ids: list[int], sampling: Sampling, server_name: str | None) -> AsyncIterator[Token]:
-        raise NotImplementedError
+        """Implemented by each server's engine (sglang.py, vllm.py)."""
 
+    @abc.abstractmethod
     async def _score(self, prompt_ids: list[int], response_ids: list[int], server_name: str | None) -> list[float]:
-        raise NotImplementedError
+        """Implemented by each server's engine (sglang.py, vllm.py)."""
 
     # ---- HTTP helpers ----
 
