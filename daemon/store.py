@@ -522,11 +522,13 @@ class Store:
                            (*fields.values(), time.time(), version))
         self._event("adapter.updated", str(version), fields)
 
-    def _op_drop_samples(self, call_ids: list[str], reason: str) -> None:
+    def _op_drop_samples(self, call_ids: list[str], reason: str, state: str = "dropped") -> None:
+        """Take ready samples out of training: `dropped` (no use), or `quarantined` (training on
+        them failed; a new signal on the call queues it again)."""
         n = self._conn.execute(
-            f"UPDATE samples SET state = 'dropped', reason = ?, updated_at = ? WHERE state = 'ready' "
-            f"AND call_id IN ({_marks(call_ids)})", (reason, time.time(), *call_ids)).rowcount
-        self._event("samples.dropped", None, {"reason": reason, "samples": n})
+            f"UPDATE samples SET state = ?, reason = ?, updated_at = ? WHERE state = 'ready' "
+            f"AND call_id IN ({_marks(call_ids)})", (state, reason, time.time(), *call_ids)).rowcount
+        self._event(f"samples.{state}", None, {"reason": reason, "samples": n, "call_ids": call_ids})
 
     # ---- reads (own read-only connection per call; safe from any thread) ----
 
@@ -606,6 +608,12 @@ class Store:
 
         return self.read(q)
 
+    def base_was_live(self) -> bool:
+        """Whether the last version sent live was the base model (a rollback to base)."""
+        row = self.read(lambda c: c.execute(
+            "SELECT subject_id FROM events WHERE kind = 'adapter.live' ORDER BY id DESC LIMIT 1").fetchone())
+        return row is not None and row[0] is None
+
     def last_train_step(self) -> dict[str, Any] | None:
         def q(c: sqlite3.Connection) -> dict[str, Any] | None:
             r = c.execute("SELECT * FROM train_steps ORDER BY step DESC LIMIT 1").fetchone()
@@ -636,6 +644,8 @@ class Store:
                 "response_ids": blob_ids(call["response_ids"]),
                 "behaviour_logprobs": blob_logprobs(call["behaviour_logprobs"]),
                 "response_text": call["response_text"],
+                "tool_calls": json.loads(call["tool_calls_json"] or "null"),
+                "finish_reason": call["finish_reason"],
                 "next_state": json.loads(nxt[0]) if nxt else None,
                 "feedback": [dict(f) for f in feedback],
             }

@@ -56,6 +56,26 @@ class SignalConfig:
     count_zero_signal: bool = False
 
 
+def degenerate_reply(inp: dict[str, Any], min_loop_tokens: int = 32, max_period: int = 32) -> str | None:
+    """Why a reply is no material to learn from, or None: no tokens (the client hung up before
+    the first one, or generation failed), no visible content and no tool call, or a repetition
+    loop (the reply ends in one short token sequence repeated over at least half of it)."""
+    ids = inp["response_ids"]
+    if not ids:
+        return "empty_reply"
+    if not inp["response_text"].strip() and not inp.get("tool_calls"):
+        return "no_content"
+    n = len(ids)
+    if n >= min_loop_tokens:
+        for period in range(1, max_period + 1):
+            tail = period  # length of the suffix that repeats with this period
+            while tail < n and ids[n - 1 - tail] == ids[n - 1 - tail + period]:
+                tail += 1
+            if tail >= max(n // 2, 4 * period, min_loop_tokens // 2):
+                return "repetition_loop"
+    return None
+
+
 def explicit_reward(feedback: list[dict[str, Any]]) -> float | None:
     """The last thumbs event wins (a person may change their mind)."""
     thumbs = [f["kind"] for f in feedback if f["kind"] in ("thumbs_up", "thumbs_down")]
@@ -148,6 +168,10 @@ class SamplePipeline:
         inp = await asyncio.to_thread(self.store.sample_inputs, call_id)
         if inp is None or inp["state"] != "pending_judge" or inp["revision"] != revision:
             return  # already handled, or a newer signal re-queued it
+        degenerate = degenerate_reply(inp)
+        if degenerate is not None:
+            await self._commit(call_id, revision, {"state": "dropped", "reason": degenerate}, [])
+            return
         cfg, backend = self.cfg, self.backend
         messages, response, next_state = inp["request"]["messages"], inp["response_text"], inp["next_state"]
         votes: list[dict[str, Any]] = []
