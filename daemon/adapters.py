@@ -50,7 +50,10 @@ class AdapterManager:
         return max(known + on_disk, default=0) + 1
 
     async def restore(self) -> int | None:
-        """After a restart, serve the version that was live (or the newest good one before it)."""
+        """After a restart, serve what was live: the base model if that was the last choice, else
+        the live version (or the newest good one before it)."""
+        if await asyncio.to_thread(self.store.base_was_live):
+            return None
         rows = await asyncio.to_thread(self.store.adapters)
         live = [a for a in rows if a["state"] == "live"]
         candidates = live + sorted((a for a in rows if a["state"] in ("committed", "retired")),
