@@ -23,10 +23,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import ValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, ValidationError
 
+from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta
-from .feedback import Hub, add_feedback_routes
+from .feedback import FeedbackEvent, Hub, add_feedback_routes
 from .chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from .config import Settings
 from .engines.base import Engine, EngineError, Sampling
@@ -175,7 +177,8 @@ class Gate:
 
 
 def create_app(state: AppState, lifespan: Any = None) -> Any:
-    app = FastAPI(title="clawback", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="clawback", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
     app.state.clawback = state
 
     @app.exception_handler(ApiError)
@@ -260,19 +263,44 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
 
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
+    _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
+                           ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody})
 
     return Gate(app, state)
+
+
+class VersionBody(BaseModel):
+    version: int | str  # N, "vN", or "base" (rollback)
+
+
+def _describe_bodies(app: FastAPI, bodies: dict[tuple[str, str], type[BaseModel]]) -> None:
+    """/openapi.json with each route's JSON body: the routes read raw bodies (size limits, strict
+    JSON), so FastAPI cannot see them; the request models are the contract."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = doc.setdefault("components", {}).setdefault("schemas", {})
+            for (path, method), model in bodies.items():
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                doc["paths"][path][method]["requestBody"] = {
+                    "required": True, "content": {"application/json": {"schema": schema}}}
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = build  # type: ignore[method-assign]
 
 
 def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
     from .adapters import AdapterError
 
     async def body_version(request: Request) -> int | None:
+        raw = await _read_json(request, 4096, empty={})
         try:
-            raw = json.loads(await request.body() or b"{}")
             v = raw.get("version")
             return None if v in (None, "base") else int(str(v).removeprefix("v"))
-        except (ValueError, AttributeError, json.JSONDecodeError):
+        except (ValueError, AttributeError):
             raise ApiError(400, "body must be {\"version\": N} (or \"base\")", param="version") from None
 
     async def guarded(coro: Any) -> Any:
@@ -312,19 +340,13 @@ def _version() -> str:
     return __version__
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise ApiError(413, f"request body is over the {limit}-byte limit", code="request_too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"request body is over the {limit}-byte limit", code="request_too_large")
+async def _read_json(request: Request, limit: int, empty: Any = None) -> Any:
+    """The body as JSON (`empty` when there is none and that is allowed)."""
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        body = await read_limited(request.stream(), limit, request.headers.get("content-length"))
+        return empty if not body and empty is not None else parse_json(body)
+    except BodyError as e:
+        raise ApiError(e.status, f"request body: {e.message}", code=e.code) from None
 
 
 def _validation_error(e: ValidationError) -> ApiError:
@@ -362,7 +384,7 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     try:
         meta = parse_meta(request.headers, req)
     except MetaError as e:
-        raise ApiError(400, str(e), param="turn_type", code="invalid_value") from None
+        raise ApiError(400, str(e), param=e.param, code="invalid_value") from None
     try:
         prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)
     except Exception as e:  # the chat template rejected this conversation (role order etc.)

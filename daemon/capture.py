@@ -32,7 +32,9 @@ TRUTHY = {"1", "true", "yes", "on"}
 
 
 class MetaError(ValueError):
-    pass
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,11 @@ def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
     if turn_type is not None:
         turn_type = turn_type.lower()
         if turn_type not in ("main", "side"):
-            raise MetaError(f"turn type must be 'main' or 'side', got {turn_type!r}")
+            raise MetaError(f"turn type must be 'main' or 'side', got {turn_type!r}", "turn_type")
     done = pick("x-session-done", req.session_done)
     request_id = pick("x-request-id", req.request_id) or f"req-{uuid.uuid4().hex}"
+    if not request_id.isprintable() or not request_id.isascii():  # it goes back in the x-request-id header
+        raise MetaError(f"request id must be printable ASCII, got {request_id!r}", "request_id")
     return CallMeta(
         session_id=pick("x-session-id", req.session_id) or f"anon-{uuid.uuid4().hex}",
         turn_type=turn_type or "side",  # untagged calls are served and logged, never trained
