@@ -20,19 +20,21 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ValidationError
+
+from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
+from clawback.engine import Engine, EngineError, Sampling
+from clawback.records import Call, parse_version
 
 from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta
-from .feedback import FeedbackEvent, Hub, add_feedback_routes
-from .chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from .config import Settings
-from .engines.base import Engine, EngineError, Sampling
-from .store import CallRecord, Store
+from .feedback import FeedbackEvent, Hub, add_feedback_routes
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +116,9 @@ class AppState:
     capture: Capture
     api_key: str | None
     hub: Hub = field(default_factory=Hub)
-    pipeline: Any = None  # clawback.judge.samples.SamplePipeline, started by the lifespan
+    pipeline: Any = None  # clawback.daemon.samples.SamplePipeline, started by the lifespan
     adapters: Any = None  # clawback.daemon.adapters.AdapterManager
-    trainer: Any = None  # clawback.trainer.loop.TrainingLoop, started by the lifespan when training is on
+    trainer: Any = None  # clawback.daemon.training.TrainingLoop, started by the lifespan when training is on
     judge_name: str = "off"
     started_at: float = field(default_factory=time.time)
     running: int = 0
@@ -466,14 +468,14 @@ class _Run:
         n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
-    def record(self) -> CallRecord:
+    def record(self) -> Call:
         p, now = self.p, time.time()
         ttft = (self.first_token_at or now) - p.arrived
-        return CallRecord(
+        return Call(
             call_id=p.call_id, session_id=p.meta.session_id, turn_id=p.meta.turn_id,
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
-            adapter_version=p.adapter, request=p.req.openai_body(), prompt_text=p.prompt_text,
+            adapter_version=parse_version(p.adapter), request=p.req.openai_body(), prompt_text=p.prompt_text,
             prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,

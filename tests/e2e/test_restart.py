@@ -66,13 +66,15 @@ def test_restart_keeps_store_and_pairing(tiny_model_dir: Path, tmp_path: Path):
 
 def published_versions(model_dir: Path, data: Path, versions: int) -> None:
     """Trained-looking versions v1..vN in a data dir, recorded as committed (no training run)."""
+    import asyncio
     import time
 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from clawback.adapter_format import publish
     from clawback.daemon.store import Store
-    from clawback.trainer.adapters import publish
+    from clawback.records import StepRecord
     from clawback.trainer.config import TrainConfig
     from clawback.trainer.step import make_lora_model, make_optimizer
 
@@ -85,8 +87,8 @@ def published_versions(model_dir: Path, data: Path, versions: int) -> None:
                 if "lora_B" in name:
                     p.normal_(0, 0.1)
         path = publish(data / "adapters", v, model, make_optimizer(model, cfg), {"method": "binary"})
-        store.submit("train_step", {"version": v, "parent": v - 1 or None, "started_at": time.time(),
-                                    "outcome": "committed", "path": str(path), "method": "binary"}, [])
+        asyncio.run(store.record_step(StepRecord(version=v, parent=v - 1 or None, started_at=time.time(),
+                                                 method="binary", call_ids=(), outcome="committed", path=str(path))))
     store.close()
 
 

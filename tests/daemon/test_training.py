@@ -13,27 +13,27 @@ import pytest
 
 from clawback.daemon.adapters import AdapterManager
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.store import CallRecord, Store
+from clawback.daemon.store import Store
+from clawback.daemon.training import TrainingLoop
+from clawback.records import Call, JudgedSample
 from clawback.sim.local_worker import local_worker_starter
 from clawback.trainer.config import TrainConfig
-from clawback.trainer.loop import TrainingLoop
 from tests.conftest import query
 
 
 def ready_sample(store: Store, response_ids: list[int]) -> str:
     """A rated main call whose sample is ready (as a store written before replies were checked holds)."""
     call_id, now, session = f"chatcmpl-{uuid.uuid4().hex}", time.time(), uuid.uuid4().hex
-    store.submit("call", CallRecord(
+    store.add_call(Call(
         call_id=call_id, session_id=session, turn_id="t", request_id=call_id, turn_type="main",
         state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
         request={"messages": [{"role": "user", "content": "hi"}]}, prompt_text="hi", prompt_ids=[1, 20, 30],
         response_ids=response_ids, behaviour_logprobs=[-2.0] * len(response_ids), response_text="x",
         tool_calls=None, finish_reason="stop"))
-    store.submit("feedback", {"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
-                              "target": "last", "source": "cli"}, now)
-    store.submit("sample", call_id, 0, {"state": "ready", "reward": 1.0, "reward_source": "explicit",
-                                        "method": "binary"}, [])
-    store.flush()
+    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
+                                      "target": "last", "source": "cli"}, now))
+    asyncio.run(store.write_sample(JudgedSample(call_id=call_id, revision=0, state="ready", reward=1.0,
+                                                reward_source="explicit", method="binary")))
     time.sleep(0.01)  # oldest first: keep the order of creation
     return call_id
 

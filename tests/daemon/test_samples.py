@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
+from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.store import CallRecord, Store, blob_logprobs
-from clawback.judge.samples import HINT_FORMAT, SamplePipeline, SignalConfig, explicit_reward, teacher_messages
+from clawback.daemon.store import Store, blob_logprobs
+from clawback.records import Call, Feedback
+from clawback.daemon.samples import HINT_FORMAT, SamplePipeline, SignalConfig, explicit_reward, teacher_messages
 
 
 class ScriptedJudge:
@@ -59,7 +60,7 @@ REQUEST = {"model": "clawback", "messages": [{"role": "system", "content": "Be b
 
 def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None) -> str:
     """A main call as capture stores it, with real sampled ids and behaviour logprobs."""
-    from clawback.daemon.engines.base import Sampling
+    from clawback.engine import Sampling
 
     _, prompt_ids = renderer.render(ChatRequest.model_validate(REQUEST))
 
@@ -68,14 +69,14 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
 
     toks = asyncio.run(sample())
     call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
-    store.submit("call", CallRecord(
+    store.add_call(Call(
         call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
         state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
         request=REQUEST, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
         behaviour_logprobs=[t.logprob for t in toks], response_text="Rain is water.", tool_calls=None,
         finish_reason="length"))
     if next_state is not None:
-        store.submit("next_state", call_id, "next", next_state, True, now)
+        store.add_next_state(call_id, "next", next_state, True, now)
     store.flush()
     return call_id
 
@@ -83,7 +84,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
 def feedback(store: Store, call_kind: str, text: str | None = None) -> None:
     ev = {"event_id": str(uuid.uuid4()), "kind": call_kind, "session_id": "s", "target": "last", "text": text,
           "source": "cli"}
-    store.submit("feedback", ev, time.time())
+    asyncio.run(store.apply_feedback(ev, time.time()))
     store.flush()
 
 
@@ -231,8 +232,8 @@ def test_teacher_context_building():
     assert out[2]["content"][-1] == {"type": "text", "text": "[Hint for a better reply] be kind"}
     assert out[0] == msgs[0] and msgs[2]["content"] == [{"type": "text", "text": "c"}], "input untouched"
     assert teacher_messages([{"role": "system", "content": "x"}], "h")[-1] == {"role": "user", "content": "[Hint for a better reply] h"}
-    assert explicit_reward([{"kind": "thumbs_up"}, {"kind": "comment"}, {"kind": "thumbs_down"}]) == -1.0
-    assert explicit_reward([{"kind": "correction"}]) is None
+    assert explicit_reward([Feedback(k, None, 0.0) for k in ("thumbs_up", "comment", "thumbs_down")]) == -1.0
+    assert explicit_reward([Feedback("correction", "shorter", 0.0)]) is None
 
 
 def test_zero_signal_samples_count_toward_the_batch_when_asked(store, engine, renderer):
@@ -247,15 +248,14 @@ def test_zero_signal_samples_count_toward_the_batch_when_asked(store, engine, re
 def stored_reply(store: Store, session: str, response_ids: list[int], text: str, finish_reason: str) -> str:
     """A main call with the given reply (as capture stores a cut or failed generation)."""
     call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
-    store.submit("call", CallRecord(
+    store.add_call(Call(
         call_id=call_id, session_id=session, turn_id="t", request_id=call_id, turn_type="main",
         state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
         request=REQUEST, prompt_text="", prompt_ids=[1, 2, 3], response_ids=response_ids,
         behaviour_logprobs=[-1.0] * len(response_ids), response_text=text, tool_calls=None,
         finish_reason=finish_reason))
-    store.submit("feedback", {"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
-                              "target": "last", "source": "cli"}, time.time())
-    store.flush()
+    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
+                                      "target": "last", "source": "cli"}, time.time()))
     return call_id
 
 
