@@ -130,3 +130,25 @@ class AdapterManager:
             if a["version"] == version:
                 return a
         raise AdapterError(f"no adapter version {version}")
+
+
+def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str, Any]:
+    """Versions that carry forgotten samples (trained on them, or descended from one that was),
+    and the newest good version trained before the first of them (None = the base model): the
+    rollback to offer."""
+    parent = {a["version"]: a["parent"] for a in rows}
+    hit = set(trained)
+
+    def tainted(version: int | None) -> bool:
+        while version is not None:
+            if version in hit:
+                return True
+            version = parent.get(version)
+        return False
+
+    affected = sorted(a["version"] for a in rows if tainted(a["version"]))
+    if not affected:
+        return {"affected_versions": [], "rollback_to": None}
+    clean = [a["version"] for a in rows if a["version"] < min(affected) and not tainted(a["version"])
+             and a["state"] in ("committed", "retired", "live")]
+    return {"affected_versions": affected, "rollback_to": max(clean, default=None)}

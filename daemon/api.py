@@ -24,7 +24,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import Engine, EngineError, Sampling
@@ -34,7 +34,8 @@ from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
 from .feedback import FeedbackEvent, Hub, add_feedback_routes
-from .store import Store
+from .forget import forget, parse_time
+from .store import ForgetScope, Store
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class AppState:
 
 
 ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback",
-          "/v1/adapters")
+          "/v1/adapters", "/v1/forget")
 
 
 class Gate:
@@ -265,7 +266,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
 
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
-    _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
+    _add_forget_route(app, state)
+    _describe_bodies(app, {("/v1/forget", "post"): ForgetBody, ("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
                            ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody})
 
     return Gate(app, state)
@@ -292,6 +294,32 @@ def _describe_bodies(app: FastAPI, bodies: dict[tuple[str, str], type[BaseModel]
         return app.openapi_schema
 
     app.openapi = build  # type: ignore[method-assign]
+
+
+class ForgetBody(BaseModel):
+    """Exactly one of: a session (with the sessions linked to it), every session last seen before
+    a time (unix seconds or ISO 8601), or everything."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+    before: float | str | None = None
+    everything: bool = Field(False, alias="all")
+
+    def scope(self) -> ForgetScope:
+        before = None if self.before is None else parse_time(self.before)
+        return ForgetScope(session_id=self.session_id, before=before, everything=self.everything)
+
+
+def _add_forget_route(app: FastAPI, state: AppState) -> None:
+    @app.post("/v1/forget")
+    async def forget_route(request: Request) -> dict:
+        try:
+            scope = ForgetBody.model_validate(await _read_json(request, 4096)).scope()
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        except ValueError as e:  # no scope or two, or a time that does not parse
+            raise ApiError(400, str(e), code="invalid_value") from None
+        return await forget(state.store, scope, state.capture)
 
 
 def _add_adapter_routes(app: FastAPI, state: AppState) -> None:

@@ -237,6 +237,13 @@ class Capture:
             new.awaiting, new.awaiting_reply, new.awaiting_digest = old.awaiting, old.awaiting_reply, old.awaiting_digest
             new.latest_main = new.latest_main or old.latest_main
 
+    def forget(self, session_ids: list[str] | None) -> None:
+        """Drop what is held in memory about these sessions (None = all), after the store forgot them."""
+        if session_ids is None:
+            self._sessions.clear()
+        for sid in session_ids or ():
+            self._sessions.pop(sid, None)
+
     def sweep(self) -> int:
         """Close sessions idle for longer than the timeout; returns how many were closed."""
         now = self.clock()

@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     session_cache_size: int = Field(10_000, ge=1)
 
     store_queue_size: int = Field(10_000, ge=1)
+    # Forget sessions last seen more than this many days ago (as `clawback forget --before`); 0 = keep.
+    retain_days: float = Field(0.0, ge=0)
 
     # Signals -> samples -> training. The loss knobs live in clawback.trainer.config.TrainConfig;
     # the ones below are the ones worth setting per install.

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from typing import Any
 
 from fastapi import FastAPI
@@ -23,9 +24,10 @@ from .adapters import AdapterManager
 from .api import AppState, create_app, resolve_api_key
 from .capture import Capture
 from .config import Settings
+from .forget import forget
 from .layout import RayPlacement
 from .samples import SamplePipeline, SignalConfig
-from .store import Store
+from .store import ForgetScope, Store
 from .training import TrainingLoop
 
 log = logging.getLogger(__name__)
@@ -122,13 +124,22 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        async def retain() -> None:
+            if settings.retain_days:
+                scope = ForgetScope(before=time.time() - settings.retain_days * 86400)
+                report = await forget(state.store, scope, state.capture)
+                if report["deleted"]:
+                    log.info("retain_days: forgot %d sessions (%s)", report["sessions"], report["deleted"])
+
         async def sweeper() -> None:
             await state.capture.sweep_store()  # sessions a previous run left open
+            await retain()
             while True:
                 await asyncio.sleep(settings.session_sweep_interval_s)
                 try:
                     state.capture.sweep()
                     await state.capture.sweep_store()
+                    await retain()
                 except Exception:
                     log.exception("session sweep failed")
 
