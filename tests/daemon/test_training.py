@@ -16,7 +16,7 @@ from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import Store
 from clawback.daemon.training import TrainingLoop
 from clawback.records import Call, JudgedSample
-from clawback.sim.local_worker import local_worker_starter
+from clawback.sim.local_worker import in_thread_trainer
 from clawback.trainer.config import TrainConfig
 from tests.conftest import query
 
@@ -44,7 +44,7 @@ def parts(tiny_model_dir: Path, tmp_path: Path):
     engine = EmbeddedEngine(tiny_model_dir)
     cfg = TrainConfig(method="binary", batch_size=2, lora_rank=4, lora_alpha=8)
     adapters = AdapterManager(engine, store, tmp_path / "adapters", keep=3)
-    yield store, adapters, cfg, local_worker_starter(str(tiny_model_dir), cfg, 1)
+    yield store, adapters, cfg, in_thread_trainer(str(tiny_model_dir), cfg, 1)
     asyncio.run(engine.close())
     store.close()
 
