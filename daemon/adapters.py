@@ -47,6 +47,7 @@ class AdapterManager:
     async def restore(self) -> int | None:
         """After a restart, serve what was live: the base model if that was the last choice, else
         the live version (or the newest good one before it)."""
+        await asyncio.to_thread(self._remove_leftovers)
         if await asyncio.to_thread(self.store.base_was_live):
             return None
         rows = await asyncio.to_thread(self.store.adapters)
@@ -60,6 +61,17 @@ class AdapterManager:
             except AdapterError as e:
                 log.error("cannot restore adapter v%d: %s", a["version"], e)
         return None
+
+    def _remove_leftovers(self) -> list[Path]:
+        """Half-written versions (`.v{N}.*.tmp`, a crash during install) and complete ones the store
+        never recorded (a crash between install and the step's commit): nothing may serve them."""
+        recorded = {a["version"] for a in self.store.adapters()}
+        doomed = [p for p in self.root.glob(".v*.tmp")]
+        doomed += [p for p in self.root.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) not in recorded]
+        for p in doomed:
+            log.warning("removing %s: no recorded adapter version", p)
+            shutil.rmtree(p, ignore_errors=True)
+        return doomed
 
     async def receive(self, version: int, files: dict[str, bytes]) -> str:
         """Commit a version the trainer sent as bytes into this host's adapters dir; its path."""

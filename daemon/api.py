@@ -35,7 +35,7 @@ from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
 from .feedback import FeedbackEvent, Hub, add_feedback_routes
 from .forget import forget, parse_time
-from .store import ForgetScope, Store
+from .store import ForgetScope, Store, StoreBusy
 
 if TYPE_CHECKING:
     from .adapters import AdapterManager
@@ -377,8 +377,9 @@ def _version() -> str:
 
 async def _read_json(request: Request, limit: int, empty: Any = None) -> Any:
     """The body as JSON (`empty` when there is none and that is allowed)."""
+    timeout_s = request.app.state.clawback.settings.client_timeout_s
     try:
-        body = await read_limited(request.stream(), limit, request.headers.get("content-length"))
+        body = await read_limited(request.stream(), limit, request.headers.get("content-length"), timeout_s)
         return empty if not body and empty is not None else parse_json(body)
     except BodyError as e:
         raise ApiError(e.status, f"request body: {e.message}", code=e.code) from None
@@ -455,6 +456,7 @@ class _Run:
         self.finish_reason = "cancelled"
         self.tool_calls: list[dict[str, Any]] = []
         self.content: str | None = None
+        self.finished = False
 
     async def deltas(self) -> AsyncIterator[str]:
         eos = set(self.p.sampling.stop_token_ids)
@@ -517,7 +519,11 @@ class _Run:
         )
 
     def finish(self) -> None:
-        """Runs exactly once, also when the client went away mid-stream."""
+        """Hands the call to capture; runs once (more calls are no-ops), also when the client went
+        away mid-stream."""
+        if self.finished:
+            return
+        self.finished = True
         s = self.state
         s.running -= 1
         rec = self.record()
@@ -527,6 +533,13 @@ class _Run:
         s.tokens.labels("completion").inc(len(self.ids))
         s.ttft.observe(rec.timings["ttft_s"])
         s.latency.labels(str(self.p.req.stream).lower()).observe(rec.timings["total_s"])
+
+    async def stored(self) -> None:
+        """Wait until a main call is committed, so that a reply the client has is never lost to a
+        crash (side calls are never trained: they are not waited for)."""
+        if self.p.meta.turn_type == "main":
+            with contextlib.suppress(StoreBusy):  # the call was dropped and counted, not lost unseen
+                await self.state.store.committed()
 
 
 def _headers(p: _Prepared) -> dict[str, str]:
@@ -549,6 +562,7 @@ async def _chat(state: AppState, request: Request) -> Response:
         raise ApiError(500, f"generation failed: {e}", "server_error") from None
     finally:
         run.finish()
+    await run.stored()
     message: dict[str, Any] = {"role": "assistant", "content": run.content}
     if run.tool_calls:
         message["tool_calls"] = run.tool_calls
@@ -584,6 +598,8 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             return
         for i, call in enumerate(run.tool_calls):
             yield chunk({"tool_calls": [{"index": i, **call}]})
+        run.finish()
+        await run.stored()  # before the last chunk: a client that got the whole reply has it stored
         yield chunk({}, run.finish_reason, run.logprobs_content())  # all of them, once the tokens are final
         if include_usage:
             body = {**base, "choices": [], "usage": run.usage()}

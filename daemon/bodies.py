@@ -8,6 +8,7 @@ cannot store as UTF-8) and nesting deeper than MAX_DEPTH are refused.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any, AsyncIterator
@@ -22,12 +23,21 @@ class BodyError(ValueError):
         self.status, self.message, self.code = status, message, code
 
 
-async def read_limited(chunks: AsyncIterator[bytes], limit: int, declared: str | None = None) -> bytes:
-    """The body, refused (413) as soon as it is over `limit` bytes: never buffered past it."""
+async def read_limited(chunks: AsyncIterator[bytes], limit: int, declared: str | None,
+                       chunk_timeout_s: float) -> bytes:
+    """The body, refused (413) as soon as it is over `limit` bytes: never buffered past it; and
+    refused (408) when the client stalls for `chunk_timeout_s` in the middle of it."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyError(413, f"request body is over the {limit}-byte limit", "request_too_large")
     body = bytearray()
-    async for chunk in chunks:
+    stream = aiter(chunks)
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(stream), chunk_timeout_s)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise BodyError(408, f"no request body data for {chunk_timeout_s:g} s", "request_timeout") from None
         body += chunk
         if len(body) > limit:
             raise BodyError(413, f"request body is over the {limit}-byte limit", "request_too_large")

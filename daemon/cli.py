@@ -57,15 +57,14 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from .http import serve
     from .server import daemon_app
 
     s = _settings(args)
     logging.basicConfig(level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = daemon_app(s)
     print(f"clawback: OpenAI-compatible API at {s.base_url}/v1 (model id '{s.served_model_name}')", flush=True)
-    uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
+    serve(app, s.host, s.port, s.log_level, s.client_timeout_s)
     return 0
 
 

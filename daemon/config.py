@@ -222,6 +222,9 @@ class Settings(BaseSettings):
     session_cache_size: int = Field(10_000, ge=1)
 
     store_queue_size: int = Field(10_000, ge=1)
+    # A client that takes longer than this to send a request head, or stalls this long inside a
+    # body, is cut off (a stalled socket would otherwise stay open for good).
+    client_timeout_s: float = Field(10.0, gt=0)
     # Forget sessions last seen more than this many days ago (as `clawback forget --before`); 0 = keep.
     retain_days: float = Field(0.0, ge=0)
 

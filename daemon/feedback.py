@@ -143,7 +143,9 @@ def add_feedback_routes(app: FastAPI, state: Any) -> None:
     @app.post("/v1/feedback")
     async def post_feedback(request: Request) -> JSONResponse:
         try:
-            raw = parse_json(await read_limited(request.stream(), MAX_EVENT_BYTES, request.headers.get("content-length")))
+            body = await read_limited(request.stream(), MAX_EVENT_BYTES, request.headers.get("content-length"),
+                                      state.settings.client_timeout_s)
+            raw = parse_json(body)
         except BodyError as e:
             return JSONResponse(_error(e.message, "malformed"), status_code=e.status)
         status, frame = await apply_event(state, raw)

@@ -212,6 +212,10 @@ class Store:
         `quarantined` (training on them failed; a new signal on the call queues it again)."""
         await self._commit(_Write("drop_samples", partial(self._write_drop_samples, list(call_ids), reason, state)))
 
+    async def committed(self) -> None:
+        """Returns once every write queued before this call is committed."""
+        await self._commit(_Write("barrier", lambda: None))
+
     async def forget(self, scope: ForgetScope) -> dict[str, Any]:
         """Delete what was stored about the sessions in `scope` (calls, next states, feedback, votes,
         samples, links, the sessions) and rewrite the database files so that none of it remains in
