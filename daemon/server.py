@@ -76,7 +76,8 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
 def _ray_placement(settings: Settings) -> RayPlacement:
     """The trainer's place on Ray. Joining a cluster happens now, so a bad address or layout is an
     error at start; the local runtime still starts with the first batch (serving starts fast)."""
-    placement = RayPlacement(settings.layout, settings.ray_address, settings.train.device)
+    placement = RayPlacement(settings.layout, settings.ray_address, settings.train.device,
+                             token_path=settings.data_dir / "ray_auth_token")
     if settings.ray_address:
         placement.connect()
     return placement
