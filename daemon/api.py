@@ -272,8 +272,9 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
     _add_forget_route(app, state)
-    _describe_bodies(app, {("/v1/forget", "post"): ForgetBody, ("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
-                           ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody})
+    _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
+                           ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody,
+                           ("/v1/forget", "post"): ForgetBody})
 
     return Gate(app, state)
 

@@ -614,13 +614,13 @@ class Store:
     def _scrub(self) -> None:
         """Rewrite the database and empty the WAL, so deleted text is in neither file (old WAL
         frames and free pages would otherwise keep it). Waits for readers to let go of the WAL."""
-        for attempt in range(50):
+        for _ in range(50):
             busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
             if not busy:
                 break
             time.sleep(0.1)
         self._conn.execute("VACUUM")
-        for attempt in range(50):
+        for _ in range(50):
             if not self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
                 return
             time.sleep(0.1)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.conftest import DaemonProcess
 
 EXAMPLES = {("/v1/chat/completions", "POST"): 60, ("/v1/feedback", "POST"): 80,
-            ("/v1/adapters/rollback", "POST"): 20, ("/v1/adapters/pin", "POST"): 20}
+            ("/v1/adapters/rollback", "POST"): 20, ("/v1/adapters/pin", "POST"): 20, ("/v1/forget", "POST"): 30}
 
 
 @pytest.fixture(scope="module")
