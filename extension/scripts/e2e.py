@@ -288,7 +288,6 @@ def main() -> int:
         for c in side:
             assert c["turn_id"] not in turns or ":compaction:" in (c["request_id"] or ""), dict(c)
         last_call = [c for c in main if c["turn_id"] == turns[1]][-1]["call_id"]
-        first_call = [c for c in main if c["turn_id"] == turns[0]][-1]["call_id"]
 
         def fb(kind: str):
             return q(db, "SELECT event_id, kind, session_id, target, text, source, state, call_id FROM feedback_events WHERE kind = ?", kind)
