@@ -18,6 +18,15 @@ import pytest
 CACHE = Path(os.environ.get("CLAWBACK_TEST_CACHE", Path.home() / ".cache" / "clawback"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the embedded model (every model fixture, daemon and engine test does) is in
+    the slow tier; `pytest -m "not slow"` runs the rest in seconds. Tests that need something
+    slow without that fixture (Ray, OpenClaw) carry the mark themselves."""
+    for item in items:
+        if "embedded_model_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> Path:
     from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
