@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from clawback.daemon.engines.supervisor import free_port
 
 CACHE = Path(os.environ.get("CLAWBACK_TEST_CACHE", Path.home() / ".cache" / "clawback"))
 
@@ -55,12 +56,6 @@ def make_tiny_llama(embedded_model_dir: Path, out: Path, **shape: int) -> Path:
 def tiny_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama(embedded_model_dir, tmp_path_factory.mktemp("tiny-llama"), hidden_size=32,
                            intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DaemonProcess:
