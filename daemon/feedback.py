@@ -15,7 +15,7 @@ import hmac
 import logging
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
@@ -200,7 +200,7 @@ async def _auth_frame(ws: WebSocket, expected: str) -> bool:
     return False
 
 
-async def _handle_frame(state: Any, message: dict[str, Any]) -> dict[str, Any]:
+async def _handle_frame(state: Any, message: Mapping[str, Any]) -> dict[str, Any]:
     """The reply to one frame; a frame of any kind or content gets one and leaves the socket open."""
     text = message.get("text")
     if text is None:

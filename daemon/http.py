@@ -22,14 +22,20 @@ _QUERY = re.compile(r"\?\S*")
 
 
 class HeadTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol (httptools or h11, whichever it picks), with a deadline on request heads."""
+
     head_timeout_s = 10.0
+    # What both of uvicorn's HTTP protocols have (AutoHTTPProtocol is typed as a plain Protocol):
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any  # the request being served, None before the first head
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # pyright: ignore[reportAttributeAccessIssue]
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -586,8 +586,9 @@ class Store:
         sessions = [r[0] for r in c.execute("SELECT session_id FROM temp.forget")]
         in_s = "IN (SELECT session_id FROM temp.forget)"
         in_c = f"IN (SELECT call_id FROM calls WHERE session_id {in_s})"
-        trained = sorted({parse_version(r[0]) for r in c.execute(
-            f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_c}")})
+        trained = sorted(v for (name,) in c.execute(
+            f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_c}")
+            if (v := parse_version(name)) is not None)
         deleted: dict[str, int] = {}
         for table, where, args in (
             ("votes", f"call_id {in_c}", ()),

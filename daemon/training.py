@@ -181,7 +181,7 @@ class TrainingLoop:
             log.error("training step for v%d failed (%d in a row): %s", version, self.failed_in_a_row, e)
             step = replace(step, error=f"{type(e).__name__}: {e}"[:1000])
             await self.store.record_step(step)
-            await self._quarantine_repeat_failures(call_ids, step.error)
+            await self._quarantine_repeat_failures(call_ids, step.error or type(e).__name__)
             await self._recover(parent, e)
             return None
         finally:

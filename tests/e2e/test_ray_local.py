@@ -10,6 +10,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts a Ray runtime
+
 PROBE = textwrap.dedent("""
     import json, sys
     from pathlib import Path
