@@ -172,23 +172,22 @@ def _describe(node: dict[str, Any]) -> str:
     return f"{node['NodeID'][:8]} {resources} {labels}"
 
 
-def _local_runtime_env(token_path: Path | None) -> None:
+def _local_runtime_env(token_path: Path) -> None:
     """A local Ray runtime serves this machine only: every listener on loopback, token auth with a
-    private token file. Ray reads both from the environment, which its processes inherit, and the
-    node-address switch when it is imported, so this runs before the first `import ray`.
+    private token file. Ray reads both from the environment (its processes inherit it) when it is
+    imported, so this runs before the first `import ray`.
 
     Ray's own choice of node address is the machine's outward IP, and its servers then listen on
     all interfaces; with the cluster switch off it takes the loopback address and binds to it."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_AUTH_MODE"] = "token"
-    if token_path is not None:
-        if not token_path.is_file():
-            token_path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(secrets.token_hex(32))
-        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+    if not token_path.is_file():
+        token_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
 
 
 class RayPlacement:
@@ -199,8 +198,9 @@ class RayPlacement:
                  token_path: Path | None = None) -> None:
         if ray_address is None:
             layout.check_local()
+            if token_path is not None:  # this process will start the local runtime: before `import ray`
+                _local_runtime_env(token_path)
         self.layout, self.ray_address, self.trainer_device = layout, ray_address, trainer_device
-        self.token_path = token_path  # the local runtime's auth token (private), None = Ray's default
         self.trainer_gpus = layout.trainer_gpus(trainer_device)
         self.node_id: str | None = None  # the daemon's own Ray node
         self.group: Any = None  # ray.util.placement_group.PlacementGroup, once reserved
@@ -208,8 +208,6 @@ class RayPlacement:
 
     def connect(self) -> None:
         """Blocking and idempotent: the first call joins Ray, checks and reserves (PlacementError if it cannot)."""
-        if not self.ray_address:
-            _local_runtime_env(self.token_path)
         import ray
         from ray.util import placement_group, remove_placement_group
 

@@ -1,6 +1,7 @@
 """The trainer's local Ray runtime serves this machine only: every listener of every Ray process
 (and of the daemon's own process, which is a Ray driver) is on loopback, and the auth token file
-is private. Runs `RayPlacement.connect` in a fresh interpreter, as the daemon does on its first batch."""
+is private. Runs `RayPlacement` in a fresh interpreter in the daemon's order: made at start, Ray
+imported and connected at the first batch."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ PROBE = textwrap.dedent("""
     from pathlib import Path
     import psutil
     from clawback.daemon.layout import Layout, RayPlacement
-    RayPlacement(Layout(), None, "cpu", token_path=Path(sys.argv[1])).connect()
-    import ray
+    placement = RayPlacement(Layout(), None, "cpu", token_path=Path(sys.argv[1]))
+    import ray  # as the daemon's trainer starter does, before connecting
+    placement.connect()
     ray.get(ray.remote(lambda: 1).remote())  # a worker process too
     session = ray._private.worker._global_node.get_session_dir_path().rsplit("/", 1)[-1]
     procs = [psutil.Process()] + [p for p in psutil.process_iter(["cmdline"]) if session in " ".join(p.info["cmdline"] or [])]
