@@ -625,7 +625,7 @@ class Store:
             if not self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
                 return
             time.sleep(0.1)
-        log.error("after a forget the WAL could not be emptied (a reader held it); it is at the next forget")
+        log.error("after a forget a reader kept the WAL from being emptied; the next forget empties it")
 
     # ---- adapters and training steps ----
 

@@ -30,7 +30,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 from clawback.records import ReadySample, StepRecord, TrainResult, version_name
 from clawback.trainer.config import TrainConfig
-
 from clawback.trainer.step import sample_problem
 
 from .adapters import AdapterManager
@@ -135,14 +134,15 @@ class TrainingLoop:
             await self.store.drop_samples(stale, "stale")
         if unusable:
             await self.store.drop_samples(unusable, "no_teacher_for_opd")
+        skip = set(stale) | set(unusable)
         problems: dict[str, list[str]] = {}
         for r in rows:
-            problem = sample_problem(r, self.cfg.method)
-            if problem is not None and r.call_id not in unusable:
+            problem = None if r.call_id in skip else sample_problem(r, self.cfg.method)
+            if problem is not None:
                 problems.setdefault(problem, []).append(r.call_id)
+                skip.add(r.call_id)
         for problem, call_ids in problems.items():
             await self.store.drop_samples(call_ids, f"untrainable: {problem}", "quarantined")
-        skip = set(stale) | set(unusable) | {c for ids in problems.values() for c in ids}
         usable = [r for r in rows if r.call_id not in skip]
         return usable[: self.cfg.batch_size] if len(usable) >= self.cfg.batch_size else []
 
