@@ -235,6 +235,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "generations_running": state.running,
             "sessions_open": state.capture.open_sessions(),
             "capture": dict(state.capture.counters),
+            "warnings": [w for w in (state.capture.untrained_warning(),) if w],
             "signals": {"method": state.settings.method, "teacher": state.settings.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "training": {

@@ -109,6 +109,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             conn.close()
         status = {"daemon": f"not reachable at {url} ({type(e).__name__})", "store": {"path": str(s.db_path), **store_counts}}
     print(json.dumps(status, indent=2))
+    for warning in status.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

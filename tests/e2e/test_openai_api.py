@@ -121,3 +121,28 @@ def test_images_are_refused_plainly(client: openai.OpenAI):
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}])
     assert e.value.body["message"] == "this model does not accept images"
     assert e.value.body["param"] == "messages.0.content.1"
+
+
+def test_no_plugin_mode_and_the_untrained_warning(client: openai.OpenAI):
+    """OpenClaw's `compat.sendSessionAffinityHeaders` names the session on agent turns only: such a
+    call is main and pairs with the next; the untagged calls before it (every test above) made the
+    daemon warn that nothing trains, and a main call clears the warning."""
+    import httpx
+
+    from tests.conftest import query, wait_for
+
+    base, auth = str(client.base_url).rstrip("/"), {"authorization": f"Bearer {client.api_key}"}
+    status = httpx.get(f"{base}/status", headers=auth, timeout=30).json()
+    assert any("no main call since the daemon started" in w for w in status["warnings"]), status["warnings"]
+
+    messages = [{"role": "user", "content": "Hi!"}]
+    first = client.chat.completions.create(model="clawback", messages=messages, max_tokens=6,
+                                           extra_headers={"session_id": "oc-sess-1", "x-session-affinity": "oc-sess-1"})
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "More."}]
+    client.chat.completions.create(model="clawback", messages=messages, max_tokens=6,
+                                   extra_headers={"x-session-affinity": "oc-sess-1"})
+    assert httpx.get(f"{base}/status", headers=auth, timeout=30).json()["warnings"] == []
+    db = Path(httpx.get(f"{base}/status", headers=auth, timeout=30).json()["store"]["path"])
+    rows = wait_for(lambda: (lambda r: r if len(r) == 2 else None)(query(
+        db, "SELECT turn_type, state FROM calls WHERE session_id = 'oc-sess-1' ORDER BY created_at")), what="2 calls")
+    assert [tuple(r) for r in rows] == [("main", "paired"), ("main", "awaiting_next_state")]
