@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shlex
@@ -67,8 +66,8 @@ class VLLMEngine(RemoteEngine):
         if sampling.top_logprobs:  # top-k keys as "token_id:N" rather than text
             body.update(logprobs=sampling.top_logprobs, return_tokens_as_token_ids=True)
         c = sampling.constraint
-        if c is not None:  # a grammar with a %json part falls back from xgrammar to guidance (llguidance)
-            body["structured_outputs"] = {"grammar": c.lark()} if c.prefix or c.suffix else {"json": json.loads(c.schema)}
+        if c is not None:  # as an llguidance grammar (vLLM's guidance backend): JSON without free whitespace
+            body["structured_outputs"] = {"grammar": c.lark()}
         async for event in self._sse("/v1/completions", body):
             for choice in event.get("choices", []):
                 ids = choice.get("token_ids") or []
