@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .base import Constraint, EngineError
+from clawback.engine import Constraint, EngineError
 
 
 def check(constraint: Constraint) -> str:

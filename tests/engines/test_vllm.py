@@ -23,7 +23,7 @@ import pytest
 
 from clawback.daemon.config import Settings
 from clawback.daemon.engines import build_engine
-from clawback.daemon.engines.base import EngineError, Sampling
+from clawback.engine import EngineError, Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.engines.vllm import DEFAULT_VLLM_VENV, VLLMEngine
 
@@ -119,7 +119,7 @@ def test_constraints_and_top_logprobs_pass_through(loop, engine, embedded, hd64_
 
     from transformers import AutoTokenizer
 
-    from clawback.daemon.engines.base import Constraint
+    from clawback.engine import Constraint
 
     tok = AutoTokenizer.from_pretrained(str(hd64_model_dir))
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .engines.base import Constraint
+from .engine import Constraint
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 ROLES = ("system", "developer", "user", "assistant", "tool")
