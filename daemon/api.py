@@ -237,6 +237,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "sessions_open": state.capture.open_sessions(),
             "capture": dict(state.capture.counters),
             "warnings": [w for w in (state.capture.untrained_warning(),) if w],
+            "main_calls": {"last_at": state.capture.last_main_at, "last_tagged_at": state.capture.last_tagged_main_at},
             "signals": {"method": state.settings.method, "teacher": state.settings.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "training": {

@@ -129,6 +129,7 @@ class Capture:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self.counters: dict[str, int] = {}
         self.last_main_at: float | None = None
+        self.last_tagged_main_at: float | None = None  # a main call tagged by the plugin (X-Turn-Type)
         self.side_untagged_since_main = 0  # untagged side calls served since the last main call
         self._warned_at: float | None = None
 
@@ -186,6 +187,8 @@ class Capture:
                     log.warning("%s", warning)
             return
         self.last_main_at, self.side_untagged_since_main = now, 0
+        if meta.tagged:
+            self.last_tagged_main_at = now
         s = await self._session(meta.session_id)
         s.last_seen = now
         if s.closed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from datetime import datetime
 from typing import Any, Callable, Sequence
@@ -143,6 +144,28 @@ def cmd_adapters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_openclaw(args: argparse.Namespace) -> int:
+    from . import openclaw
+
+    s = _settings(args)
+    url, headers = _daemon(args, s)
+    key = headers.get("authorization", "").removeprefix("Bearer ") or None
+    oc = openclaw.OpenClawCli(args.openclaw)
+    daemon = openclaw.Daemon(url, key)
+    try:
+        if args.action == "install":
+            key_file = s.api_key_path if key and s.api_key is None else None
+            return openclaw.install(oc, daemon, s.data_dir, key_file, plugin=args.plugin,
+                                    make_default=args.make_default, slim=args.slim, max_tokens=args.max_tokens,
+                                    restart=args.restart, verify=args.verify, assume_yes=args.yes)
+        if args.action == "uninstall":
+            return openclaw.uninstall(oc, s.data_dir)
+        return openclaw.print_checks(openclaw.doctor(oc, daemon, test_turn=args.test_turn))
+    except openclaw.SetupError as e:
+        print(f"clawback openclaw {args.action}: {e}", file=sys.stderr)
+        return 1
+
+
 def _parse_since(value: str | None) -> float | None:
     if value is None:
         return None
@@ -200,6 +223,27 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("--since", help="only records from this time on (ISO 8601 or unix seconds)")
     p.add_argument("--out", help="output file (default stdout)")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("openclaw", help="connect an OpenClaw to this daemon (install), undo it, or check the chain")
+    _settings_flags(p)
+    p.add_argument("action", choices=["install", "uninstall", "doctor"])
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.add_argument("--openclaw", default=os.environ.get("OPENCLAW", "openclaw"),
+                   help="how to run the OpenClaw CLI (default: openclaw; e.g. \"node /path/openclaw.mjs\")")
+    p.add_argument("--plugin", help="install this package spec (e.g. clawback, clawhub:clawback) instead of "
+                                    "linking this checkout's extension/")
+    p.add_argument("--make-default", action=argparse.BooleanOptionalAction, default=None,
+                   help="make clawback/<model> the agents' default model (asked when interactive)")
+    p.add_argument("--slim", action=argparse.BooleanOptionalAction, default=None,
+                   help="the small-context profile (offered when the model has under 16 K tokens of context)")
+    p.add_argument("--max-tokens", type=int, default=0, help="reply cap in the model entry (default context/8)")
+    p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
+                   help="run `openclaw gateway restart` after install (default on)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="send one test turn through OpenClaw and confirm it arrived tagged (default on)")
+    p.add_argument("--yes", "-y", action="store_true", help="take the defaults without asking")
+    p.add_argument("--test-turn", action="store_true", help="doctor: first send one test turn through OpenClaw")
+    p.set_defaults(fn=cmd_openclaw)
 
     for add in commands:
         add(sub)
