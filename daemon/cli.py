@@ -155,7 +155,16 @@ def cmd_openclaw(args: argparse.Namespace) -> int:
     try:
         if args.action == "install":
             key_file = s.api_key_path if key and s.api_key is None else None
-            return openclaw.install(oc, daemon, s.data_dir, key_file, plugin=args.plugin,
+
+            def offline_model() -> dict[str, Any]:  # what the daemon would serve, when it is not running
+                from clawback.engine import read_model_info
+
+                from .models import resolve_model
+
+                info = read_model_info(resolve_model(s.model, s.models_dir))
+                return {"id": s.served_model_name, "context_length": info.context_length}
+
+            return openclaw.install(oc, daemon, s.data_dir, key_file, offline_model, plugin=args.plugin,
                                     make_default=args.make_default, slim=args.slim, max_tokens=args.max_tokens,
                                     restart=args.restart, verify=args.verify, assume_yes=args.yes)
         if args.action == "uninstall":

@@ -146,7 +146,8 @@ def _backup_dir(data_dir: Path) -> Path:
     return data_dir / "openclaw"
 
 
-def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | None, *, plugin: str | None,
+def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | None,
+            offline_model: Callable[[], dict[str, Any]], *, plugin: str | None,
             make_default: bool | None, slim: bool | None, max_tokens: int, restart: bool, verify: bool,
             assume_yes: bool) -> int:
     timings: dict[str, float] = {}
@@ -160,10 +161,14 @@ def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | No
     say(f"step 1/6: OpenClaw CLI: {oc.run('--version').stdout.strip().splitlines()[-1]}")
     try:
         model = daemon.get("/v1/models")["data"][0]
+        say(f"step 2/6: daemon {daemon.url}: model {model['id']}, context {model.get('context_length')} tokens")
     except httpx.HTTPError as e:
-        raise SetupError(f"the daemon at {daemon.url} did not answer ({e}): start it with `clawback serve`") from None
+        model = offline_model()
+        verify = False
+        say(f"step 2/6: the daemon at {daemon.url} is not running ({type(e).__name__}): configuring for model "
+            f"{model['id']} ({model['context_length']} tokens) from the settings; no test turn. Once it runs: "
+            "clawback openclaw doctor --test-turn")
     context = int(model.get("context_length") or 8192)
-    say(f"step 2/6: daemon {daemon.url}: model {model['id']}, context {context} tokens")
     done("check")
 
     config = oc.config_file()

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -67,7 +68,7 @@ class VLLMEngine(RemoteEngine):
         if sampling.top_logprobs:  # top-k keys as "token_id:N" rather than text
             body.update(logprobs=sampling.top_logprobs, return_tokens_as_token_ids=True)
         c = sampling.constraint
-        if c is not None:  # as an llguidance grammar (vLLM's guidance backend): JSON without free whitespace
+        if c is not None:  # an llguidance grammar: the server runs the guidance backend (see build_vllm_engine)
             body["structured_outputs"] = {"grammar": c.lark()}
         async for event in self._sse("/v1/completions", body):
             for choice in event.get("choices", []):
@@ -115,6 +116,8 @@ def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo) -> VLLMEng
         "--model", model_dir, "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
         "--enable-lora", "--max-lora-rank", str(_vllm_rank(settings.lora_rank)), "--max-loras", "2",  # old + new during a swap
         "--logprobs-mode", "raw_logprobs", "--max-model-len", str(info.context_length),
+        # constraints arrive as llguidance grammars, as the embedded engine runs them
+        "--structured-outputs-config", json.dumps({"backend": "guidance", "disable_any_whitespace": True}),
         *shlex.split(settings.engine_args or ""),
     ]
     if settings.dtype != "auto":
