@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import Settings, load_settings
@@ -188,6 +189,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .store import export_jsonl
 
     s = _settings(args)
+    if args.what == "adapter":
+        return _export_adapter(args, s)
+    if not args.jsonl:
+        raise ValueError("export needs --jsonl (calls) or `adapter vN --format ...`")
     if not s.db_path.is_file():
         print(f"no store at {s.db_path}", file=sys.stderr)
         return 1
@@ -198,6 +203,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {n} records to {args.out}", file=sys.stderr)
     else:
         n = export_jsonl(s.db_path, sys.stdout, since)
+    return 0
+
+
+def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
+    from . import export
+    from .models import EMBEDDED_MODEL, find_gguf, resolve_model
+
+    if args.version is None or args.format is None:
+        raise ValueError("export adapter needs a version and --format (" + "|".join(export.FORMATS) + ")")
+    name = "v" + str(args.version).removeprefix("v")
+    adapter_dir = s.data_dir / "adapters" / name
+    if not adapter_dir.is_dir():
+        raise ValueError(f"no adapter version {name} in {adapter_dir.parent}")
+    base_gguf = Path(args.base_gguf) if args.base_gguf else (find_gguf() if s.model == EMBEDDED_MODEL else None)
+    suffix = ".gguf" if args.format.startswith("gguf") else ""
+    out = Path(args.out) if args.out else Path(f"clawback-{name}-{args.format}{suffix}")
+    export.export_adapter(adapter_dir, resolve_model(s.model, s.models_dir), args.format, out, base_gguf)
+    print(f"wrote {out} ({args.format} of adapter {name})")
     return 0
 
 
@@ -226,11 +249,16 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_adapters)
 
-    p = sub.add_parser("export", help="write sessions, calls and next states")
+    p = sub.add_parser("export", help="write sessions, calls and next states (--jsonl), or an adapter version")
     _settings_flags(p)
-    p.add_argument("--jsonl", action="store_true", required=True, help="JSON lines (the only format)")
+    p.add_argument("what", nargs="?", choices=["adapter"], help="adapter: export a trained version")
+    p.add_argument("version", nargs="?", help="adapter version (N or vN)")
+    p.add_argument("--format", choices=["peft", "merged", "gguf-lora", "gguf-merged"],
+                   help="adapter: PEFT dir | merged HF model | llama.cpp LoRA GGUF | merged GGUF (Ollama)")
+    p.add_argument("--base-gguf", help="adapter, gguf-merged: the base model's GGUF (default: the embedded model's)")
+    p.add_argument("--jsonl", action="store_true", help="calls as JSON lines")
     p.add_argument("--since", help="only records from this time on (ISO 8601 or unix seconds)")
-    p.add_argument("--out", help="output file (default stdout)")
+    p.add_argument("--out", help="output file or dir (default: stdout for --jsonl, ./clawback-vN-FORMAT for adapters)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("openclaw", help="connect an OpenClaw to this daemon (install), undo it, or check the chain")
