@@ -27,6 +27,7 @@ EXTENSION_DIR = Path(__file__).resolve().parents[1] / "extension"  # a checkout'
 SLIM_CONTEXT = 16384  # a default OpenClaw main request is about 13 K tokens
 CHECK_SESSION = "agent:main:clawback-install-check"
 RECENT_MAIN_S = 24 * 3600
+REDACTED = "__OPENCLAW_REDACTED__"  # what `openclaw config get` shows for a secret
 
 
 class SetupError(RuntimeError):
@@ -324,9 +325,11 @@ def doctor(oc: OpenClawCli, daemon: Daemon, *, test_turn: bool = False, now: Cal
     check("plugin", plugin)
 
     def provider() -> tuple[bool, str, str]:
-        p = oc.json("config", "get", f"models.providers.{PLUGIN_ID}")
+        # From the file: `config get` redacts the key. A JSON5 file falls back to it (key unchecked).
+        p = _read_json(oc.config_file()).get("models", {}).get("providers", {}).get(PLUGIN_ID) \
+            or oc.json("config", "get", f"models.providers.{PLUGIN_ID}")
         base_ok = str(p.get("baseUrl", "")).rstrip("/") == daemon.url + "/v1"
-        key_ok = daemon.key is None or p.get("apiKey") == daemon.key
+        key_ok = daemon.key is None or p.get("apiKey") in (daemon.key, REDACTED)
         detail = f"baseUrl {p.get('baseUrl')}" + ("" if key_ok else ", API key differs from this daemon's")
         return base_ok and key_ok, detail, "clawback openclaw install (rewrites the provider for this daemon)"
 

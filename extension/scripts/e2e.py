@@ -255,12 +255,21 @@ def main() -> int:
                     "--url", daemon.url, "--data-dir", str(daemon.data_dir)]
 
         def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+            """Runs `clawback openclaw ...`; the operator socket keeps reading meanwhile (keepalive)."""
             t = time.time()
-            proc = subprocess.run([*clawback[:4], *args, *clawback[4:]], env=env, capture_output=True, text=True,
-                                  timeout=timeout, cwd=REPO)
-            (work / f"{args[0]}.log").write_text(proc.stdout + proc.stderr)
+            out = (work / f"{args[0]}.log").open("w+")
+            proc = subprocess.Popen([*clawback[:4], *args, *clawback[4:]], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, text=True, cwd=REPO)
+            while proc.poll() is None and time.time() - t < timeout:
+                gw.pump(1.0) if gw else time.sleep(0.5)
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
             TIMES[f"clawback openclaw {args[0]}"] = round(time.time() - t, 1)
-            return proc
+            out.seek(0)
+            text = out.read()
+            out.close()
+            return subprocess.CompletedProcess(proc.args, proc.returncode, text, "")
 
         # What a newcomer types: install (links the plugin, adds the provider from /v1/models, slim
         # profile); the gateway here is a foreground `gateway run`, so it is started after install.
