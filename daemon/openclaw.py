@@ -8,6 +8,7 @@ Install keeps the config file's bytes from before the first install in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -61,6 +62,7 @@ class OpenClawCli:
             raise SetupError(f"`openclaw {' '.join(args)} --json` printed no JSON: {out[-500:]}")
         return json.JSONDecoder().raw_decode(out[start:])[0]
 
+    @functools.cached_property
     def config_file(self) -> Path:
         return Path(self.run("config", "file").stdout.strip().splitlines()[-1])
 
@@ -172,7 +174,7 @@ def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | No
     context = int(model.get("context_length") or 8192)
     done("check")
 
-    config = oc.config_file()
+    config = oc.config_file
     backup = _backup_dir(data_dir)
     manifest_path = backup / "install.json"
     if manifest_path.is_file():
@@ -326,7 +328,7 @@ def doctor(oc: OpenClawCli, daemon: Daemon, *, test_turn: bool = False, now: Cal
 
     def provider() -> tuple[bool, str, str]:
         # From the file: `config get` redacts the key. A JSON5 file falls back to it (key unchecked).
-        p = _read_json(oc.config_file()).get("models", {}).get("providers", {}).get(PLUGIN_ID) \
+        p = _read_json(oc.config_file).get("models", {}).get("providers", {}).get(PLUGIN_ID) \
             or oc.json("config", "get", f"models.providers.{PLUGIN_ID}")
         base_ok = str(p.get("baseUrl", "")).rstrip("/") == daemon.url + "/v1"
         key_ok = daemon.key is None or p.get("apiKey") in (daemon.key, REDACTED)
@@ -357,7 +359,7 @@ def doctor(oc: OpenClawCli, daemon: Daemon, *, test_turn: bool = False, now: Cal
     check("feedback WebSocket", websocket)
 
     def outbox() -> tuple[bool, str, str]:
-        files = list(oc.config_file().parent.rglob("outbox.jsonl"))
+        files = list(oc.config_file.parent.rglob("outbox.jsonl"))
         pending = sum(1 for f in files for line in f.read_text().splitlines() if line.strip())
         return pending == 0, f"{pending} event(s) waiting in the plugin's outbox", \
             "the gateway cannot reach the daemon: check plugins.entries.clawback.config.daemonUrl and that the daemon runs"

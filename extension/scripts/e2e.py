@@ -292,6 +292,7 @@ def main() -> int:
         doc = cli("doctor", "--test-turn")
         log(f"clawback openclaw doctor --test-turn in {TIMES['clawback openclaw doctor']}s:\n{doc.stdout}")
         assert doc.returncode == 0 and "all green" in doc.stdout, f"doctor:\n{doc.stdout}\n{doc.stderr}"
+        before_chat = {r["call_id"] for r in q(daemon.data_dir / "clawback.db", "SELECT call_id FROM calls")}
 
         sk = "agent:main:e2e"
         turns = []
@@ -302,7 +303,8 @@ def main() -> int:
             log(f"turn {run_id}: {text_of(final)[:80]!r}")
 
         db = daemon.data_dir / "clawback.db"
-        calls = q(db, "SELECT call_id, session_id, turn_id, turn_type, request_id FROM calls ORDER BY created_at")
+        every_call = q(db, "SELECT call_id, session_id, turn_id, turn_type, request_id FROM calls ORDER BY created_at")
+        calls = [c for c in every_call if c["call_id"] not in before_chat]  # not the doctor's test turn
         main = [c for c in calls if c["turn_type"] == "main"]
         side = [c for c in calls if c["turn_type"] != "main"]
         log(f"daemon saw {len(calls)} calls: {len(main)} main, {len(side)} side")
@@ -339,7 +341,7 @@ def main() -> int:
         assert len(fix) == 1 and fix[0]["text"] == "use fewer words" and fix[0]["call_id"] == last_call, [dict(r) for r in fix]
         log(f"/correct → correction applied; reply {text_of(final)[:90]!r}")
 
-        n_calls = len(calls)
+        n_calls = len(every_call)
         assert len(q(db, "SELECT call_id FROM calls")) == n_calls, "commands must not call the model"
 
         run_id, final = gw.send(sk, "/clawback", timeout=60)
