@@ -228,7 +228,7 @@ def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | No
     if not verify:
         say(f"done (no test turn). Check the chain with `clawback openclaw doctor`. Steps: {timings}")
         return 0
-    say(f"step 6/6: a test turn through OpenClaw (openclaw agent --session-key {CHECK_SESSION})")
+    say(f"step 6/6: a test turn through OpenClaw (openclaw agent --session-key {CHECK_SESSION} --model clawback/...)")
     verify_turn(oc, daemon)
     done("verify")
     say(f"done: the daemon saw the test turn as a tagged main call. Steps (s): {timings}")
@@ -236,18 +236,21 @@ def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | No
 
 
 def verify_turn(oc: OpenClawCli, daemon: Daemon, timeout_s: float = 600) -> None:
-    """One agent turn through the gateway; the daemon must have served it as a tagged main call."""
+    """One agent turn through the gateway, on the clawback model whatever the agent's default; the
+    daemon must have served it as a tagged main call."""
     started = time.time()
-    proc = oc.run("agent", "--session-key", CHECK_SESSION, "--message", "Say hello in five words.",
-                  "--json", "--timeout", str(int(timeout_s)), check=False, timeout=timeout_s + 60)
+    model = daemon.get("/v1/models")["data"][0]["id"]
+    proc = oc.run("agent", "--session-key", CHECK_SESSION, "--model", f"{PLUGIN_ID}/{model}",
+                  "--message", "Say hello in five words.", "--json", "--timeout", str(int(timeout_s)),
+                  check=False, timeout=timeout_s + 60)
     status = daemon.get("/v1/status")
     last = (status.get("main_calls") or {}).get("last_tagged_at")
     if last is not None and last >= started - 1:
         return
     hint = ("the gateway did not answer: is it running with the new config? (openclaw gateway restart)"
             if proc.returncode != 0 else
-            "the turn ran but no tagged main call reached the daemon: is clawback/<model> the agent's model "
-            "(--make-default), and was the gateway restarted after install?")
+            "the turn ran but no tagged main call reached the daemon: was the gateway restarted after install, "
+            "so that it loaded the plugin?")
     untagged = (status.get("capture") or {}).get("untagged_calls", 0)
     raise SetupError(f"verification failed: {hint} (daemon: {untagged} untagged calls so far)\n"
                      f"{(proc.stderr or proc.stdout)[-1500:]}")
