@@ -192,7 +192,7 @@ def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | No
     source = plugin or str(EXTENSION_DIR)
     link = plugin is None
     if link and not (EXTENSION_DIR / "openclaw.plugin.json").is_file():
-        raise SetupError(f"no plugin checkout at {EXTENSION_DIR}: pass --plugin clawback (the published package)")
+        raise SetupError(f"no plugin checkout at {EXTENSION_DIR}: pass --plugin clawhub:clawback (the published package)")
     args = ["plugins", "install", *(["--link"] if link else []), source, "--force", "--accept-capabilities"]
     say(f"step 4/6: openclaw {' '.join(args)}")
     oc.run(*args)
