@@ -17,13 +17,14 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import ValidationError
+from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import Engine, EngineError, Sampling, Token
@@ -34,6 +35,11 @@ from .config import Settings
 from .engines import grammar
 from .feedback import Hub, add_feedback_routes
 from .store import Store
+
+if TYPE_CHECKING:
+    from .adapters import AdapterManager
+    from .samples import SamplePipeline
+    from .training import TrainingLoop
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +98,9 @@ class _LiveMetrics:
         yield CounterMetricFamily("clawback_status_pushes_dropped", "Status pushes not sent to a stuck feedback client",
                                   s.hub.dropped)
         yield GaugeMetricFamily("clawback_feedback_connections", "Open feedback WebSockets", s.hub.connections())
-        live = s.adapters.live() if s.adapters else None
-        yield GaugeMetricFamily("clawback_adapter_version", "Live adapter version (0 = base model)", live or 0)
-        if s.adapters and s.adapters.last_swap_s is not None:
+        yield GaugeMetricFamily("clawback_adapter_version", "Live adapter version (0 = base model)",
+                                s.adapters.live() or 0)
+        if s.adapters.last_swap_s is not None:
             yield GaugeMetricFamily("clawback_swap_seconds", "Duration of the last hot-swap", s.adapters.last_swap_s)
         if s.trainer is not None:
             yield CounterMetricFamily("clawback_train_steps", "Committed training steps", s.trainer.steps)
@@ -114,11 +120,11 @@ class AppState:
     store: Store
     capture: Capture
     api_key: str | None
-    hub: Hub = field(default_factory=Hub)
-    pipeline: Any = None  # clawback.daemon.samples.SamplePipeline, started by the lifespan
-    adapters: Any = None  # clawback.daemon.adapters.AdapterManager
-    trainer: Any = None  # clawback.daemon.training.TrainingLoop, started by the lifespan when training is on
-    judge_name: str = "off"
+    hub: Hub
+    pipeline: SamplePipeline  # started by the lifespan
+    adapters: AdapterManager
+    trainer: TrainingLoop | None  # started by the lifespan when training is on
+    judge_name: str
     started_at: float = field(default_factory=time.time)
     running: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -150,13 +156,13 @@ class Gate:
         key = state.api_key
         self.expected = f"Bearer {key}".encode() if key else None
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
         status_box = [500]
 
-        async def counting_send(message: dict) -> None:
+        async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_box[0] = message["status"]
             await send(message)
@@ -239,11 +245,11 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "capture": dict(state.capture.counters),
             "warnings": [w for w in (state.capture.untrained_warning(),) if w],
             "main_calls": {"last_at": state.capture.last_main_at, "last_tagged_at": state.capture.last_tagged_main_at},
-            "signals": {"method": state.settings.method, "teacher": state.settings.teacher,
+            "signals": {"method": state.pipeline.cfg.method, "teacher": state.pipeline.cfg.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "training": {
                 "enabled": state.trainer is not None,
-                "batch_size": state.settings.batch_size,
+                "batch_size": state.settings.train_config().batch_size,
                 "samples_ready": counts["samples"].get("ready", 0),
                 "training_now": bool(state.trainer and state.trainer.busy),
                 "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step

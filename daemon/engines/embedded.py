@@ -22,7 +22,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncGenerator, Callable, Sequence
 
 import torch
 
@@ -53,7 +53,7 @@ class _Generation:
     prompt_ids: list[int]
     sampling: Sampling
     adapter: str | None
-    emit: Callable[[Any], None]  # thread-safe put into the consumer's asyncio queue
+    emit: Callable[[Any], object]  # thread-safe put into the consumer's asyncio queue
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache: Any = None
     next_input: list[int] = field(default_factory=list)
@@ -82,7 +82,7 @@ class EmbeddedEngine:
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
-        self.model = model.to(self.device).eval()
+        self.model = model.to(self.device).eval()  # pyright: ignore[reportArgumentType]  # transformers 5 mistypes .to
         # transformers renamed `past_key_values` to `cache` in 5.2x; accept both releases.
         self._cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
         self.info = read_model_info(model_dir, name)
@@ -106,7 +106,7 @@ class EmbeddedEngine:
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None, *, background: bool = False
-    ) -> AsyncIterator[Token]:
+    ) -> AsyncGenerator[Token, None]:
         if not prompt_ids:
             raise EngineError("empty prompt")
         mask = None
@@ -170,6 +170,9 @@ class EmbeddedEngine:
 
     def active_version(self) -> str | None:
         return self._active
+
+    async def start(self) -> None:
+        """Nothing to launch: the model loaded with the engine."""
 
     def loaded_versions(self) -> list[str]:
         with self._lock:

