@@ -119,27 +119,35 @@ step "preparing the model and the API key"
 
 data_dir=${CLAWBACK_DATA_DIR:-$HOME/.clawback}
 if command -v openclaw >/dev/null 2>&1; then
-  step "installing the clawback extension into OpenClaw"
-  extension/scripts/install-into-openclaw.sh --api-key-file "$data_dir/api_key" \
-      --model-id clawback --context-window 8192 \
-    || echo "install.sh: OpenClaw extension not installed; run extension/scripts/install-into-openclaw.sh later" >&2
+  if [ "$serve" = 1 ]; then
+    # The daemon runs while OpenClaw is set up, so that install can send its test turn through it.
+    step "starting the daemon"
+    .venv/bin/clawback serve &
+    daemon_pid=$!
+    trap 'kill $daemon_pid 2>/dev/null' INT TERM
+    for _ in $(seq 1 240); do
+      curl -sf http://127.0.0.1:${CLAWBACK_PORT:-30000}/healthz >/dev/null 2>&1 && break
+      sleep 0.5
+    done
+  fi
+  step "connecting OpenClaw: clawback openclaw install"
+  .venv/bin/clawback openclaw install \
+    || echo "install.sh: OpenClaw not set up; run .venv/bin/clawback openclaw install later" >&2
+  if [ "$serve" = 1 ]; then
+    wait "$daemon_pid"
+    exit $?
+  fi
 else
-  echo "OpenClaw not found: once it is installed, run extension/scripts/install-into-openclaw.sh"
+  cat <<MSG
+
+OpenClaw not found. Once it is installed: .venv/bin/clawback openclaw install
+(or, without the plugin, point OpenClaw at http://127.0.0.1:30000/v1 by hand: README, "No-plugin mode").
+MSG
 fi
 cat <<MSG
 
-clawback is installed. Point OpenClaw at it (~/.openclaw/openclaw.json):
-
-  "models": { "providers": { "clawback": {
-      "baseUrl": "http://127.0.0.1:30000/v1",
-      "apiKey": "<the key above, also in $data_dir/api_key>",
-      "api": "openai-completions",
-      "models": [ { "id": "clawback", "name": "clawback", "contextWindow": 8192, "maxTokens": 1024 } ] } } },
-  "agents": { "defaults": { "model": { "primary": "clawback/clawback" } } }
-
-The embedded model has an 8K context: use a slim OpenClaw profile with it
-(agents.defaults.skills: [], bootstrapMaxChars: 500, bootstrapTotalMaxChars: 1000, tools.deny: ["*"]).
 Start the daemon with:  .venv/bin/clawback serve
+Then:                   .venv/bin/clawback openclaw doctor
 MSG
 
 if [ "$serve" = 1 ]; then
