@@ -119,6 +119,7 @@ class Capture:
         self.clock = clock
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self.counters: dict[str, int] = {}
+        self.last_untagged_at: float | None = None  # the dashboard warns when only these arrive
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -152,6 +153,7 @@ class Capture:
         """A main call arrived: its new trailing messages are the previous main call's next state."""
         if not meta.tagged:
             self._count("untagged_calls")
+            self.last_untagged_at = self.clock()
         if meta.turn_type != "main":
             return
         now = self.clock()

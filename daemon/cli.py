@@ -1,4 +1,4 @@
-"""The `clawback` command: init, serve, status, adapters, export, simulate."""
+"""The `clawback` command: init, serve, status, adapters, dashboard, export, simulate."""
 
 from __future__ import annotations
 
@@ -138,6 +138,22 @@ def cmd_adapters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Print a one-time login link to the dashboard and open it where a browser exists."""
+    import webbrowser
+
+    s = _settings(args)
+    url, headers = _daemon(args, s)
+    link = url + _call("POST", f"{url}/v1/dashboard/link", headers)["path"]
+    print(f"dashboard (this link logs in once, within 2 minutes): {link}")
+    if not args.no_browser:
+        try:
+            webbrowser.get().open(link)
+        except webbrowser.Error:
+            pass  # no browser on this machine (a server): the printed link is the way in
+    return 0
+
+
 def _parse_since(value: str | None) -> float | None:
     if value is None:
         return None
@@ -187,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_adapters)
+
+    p = sub.add_parser("dashboard", help="open the dashboard with a one-time login link")
+    _settings_flags(p)
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.add_argument("--no-browser", action="store_true", help="only print the link")
+    p.set_defaults(fn=cmd_dashboard)
 
     p = sub.add_parser("export", help="write sessions, calls and next states")
     _settings_flags(p)
