@@ -42,7 +42,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 SECURITY_HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),  # a one-time link never leaks through a Referer
+    # A one-time link never leaks through a Referer; no-referrer would make Chromium send Origin: null.
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
 ]
@@ -223,9 +224,14 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
 
 
 def _same_origin(request: Request) -> None:
-    """Browsers send Origin on every cross-origin POST; it must name this daemon."""
+    """Refuse a request another site or origin made the browser send (Fetch Metadata, then Origin)."""
+    site = request.headers.get("sec-fetch-site")
     origin = request.headers.get("origin")
-    if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+    if site is not None:
+        ok = site in ("same-origin", "none")  # none: typed or opened by the person, not by a page
+    else:
+        ok = origin is None or origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
+    if not ok:
         raise _Refused(403, "cross-origin request refused")
 
 
@@ -338,15 +344,16 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
     if rates:
         charts.append({"title": "Live feedback per version (share of main calls)", "x": [r["order"] for r in rates],
                        "xlabels": [r["version"] for r in rates],
-                       "series": {"👍": [r["up"] for r in rates], "👎": [r["down"] for r in rates],
+                       "series": {"good": [r["up"] for r in rates], "bad": [r["down"] for r in rates],
                                   "corrections": [r["corrections"] for r in rates]}})
     if gate:
         charts.append({"title": "Gate per version", "x": list(gate), "xlabels": [f"v{v}" for v in gate],
                        "series": {k: [g[k] for g in gate.values()] for k in GATE_METRICS}})
     done = [s for s in steps if s["outcome"] == "committed"]
-    if done:
-        charts.append({"title": "Training steps", "x": [s["step"] for s in done], "xlabels": None,
-                       "series": {k: [s[k] for s in done] for k in STEP_METRICS if any(s[k] is not None for s in done)}})
+    for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude
+        if any(s[k] is not None for s in done):
+            charts.append({"title": f"{k} per training step", "x": [s["step"] for s in done], "xlabels": None,
+                           "series": {k: [s[k] for s in done]}, "small": True})
     return {"rates": rates, "gate": gate, "steps": steps[-20:][::-1], "charts": charts}
 
 

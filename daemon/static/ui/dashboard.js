@@ -11,7 +11,7 @@ function drawCharts(root) {
     const labels = chart.xlabels;
     const opts = {
       width: Math.max(260, el.clientWidth - 8),
-      height: 180,
+      height: chart.small ? 140 : 180,
       scales: { x: { time: false } },
       axes: [{ values: labels ? (u, ticks) => ticks.map((t) => labels[chart.x.indexOf(t)] ?? "") : undefined }, {}],
       series: [{ label: labels ? "version" : "step", value: labels ? (u, v) => labels[chart.x.indexOf(v)] ?? "" : undefined },
