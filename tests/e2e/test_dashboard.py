@@ -90,6 +90,7 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     page = context.new_page()
     console, requests = [], []
     page.on("console", lambda m: console.append(m.text))
+    page.on("pageerror", lambda e: console.append(f"page error: {e}"))
     page.on("request", lambda r: requests.append(r.url))
     log_in(page, d.url, d.api_key)
     cookie = next(ck for ck in context.cookies() if ck["name"] == "clawback_ui")
@@ -132,7 +133,7 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
 
     # Nothing came from another origin, and the CSP never had to block anything.
     assert all(u.startswith(d.url) for u in requests), [u for u in requests if not u.startswith(d.url)]
-    assert not [m for m in console if "Content Security Policy" in m], console
+    assert not [m for m in console if "Content Security Policy" in m or "page error" in m], console
 
     # Phone-sized screen: no sideways scrolling.
     phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)

@@ -12,8 +12,12 @@ function drawCharts(root) {
     const opts = {
       width: Math.max(260, el.clientWidth - 8),
       height: chart.small ? 140 : 180,
-      scales: { x: { time: false } },
-      axes: [{ values: labels ? (u, ticks) => ticks.map((t) => labels[chart.x.indexOf(t)] ?? "") : undefined }, {}],
+      // uPlot fails on a span near float precision (a loss of -1 twice): widen it to a readable one.
+      scales: { x: { time: false }, y: { range: (u, min, max) => {
+        const span = Math.max(max - min, 1e-3 * Math.max(1, Math.abs(max)));
+        return uPlot.rangeNum((min + max - span) / 2, (min + max + span) / 2, 0.1, true);
+      } } },
+      axes: [{ values: labels ? (u, ticks) => ticks.map((t) => labels[chart.x.indexOf(t)] ?? "") : undefined }, { size: 56 }],
       series: [{ label: labels ? "version" : "step", value: labels ? (u, v) => labels[chart.x.indexOf(v)] ?? "" : undefined },
         ...names.map((name, i) => ({ label: name, stroke: colors[i % colors.length], width: 2, points: { show: true } }))],
     };
