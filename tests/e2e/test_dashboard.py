@@ -21,7 +21,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.conftest import DaemonProcess, free_port, wait_for
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("CLAWBACK_CHROMIUM", "/usr/bin/chromium")  # install.sh --test installs it
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1"}
