@@ -22,7 +22,7 @@ for arg in "$@"; do
     --serve) serve=1 ;;
     --test) test=1 ;;
     --gpu) gpu=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
