@@ -258,6 +258,15 @@ STEP_METRICS = ("loss", "kl", "entropy", "grad_norm", "clip_frac")
 GATE_METRICS = ("replay_margin", "retention")
 
 
+def _gate_numbers(row: sqlite3.Row) -> dict[str, float | None]:
+    """The gate's replay margin and retention score of a version, from its `gate` report (a column
+    the store has once the candidate gate exists)."""
+    report = json.loads(row["gate"]) if "gate" in row.keys() and row["gate"] else {}
+    margin = (report.get("replay") or {}).get("margin")
+    return {"replay_margin": _finite(margin.get("candidate")) if isinstance(margin, dict) else None,
+            "retention": _finite((report.get("retention") or {}).get("candidate"))}
+
+
 class DashboardData:
     """Read-only queries behind each section (the store's own read connections, off the loop)."""
 
@@ -330,10 +339,10 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
                       **{f"n_{k}": r[k] or 0 for k in ("up", "down", "corrections")}})
     rates.sort(key=lambda r: r["order"])
     gate = {}
-    for r in c.execute("SELECT version, metrics FROM adapters ORDER BY version"):
-        m = json.loads(r["metrics"])
-        if any(k in m for k in GATE_METRICS):
-            gate[r["version"]] = {k: m.get(k) for k in GATE_METRICS}
+    for r in c.execute("SELECT * FROM adapters ORDER BY version"):
+        numbers = _gate_numbers(r)
+        if any(v is not None for v in numbers.values()):
+            gate[r["version"]] = numbers
     steps = []
     for r in c.execute("SELECT step, version, outcome, samples, error, metrics, finished_at FROM train_steps ORDER BY step"):
         m = json.loads(r["metrics"])
@@ -347,8 +356,9 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
                        "series": {"good": [r["up"] for r in rates], "bad": [r["down"] for r in rates],
                                   "corrections": [r["corrections"] for r in rates]}})
     if gate:
-        charts.append({"title": "Gate per version", "x": list(gate), "xlabels": [f"v{v}" for v in gate],
-                       "series": {k: [g[k] for g in gate.values()] for k in GATE_METRICS}})
+        for k in GATE_METRICS:
+            charts.append({"title": f"gate {k.replace('_', ' ')} per version", "x": list(gate),
+                           "xlabels": [f"v{v}" for v in gate], "series": {k: [g[k] for g in gate.values()]}, "small": True})
     done = [s for s in steps if s["outcome"] == "committed"]
     for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude
         if any(s[k] is not None for s in done):
@@ -395,16 +405,16 @@ def _versions(c: sqlite3.Connection) -> dict[str, Any]:
         row = dict(r)
         m = json.loads(row.pop("metrics"))
         row.update(pinned=bool(row["pinned"]), loss=_finite(m.get("loss")), reward=_finite(m.get("reward_mean")),
-                   **{k: _finite(m.get(k)) for k in GATE_METRICS})
+                   **_gate_numbers(r))
         rows.append(row)
-    return {"adapters": rows, "has_gate": any(r["replay_margin"] is not None for r in rows)}
+    return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS)}
 
 
 def _memory(c: sqlite3.Connection) -> dict[str, Any]:
     exists = c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memory_notes'").fetchone()
     if exists is None:
         return {"notes": None}
-    return {"notes": [dict(r) for r in c.execute("SELECT * FROM memory_notes ORDER BY rowid DESC LIMIT 100")]}
+    return {"notes": [dict(r) for r in c.execute("SELECT * FROM memory_notes ORDER BY updated_at DESC LIMIT 100")]}
 
 
 def _sessions(c: sqlite3.Connection) -> dict[str, Any]:
