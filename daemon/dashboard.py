@@ -296,8 +296,6 @@ class DashboardData:
         main = {k.split("/", 1)[1]: n for k, n in counts["calls"].items() if k.startswith("main/")}
         n_main = sum(main.values())
         settled = n_main - main.get("awaiting_next_state", 0)  # the newest call of a session still waits
-        untagged_at = s.capture.last_untagged_at
-        now = time.time()
         return {
             "model": s.engine.info.name,
             "engine": s.settings.engine,
@@ -308,8 +306,7 @@ class DashboardData:
             "paired_share": main.get("paired", 0) / settled if settled else None,
             "untagged_calls": s.capture.counters.get("untagged_calls", 0),
             "last_main_at": last_main,
-            "untagged_only": untagged_at is not None and untagged_at > now - QUIET_HOUR_S
-                              and (last_main is None or last_main < now - QUIET_HOUR_S),
+            "untagged_only": untagged_only(s.capture.last_untagged_at, last_main, time.time()),
             "samples": counts["samples"],
             "ready": counts["samples"].get("ready", 0),
             "batch_size": s.settings.batch_size,
@@ -320,6 +317,13 @@ class DashboardData:
             "dropped": dict(s.store.dropped),
             "queue_depth": s.store.queue_depth(),
         }
+
+
+def untagged_only(last_untagged: float | None, last_main: float | None, now: float) -> bool:
+    """Untagged calls in the last hour and no tagged main call: the plugin is not sending
+    X-Turn-Type, the most common reason nothing ever trains."""
+    recent = now - QUIET_HOUR_S
+    return last_untagged is not None and last_untagged > recent and (last_main is None or last_main < recent)
 
 
 def _version_label(v: Any) -> str:

@@ -2,7 +2,8 @@
 Python) against a real daemon (tiny random Llama, Ray trainer, auth on): log in, read the health
 of a daemon that served a tagged conversation with feedback, watch a new version go live without a
 reload, roll back with a click and see the engine serve the old version; a request without the
-cookie and cross-site POSTs are refused. Screenshots go to $CLAWBACK_SCREENSHOTS (default: tmp)."""
+cookie and cross-site POSTs are refused; `clawback dashboard`'s link logs in once. Screenshots go
+to $CLAWBACK_SCREENSHOTS (default: the test's tmp dir)."""
 
 from __future__ import annotations
 
@@ -163,6 +164,26 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     assert page.request.get(f"{d.url}/ui/part/health").status == 401
     assert live_version(c) == 1
 
+    _one_time_link(browser, d)
+
+
+def _one_time_link(browser, d: DaemonProcess) -> None:
+    """`clawback dashboard` prints a link that logs in once."""
+    out = subprocess.run([sys.executable, "-m", "clawback.daemon.cli", "dashboard", "--no-browser",
+                          "--data-dir", str(d.data_dir), "--port", str(d.port)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    link = out.stdout.split()[-1]
+    assert link.startswith(f"{d.url}/ui/login?token=")
+    assert d.api_key not in out.stdout
+    first = browser.new_context().new_page()
+    first.goto(link)
+    assert first.url == f"{d.url}/ui/"
+    expect(first.locator("#health-live")).to_have_text("v1")
+    second = browser.new_context().new_page()
+    second.goto(link)
+    expect(second.get_by_role("alert")).to_contain_text("used already")
+
 
 def _cross_site_posts_refused(page: Page, d: DaemonProcess, tmp_path: Path) -> None:
     """A page elsewhere submits a form to the dashboard in the logged-in browser: from another site
@@ -185,21 +206,3 @@ def _cross_site_posts_refused(page: Page, d: DaemonProcess, tmp_path: Path) -> N
     finally:
         server.shutdown()
     page.goto(f"{d.url}/ui/")
-
-
-def test_one_time_link(daemon: DaemonProcess, browser):
-    """`clawback dashboard` prints a link that logs in once."""
-    out = subprocess.run([sys.executable, "-m", "clawback.daemon.cli", "dashboard", "--no-browser",
-                          "--data-dir", str(daemon.data_dir), "--port", str(daemon.port)],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    link = out.stdout.split()[-1]
-    assert link.startswith(f"{daemon.url}/ui/login?token=")
-    first = browser.new_context().new_page()
-    first.goto(link)
-    assert first.url == f"{daemon.url}/ui/"
-    expect(first.locator("#health-live")).to_have_text("base")
-    second = browser.new_context().new_page()
-    second.goto(link)
-    expect(second.get_by_role("alert")).to_contain_text("used already")
-    assert daemon.api_key not in out.stdout

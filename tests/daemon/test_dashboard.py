@@ -1,5 +1,6 @@
-"""A non-editable install ships the dashboard: every template, script, style, vendored library and
-license file is in the wheel (package data declared in pyproject.toml)."""
+"""The dashboard's pieces that need no browser: the untagged-calls warning, and a non-editable
+install ships every template, script, style, vendored library and license file (package data
+declared in pyproject.toml). The page itself is tested in Chromium (tests/e2e/test_dashboard.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ import sys
 import zipfile
 from pathlib import Path
 
+from clawback.daemon.dashboard import QUIET_HOUR_S, untagged_only
+
 ROOT = Path(__file__).resolve().parents[2]
+NOW = 1_800_000_000.0
+
+
+def test_untagged_warning_only_when_no_tagged_main_call_in_the_last_hour():
+    assert untagged_only(NOW - 60, None, NOW)  # untagged calls, never a tagged one
+    assert untagged_only(NOW - 60, NOW - QUIET_HOUR_S - 1, NOW)  # the last tagged one is over an hour old
+    assert not untagged_only(NOW - 60, NOW - 120, NOW)  # a tagged main call in the last hour
+    assert not untagged_only(None, None, NOW)  # nothing at all: nothing to warn about
+    assert not untagged_only(NOW - QUIET_HOUR_S - 1, None, NOW)  # untagged calls, but not lately
 
 
 def test_wheel_ships_dashboard_assets(tmp_path: Path):
