@@ -236,14 +236,16 @@ def _same_origin(request: Request) -> None:
 
 
 async def _changes(state: Any, request: Request) -> AsyncIterator[bytes]:
-    """`changed` whenever the store commits a write, the live version changes or a write is dropped.
+    """`changed` whenever the store commits a write, the live version changes, a write is dropped or
+    a feedback socket (the extension) comes or goes.
 
     The store's write counter moves on every committed call, feedback event, sample, training step
     and swap, so one cheap comparison per second covers every section."""
     last = None
     yield b"retry: 2000\n\n"
     while not await request.is_disconnected():
-        now = (state.store.written, state.engine.active_version(), sum(state.store.dropped.values()))
+        now = (state.store.written, state.engine.active_version(), sum(state.store.dropped.values()),
+               state.hub.connections())
         if now != last:
             if last is not None:
                 yield b"event: changed\ndata: {}\n\n"
@@ -423,12 +425,14 @@ def _memory(c: sqlite3.Connection) -> dict[str, Any]:
 
 def _sessions(c: sqlite3.Connection) -> dict[str, Any]:
     rows = c.execute(
-        "SELECT s.session_id, s.state, s.created_at, s.last_seen_at, s.closed_reason, "
+        "WITH recent AS (SELECT * FROM sessions ORDER BY last_seen_at DESC LIMIT 30) "
+        "SELECT s.session_id, s.state, s.last_seen_at, s.closed_reason, "
         "sum(c.turn_type = 'main') AS main_calls, count(c.call_id) AS calls, "
-        "(SELECT count(*) FROM feedback_events f WHERE f.session_id = s.session_id "
+        "(SELECT count(*) FROM feedback_events f WHERE f.call_id IN "
+        " (SELECT call_id FROM calls WHERE session_id = s.session_id) "
         " AND f.kind IN ('thumbs_up', 'thumbs_down', 'correction')) AS feedback "
-        "FROM sessions s LEFT JOIN calls c USING (session_id) GROUP BY s.session_id "
-        "ORDER BY s.last_seen_at DESC LIMIT 30").fetchall()
+        "FROM recent s LEFT JOIN calls c USING (session_id) GROUP BY s.session_id "
+        "ORDER BY s.last_seen_at DESC").fetchall()
     return {"sessions": [dict(r) for r in rows]}
 
 

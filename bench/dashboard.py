@@ -1,0 +1,111 @@
+"""How long does each dashboard section take to render as the store grows?
+
+Fills a fresh store through the real writer (`Store.submit`) with S sessions of M main calls each
+(prompts of 300 token ids, replies of 60, their logprobs), one untagged call per session, 👍/👎 on
+a third of the main calls and a correction on a tenth, then starts the real daemon on it
+(`python -m clawback.daemon.cli serve`, tiny random Llama, training and judge off), logs in to
+/ui with the key and times, interleaved over R rounds, `GET /ui/part/<name>` for every section
+and `GET /ui/` (all sections at once). The page re-fetches its sections after every store commit
+(at most once per second while calls arrive), so a section's time is what an open dashboard
+adds per second to a busy daemon's threads.
+
+    .venv/bin/python bench/dashboard.py --sessions 100 1000 5000 --calls 10 --rounds 9
+
+Prints a table of medians (ms) per store size. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from clawback.daemon.store import CallRecord, Store  # noqa: E402
+from tests.conftest import DaemonProcess, make_tiny_llama  # noqa: E402
+
+PARTS = ("health", "learning", "feedback", "versions", "conversations")
+
+
+def fill(db: Path, sessions: int, calls: int, rng: random.Random) -> None:
+    store = Store(db, queue_size=100_000)
+    t0 = time.time() - sessions * calls * 10
+    for s in range(sessions):
+        sid = f"bench-{s}"
+        for i in range(calls + 1):
+            main = i < calls
+            ts = t0 + (s * calls + i) * 10
+            rec = CallRecord(
+                call_id=f"c-{s}-{i}", session_id=sid if main else f"anon-{s}", turn_id=None,
+                request_id=str(uuid.uuid4()), turn_type="main" if main else "side",
+                state="awaiting_next_state" if main else "served", created_at=ts, finished_at=ts + 1,
+                model="bench", adapter_version=None, request={"messages": [{"role": "user", "content": f"question {i}"}]},
+                prompt_text="x" * 1200, prompt_ids=[rng.randrange(49152) for _ in range(300)],
+                response_ids=[rng.randrange(49152) for _ in range(60)], behaviour_logprobs=[-1.0] * 60,
+                response_text="an answer " * 25, tool_calls=None, finish_reason="stop", timings={})
+            store.submit("call", rec)
+            if main and i % 3 == 0:
+                kind = rng.choice(["thumbs_up", "thumbs_down"]) if i % 10 else "correction"
+                ev = {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": sid, "target": "last",
+                      "text": "shorter, please" if kind == "correction" else None, "source": "bench"}
+                store.submit("feedback", ev, ts + 2)
+        if s % 200 == 0:
+            store.flush(600)
+    store.flush(600)
+    store.close()
+
+
+def measure(url: str, key: str, rounds: int) -> dict[str, float]:
+    with httpx.Client(base_url=url, timeout=600) as c:
+        c.post("/ui/login", data={"key": key}, headers={"sec-fetch-site": "same-origin"}).raise_for_status()
+        assert "clawback_ui" in c.cookies, "login failed"
+        times: dict[str, list[float]] = {name: [] for name in (*PARTS, "page")}
+        for _ in range(rounds):
+            for name in times:
+                t = time.perf_counter()
+                r = c.get("/ui/" if name == "page" else f"/ui/part/{name}")
+                times[name].append(time.perf_counter() - t)
+                r.raise_for_status()
+        return {name: 1000 * statistics.median(v) for name, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[100, 1000, 5000])
+    ap.add_argument("--calls", type=int, default=10, help="main calls per session")
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="clawback-bench-dashboard-"))
+    embedded = ensure_embedded_model(Path.home() / ".cache" / "clawback" / "models" / EMBEDDED_DIR_NAME)
+    model = make_tiny_llama(embedded, tmp / "tiny", hidden_size=32, intermediate_size=64,
+                            num_attention_heads=4, num_key_value_heads=2)
+    env = {"CLAWBACK_JUDGE": "off", "CLAWBACK_TRAIN": "false"}
+    print(f"| main calls | {' | '.join(PARTS)} | whole page |\n|---|{'---|' * (len(PARTS) + 1)}")
+    for sessions in args.sessions:
+        data = tmp / f"data-{sessions}"
+        data.mkdir()
+        t = time.time()
+        fill(data / "clawback.db", sessions, args.calls, random.Random(0))
+        fill_s = time.time() - t
+        d = DaemonProcess(data, model, env=env).start()
+        try:
+            ms = measure(d.url, d.api_key, args.rounds)
+        finally:
+            d.stop()
+        cells = " | ".join(f"{ms[name]:.1f}" for name in (*PARTS, "page"))
+        print(f"| {sessions * args.calls:,} | {cells} |   (filled in {fill_s:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
