@@ -293,8 +293,9 @@ class DashboardData:
     async def health(self) -> dict[str, Any]:
         s = self.state
         counts = await asyncio.to_thread(s.store.counts)
+        # `+turn_type`: walk calls_created from the newest call, not every main call's row.
         last_main = await asyncio.to_thread(
-            s.store.read, lambda c: c.execute("SELECT max(created_at) FROM calls WHERE turn_type = 'main'").fetchone()[0])
+            s.store.read, lambda c: c.execute("SELECT max(created_at) FROM calls WHERE +turn_type = 'main'").fetchone()[0])
         main = {k.split("/", 1)[1]: n for k, n in counts["calls"].items() if k.startswith("main/")}
         n_main = sum(main.values())
         settled = n_main - main.get("awaiting_next_state", 0)  # the newest call of a session still waits
@@ -333,16 +334,15 @@ def _version_label(v: Any) -> str:
 
 
 def _learning(c: sqlite3.Connection) -> dict[str, Any]:
+    feedback: dict[tuple[str | None, str], int] = {(r[0], r[1]): r[2] for r in c.execute(
+        "SELECT c.adapter_version, f.kind, count(*) FROM feedback_events f JOIN calls c ON c.call_id = f.call_id "
+        "WHERE f.state = 'applied' AND c.turn_type = 'main' GROUP BY c.adapter_version, f.kind")}
     rates = []
-    for r in c.execute(
-            "SELECT c.adapter_version AS v, count(DISTINCT c.call_id) AS calls, "
-            "sum(f.kind = 'thumbs_up') AS up, sum(f.kind = 'thumbs_down') AS down, "
-            "sum(f.kind = 'correction') AS corrections FROM calls c LEFT JOIN feedback_events f "
-            "ON f.call_id = c.call_id AND f.state = 'applied' WHERE c.turn_type = 'main' GROUP BY c.adapter_version"):
-        n = r["calls"]
-        rates.append({"version": _version_label(r["v"]), "order": int((r["v"] or "v0")[1:]), "calls": n,
-                      **{k: (r[k] or 0) / n for k in ("up", "down", "corrections")},
-                      **{f"n_{k}": r[k] or 0 for k in ("up", "down", "corrections")}})
+    for v, n in c.execute("SELECT adapter_version, count(*) FROM calls WHERE turn_type = 'main' GROUP BY adapter_version"):
+        counts = {k: feedback.get((v, kind), 0) for k, kind in (("up", "thumbs_up"), ("down", "thumbs_down"),
+                                                                 ("corrections", "correction"))}
+        rates.append({"version": _version_label(v), "order": int((v or "v0")[1:]), "calls": n,
+                      **{k: x / n for k, x in counts.items()}, **{f"n_{k}": x for k, x in counts.items()}})
     rates.sort(key=lambda r: r["order"])
     gate = {}
     for r in c.execute("SELECT * FROM adapters ORDER BY version"):
@@ -395,13 +395,14 @@ def _simulate_summary(data_dir: Path) -> list[dict[str, Any]] | None:
 
 def _feedback(c: sqlite3.Connection) -> dict[str, Any]:
     rows = c.execute(
+        "WITH recent AS (SELECT * FROM feedback_events WHERE kind IN ('thumbs_up', 'thumbs_down', 'correction', "
+        "'comment') ORDER BY received_at DESC LIMIT 30) "
         "SELECT f.event_id, f.kind, f.text, f.source, f.received_at, f.state, f.reason AS orphan_reason, "
         "f.session_id, c.response_text, s.state AS sample_state, s.reason AS sample_reason, s.hint, s.correction, "
-        "s.reward, s.consumed_version, t.step AS consumed_step FROM feedback_events f "
+        "s.reward, s.consumed_version, t.step AS consumed_step FROM recent f "
         "LEFT JOIN calls c ON c.call_id = f.call_id LEFT JOIN samples s ON s.call_id = f.call_id "
         "LEFT JOIN train_steps t ON s.consumed_version = 'v' || t.version AND t.outcome = 'committed' "
-        "WHERE f.kind IN ('thumbs_up', 'thumbs_down', 'correction', 'comment') "
-        "ORDER BY f.received_at DESC LIMIT 30").fetchall()
+        "ORDER BY f.received_at DESC").fetchall()
     return {"events": [dict(r) for r in rows]}
 
 
