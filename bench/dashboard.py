@@ -17,6 +17,7 @@ Prints a table of medians (ms) per store size. See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import shutil
 import statistics
@@ -31,21 +32,23 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from clawback.daemon.store import CallRecord, Store  # noqa: E402
+from clawback.daemon.store import Store  # noqa: E402
+from clawback.records import Call  # noqa: E402
 from tests.conftest import DaemonProcess, make_tiny_llama  # noqa: E402
 
 PARTS = ("health", "learning", "feedback", "versions", "conversations")
 
 
-def fill(db: Path, sessions: int, calls: int, rng: random.Random) -> None:
+async def fill(db: Path, sessions: int, calls: int, rng: random.Random) -> None:
     store = Store(db, queue_size=100_000)
+    feedback = []
     t0 = time.time() - sessions * calls * 10
     for s in range(sessions):
         sid = f"bench-{s}"
         for i in range(calls + 1):
             main = i < calls
             ts = t0 + (s * calls + i) * 10
-            rec = CallRecord(
+            rec = Call(
                 call_id=f"c-{s}-{i}", session_id=sid if main else f"anon-{s}", turn_id=None,
                 request_id=str(uuid.uuid4()), turn_type="main" if main else "side",
                 state="awaiting_next_state" if main else "served", created_at=ts, finished_at=ts + 1,
@@ -53,14 +56,16 @@ def fill(db: Path, sessions: int, calls: int, rng: random.Random) -> None:
                 prompt_text="x" * 1200, prompt_ids=[rng.randrange(49152) for _ in range(300)],
                 response_ids=[rng.randrange(49152) for _ in range(60)], behaviour_logprobs=[-1.0] * 60,
                 response_text="an answer " * 25, tool_calls=None, finish_reason="stop", timings={})
-            store.submit("call", rec)
+            store.add_call(rec)
             if main and i % 3 == 0:
                 kind = rng.choice(["thumbs_up", "thumbs_down"]) if i % 10 else "correction"
                 ev = {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": sid, "target": "last",
                       "text": "shorter, please" if kind == "correction" else None, "source": "bench"}
-                store.submit("feedback", ev, ts + 2)
-        if s % 200 == 0:
-            store.flush(600)
+                feedback.append(store.apply_feedback(ev, ts + 2))
+        if s % 200 == 0:  # committed in the writer's batches, not one transaction each
+            await asyncio.gather(*feedback)
+            feedback = []
+    await asyncio.gather(*feedback)
     store.flush(600)
     store.close()
 
@@ -97,7 +102,7 @@ def main() -> None:
         data = tmp / f"data-{sessions}"
         data.mkdir()
         t = time.time()
-        fill(data / "clawback.db", sessions, args.calls, random.Random(0))
+        asyncio.run(fill(data / "clawback.db", sessions, args.calls, random.Random(0)))
         fill_s = time.time() - t
         d = DaemonProcess(data, model, env=env).start()
         try:

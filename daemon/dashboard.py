@@ -30,6 +30,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from clawback.records import parse_version
+
 PREFIX = "/ui"
 COOKIE = "clawback_ui"
 SESSION_TTL_S = 12 * 3600
@@ -329,10 +331,6 @@ def untagged_only(last_untagged: float | None, last_main: float | None, now: flo
     return last_untagged is not None and last_untagged > recent and (last_main is None or last_main < recent)
 
 
-def _version_label(v: Any) -> str:
-    return "base" if v in (None, "base") else f"v{str(v).removeprefix('v')}"
-
-
 def _learning(c: sqlite3.Connection) -> dict[str, Any]:
     feedback: dict[tuple[str | None, str], int] = {(r[0], r[1]): r[2] for r in c.execute(
         "SELECT c.adapter_version, f.kind, count(*) FROM feedback_events f JOIN calls c ON c.call_id = f.call_id "
@@ -341,7 +339,7 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
     for v, n in c.execute("SELECT adapter_version, count(*) FROM calls WHERE turn_type = 'main' GROUP BY adapter_version"):
         counts = {k: feedback.get((v, kind), 0) for k, kind in (("up", "thumbs_up"), ("down", "thumbs_down"),
                                                                  ("corrections", "correction"))}
-        rates.append({"version": _version_label(v), "order": int((v or "v0")[1:]), "calls": n,
+        rates.append({"version": v or "base", "order": parse_version(v) or 0, "calls": n,
                       **{k: x / n for k, x in counts.items()}, **{f"n_{k}": x for k, x in counts.items()}})
     rates.sort(key=lambda r: r["order"])
     gate = {}
