@@ -52,7 +52,8 @@ async def fill(db: Path, sessions: int, calls: int, rng: random.Random) -> None:
                 call_id=f"c-{s}-{i}", session_id=sid if main else f"anon-{s}", turn_id=None,
                 request_id=str(uuid.uuid4()), turn_type="main" if main else "side",
                 state="awaiting_next_state" if main else "served", created_at=ts, finished_at=ts + 1,
-                model="bench", adapter_version=None, request={"messages": [{"role": "user", "content": f"question {i}"}]},
+                model="bench", adapter_version=None,
+                request={"messages": [{"role": "user", "content": f"question {i}"}]},
                 prompt_text="x" * 1200, prompt_ids=[rng.randrange(49152) for _ in range(300)],
                 response_ids=[rng.randrange(49152) for _ in range(60)], behaviour_logprobs=[-1.0] * 60,
                 response_text="an answer " * 25, tool_calls=None, finish_reason="stop", timings={})

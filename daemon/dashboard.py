@@ -296,8 +296,8 @@ class DashboardData:
         s = self.state
         counts = await asyncio.to_thread(s.store.counts)
         # `+turn_type`: walk calls_created from the newest call, not every main call's row.
-        last_main = await asyncio.to_thread(
-            s.store.read, lambda c: c.execute("SELECT max(created_at) FROM calls WHERE +turn_type = 'main'").fetchone()[0])
+        newest_main = "SELECT max(created_at) FROM calls WHERE +turn_type = 'main'"
+        last_main = await asyncio.to_thread(s.store.read, lambda c: c.execute(newest_main).fetchone()[0])
         main = {k.split("/", 1)[1]: n for k, n in counts["calls"].items() if k.startswith("main/")}
         n_main = sum(main.values())
         settled = n_main - main.get("awaiting_next_state", 0)  # the newest call of a session still waits
@@ -336,7 +336,8 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
         "SELECT c.adapter_version, f.kind, count(*) FROM feedback_events f JOIN calls c ON c.call_id = f.call_id "
         "WHERE f.state = 'applied' AND c.turn_type = 'main' GROUP BY c.adapter_version, f.kind")}
     rates = []
-    for v, n in c.execute("SELECT adapter_version, count(*) FROM calls WHERE turn_type = 'main' GROUP BY adapter_version"):
+    for v, n in c.execute("SELECT adapter_version, count(*) FROM calls WHERE turn_type = 'main' "
+                          "GROUP BY adapter_version"):
         counts = {k: feedback.get((v, kind), 0) for k, kind in (("up", "thumbs_up"), ("down", "thumbs_down"),
                                                                  ("corrections", "correction"))}
         rates.append({"version": v or "base", "order": parse_version(v) or 0, "calls": n,
@@ -348,7 +349,8 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
         if any(v is not None for v in numbers.values()):
             gate[r["version"]] = numbers
     steps = []
-    for r in c.execute("SELECT step, version, outcome, samples, error, metrics, finished_at FROM train_steps ORDER BY step"):
+    for r in c.execute("SELECT step, version, outcome, samples, error, metrics, finished_at FROM train_steps "
+                       "ORDER BY step"):
         m = json.loads(r["metrics"])
         steps.append({"step": r["step"], "version": r["version"], "outcome": r["outcome"], "samples": r["samples"],
                       "error": r["error"], "at": r["finished_at"],
@@ -361,8 +363,8 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
                                   "corrections": [r["corrections"] for r in rates]}})
     if gate:
         for k in GATE_METRICS:
-            charts.append({"title": f"gate {k.replace('_', ' ')} per version", "x": list(gate),
-                           "xlabels": [f"v{v}" for v in gate], "series": {k: [g[k] for g in gate.values()]}, "small": True})
+            charts.append({"title": f"gate {k.replace('_', ' ')} per version", "x": list(gate), "small": True,
+                           "xlabels": [f"v{v}" for v in gate], "series": {k: [g[k] for g in gate.values()]}})
     done = [s for s in steps if s["outcome"] == "committed"]
     for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude
         if any(s[k] is not None for s in done):

@@ -83,8 +83,8 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     d = daemon
     c = httpx.Client(base_url=d.url, headers={"authorization": f"Bearer {d.api_key}"}, timeout=120)
     converse(c, "chat-1", "What is a LoRA?")
-    c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 4,
-                                         "messages": [{"role": "user", "content": "an untagged call"}]}).raise_for_status()
+    untagged = {"model": "clawback", "max_tokens": 4, "messages": [{"role": "user", "content": "an untagged call"}]}
+    c.post("/v1/chat/completions", json=untagged).raise_for_status()
     wait_for(lambda: live_version(c) == 1, TRAIN_TIMEOUT_S, "v1 live")
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -146,8 +146,8 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     small.screenshot(path=str(shots / "dashboard-phone.png"), full_page=True)
 
     # Same origin but without the CSRF token: refused, nothing changes.
-    status = page.evaluate("""fetch('/ui/adapters/rollback', {method: 'POST', body: new URLSearchParams({version: 'base'})})
-                              .then(r => r.status)""")
+    status = page.evaluate("""fetch('/ui/adapters/rollback', {method: 'POST',
+                                    body: new URLSearchParams({version: 'base'})}).then(r => r.status)""")
     assert status == 403
     _cross_site_posts_refused(page, d, tmp_path)
     assert live_version(c) == 1
