@@ -389,7 +389,7 @@ def _simulate_summary(data_dir: Path) -> list[dict[str, Any]] | None:
         for method, cell in methods.items():
             mean = cell.get("mean") or [None]
             rows.append({"scenario": scenario, "method": method, "seeds": len(cell.get("seeds", [])),
-                         "before": mean[0], "after": mean[-1], "steps": cell.get("steps_per_seed")})
+                         "before": mean[0], "after": mean[-1]})
     return rows
 
 

@@ -69,8 +69,9 @@ def shots(tmp_path: Path) -> Path:
 
 
 def log_in(page: Page, url: str, key: str) -> None:
-    page.goto(f"{url}/ui/")
+    response = page.goto(f"{url}/ui/")
     assert page.url.endswith("/ui/login")  # no cookie yet: the login page
+    assert "default-src 'none'" in response.headers["content-security-policy"]
     page.fill("#key", "cb-not-the-key")
     page.click("button[type=submit]")
     expect(page.get_by_role("alert")).to_contain_text("not this daemon's API key")
