@@ -4,6 +4,7 @@ declared in pyproject.toml). The page itself is tested in Chromium (tests/e2e/te
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -40,3 +41,16 @@ def test_wheel_ships_dashboard_assets(tmp_path: Path):
               for folder in ("templates", "static") for p in (ROOT / "daemon" / folder).rglob("*") if p.is_file()}
     assert any(name.endswith("htmx.LICENSE") for name in wanted)  # the vendored libraries' licenses too
     assert wanted <= shipped, sorted(wanted - shipped)
+
+
+def test_simulate_summary_from_the_data_dir(tmp_path: Path):
+    from clawback.daemon.dashboard import _simulate_summary
+
+    assert _simulate_summary(tmp_path) is None  # no simulate run here: no table
+    (tmp_path / "simulate").mkdir()
+    (tmp_path / "simulate" / "summary.json").write_text(json.dumps({"scenarios": {"teacher": {
+        "combined": {"seeds": [1, 2, 3], "mean": [0.25, 0.5, 0.75]},
+        "none": {"seeds": [1, 2, 3], "mean": [0.25, 0.25, 0.25]}}}, "missing": []}))
+    rows = _simulate_summary(tmp_path)
+    assert rows == [{"scenario": "teacher", "method": "combined", "seeds": 3, "before": 0.25, "after": 0.75},
+                    {"scenario": "teacher", "method": "none", "seeds": 3, "before": 0.25, "after": 0.25}]
