@@ -30,15 +30,14 @@ TRAIN_TIMEOUT_S = 300  # the first step starts Ray on a busy 2-core machine
 UI_TIMEOUT_MS = TRAIN_TIMEOUT_S * 1000
 
 
-def converse(c: httpx.Client, session: str, text: str, kind: str = "thumbs_up") -> httpx.Response:
-    """One tagged main call and a rating of its reply."""
-    r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 8,
-                                             "messages": [{"role": "user", "content": text}]},
+def converse(c: httpx.Client, session: str, messages: list[dict], kind: str = "thumbs_up") -> list[dict]:
+    """One tagged main call and a rating of its reply; the conversation so far, with the reply."""
+    r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 8, "messages": messages},
                headers={"x-session-id": session, "x-turn-type": "main"})
     r.raise_for_status()
     ack = c.post("/v1/feedback", json={"event_id": str(uuid.uuid4()), "kind": kind, "session_id": session}).json()
     assert ack["type"] == "ack", ack
-    return r
+    return [*messages, r.json()["choices"][0]["message"]]
 
 
 def live_version(c: httpx.Client) -> int | None:
@@ -83,7 +82,7 @@ def log_in(page: Page, url: str, key: str) -> None:
 def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_path: Path):
     d = daemon
     c = httpx.Client(base_url=d.url, headers={"authorization": f"Bearer {d.api_key}"}, timeout=120)
-    converse(c, "chat-1", "What is a LoRA?")
+    chat = converse(c, "chat-1", [{"role": "user", "content": "What is a LoRA?"}])
     untagged = {"model": "clawback", "max_tokens": 4, "messages": [{"role": "user", "content": "an untagged call"}]}
     c.post("/v1/chat/completions", json=untagged).raise_for_status()
     wait_for(lambda: live_version(c) == 1, TRAIN_TIMEOUT_S, "v1 live")
@@ -108,12 +107,14 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     expect(page.locator("#live-dot")).to_have_class("online")  # the event stream is open
     page.evaluate("window.sameDocument = true")  # gone if the page reloads
 
-    # A second rated reply trains v2; the page shows it without a reload.
-    converse(c, "chat-2", "And what is a hot swap?")
+    # The conversation goes on (its first reply is now paired with a next state) and the second
+    # rated reply trains v2; the page shows it without a reload.
+    converse(c, "chat-1", [*chat, {"role": "user", "content": "And what is a hot swap?"}])
     expect(page.locator("#health-live")).to_have_text("v2", timeout=UI_TIMEOUT_MS)
     expect(page.locator("#versions tr[data-version=v2]")).to_have_class("live")
     expect(page.locator("#versions tr[data-version=v1] .state")).to_have_text("retired")
     expect(page.locator("#steps tbody tr")).to_have_count(2)
+    expect(page.locator("#health-main")).to_contain_text("100% paired with a next state")
     expect(page.locator(".chart .uplot")).not_to_have_count(0)  # uPlot drew the curves
     assert page.evaluate("window.sameDocument") is True
     page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
@@ -131,7 +132,8 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     # Browse a conversation.
     page.click("#conversations a:has-text('chat-1')")
     expect(page.locator("#conversation")).to_contain_text("What is a LoRA?")
-    expect(page.locator("#conversation")).to_contain_text("thumbs up")
+    expect(page.locator("#conversation")).to_contain_text("Next user: And what is a hot swap?")
+    expect(page.locator("#conversation .said")).to_have_count(2)  # both replies rated
 
     # Nothing came from another origin, and the CSP never had to block anything.
     assert all(u.startswith(d.url) for u in requests), [u for u in requests if not u.startswith(d.url)]
