@@ -145,9 +145,14 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     """Print a one-time login link to the dashboard and open it where a browser exists."""
     import webbrowser
 
+    import httpx
+
     s = _settings(args)
     url, headers = _daemon(args, s)
-    link = url + _call("POST", f"{url}/v1/dashboard/link", headers)["path"]
+    try:
+        link = url + _call("POST", f"{url}/v1/dashboard/link", headers)["path"]
+    except httpx.HTTPError as e:
+        raise ValueError(f"no daemon at {url} ({type(e).__name__}); start it with `clawback serve`") from None
     print(f"dashboard (this link logs in once, within 2 minutes): {link}")
     if not args.no_browser:
         try:
