@@ -348,6 +348,8 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
         numbers = _gate_numbers(r)
         if any(v is not None for v in numbers.values()):
             gate[r["version"]] = numbers
+    for r in rates:
+        r.update(gate.get(r["order"], dict.fromkeys(GATE_METRICS)))
     steps = []
     for r in c.execute("SELECT step, version, outcome, samples, error, metrics, finished_at FROM train_steps "
                        "ORDER BY step"):
