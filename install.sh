@@ -114,10 +114,11 @@ if [ "$test" = 1 ]; then
   chromium=${CLAWBACK_CHROMIUM:-/usr/bin/chromium}
   if [ ! -x "$chromium" ]; then
     sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
-    if command -v apt-get >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && { [ "${#sudo[@]}" = 0 ] || command -v sudo >/dev/null 2>&1; }; then
       "${sudo[@]}" apt-get install -y -q chromium || { "${sudo[@]}" apt-get update -q && "${sudo[@]}" apt-get install -y -q chromium; }
     else
-      echo "install.sh --test: the dashboard tests need Chromium at $chromium (set CLAWBACK_CHROMIUM to its path)" >&2
+      echo "install.sh --test: the dashboard tests need Chromium at $chromium: install Debian's chromium" \
+           "(apt-get install chromium, as root) or set CLAWBACK_CHROMIUM to a Chromium's path" >&2
       exit 1
     fi
   fi
