@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import json
 import math
+import re
 import secrets
 import sqlite3
 import time
@@ -37,6 +38,8 @@ COOKIE = "clawback_ui"
 SESSION_TTL_S = 12 * 3600
 LINK_TTL_S = 120
 EVENTS_POLL_S = 1.0
+STREAM_LIFETIME_S = 5.0
+RECONNECT_MS = 1000
 QUIET_HOUR_S = 3600
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -242,16 +245,22 @@ async def _changes(state: Any, request: Request) -> AsyncIterator[bytes]:
     a feedback socket (the extension) comes or goes.
 
     The store's write counter moves on every committed call, feedback event, sample, training step
-    and swap, so one cheap comparison per second covers every section."""
-    last = None
-    yield b"retry: 2000\n\n"
-    while not await request.is_disconnected():
-        now = (state.store.written, state.engine.active_version(), sum(state.store.dropped.values()),
-               state.hub.connections())
-        if now != last:
-            if last is not None:
-                yield b"event: changed\ndata: {}\n\n"
-            last = now
+    and swap, so one cheap comparison per second covers every section. Each event's id is that
+    state; a stream ends after STREAM_LIFETIME_S (an open stream would hold the daemon's shutdown),
+    and the browser reconnects with the last id it saw, so a change in between is not missed."""
+
+    def now() -> str:
+        return (f"{state.store.written}.{state.engine.active_version()}.{sum(state.store.dropped.values())}."
+                f"{state.hub.connections()}")
+
+    seen = request.headers.get("last-event-id", "")
+    last = seen if re.fullmatch(r"[\w.]{1,200}", seen) else now()
+    yield f"retry: {RECONNECT_MS}\nid: {last}\n\n".encode()
+    ends = time.monotonic() + STREAM_LIFETIME_S
+    while time.monotonic() < ends and not await request.is_disconnected():
+        if (current := now()) != last:
+            yield f"id: {current}\nevent: changed\ndata: {{}}\n\n".encode()
+            last = current
         await asyncio.sleep(EVENTS_POLL_S)
 
 

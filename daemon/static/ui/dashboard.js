@@ -31,8 +31,9 @@ document.addEventListener("DOMContentLoaded", () => {
   if (!url) return;
   const dot = document.getElementById("live-dot");
   const events = new EventSource(url);
-  events.onopen = () => dot.className = "online";
-  events.onerror = () => dot.className = "offline";
+  let lost = null;  // the daemon ends each stream after a while: offline only if no reconnect follows
+  events.onopen = () => { clearTimeout(lost); dot.className = "online"; };
+  events.onerror = () => { clearTimeout(lost); lost = setTimeout(() => dot.className = "offline", 3000); };
   events.addEventListener("changed", () => htmx.trigger(document.body, "changed"));
 });
 document.addEventListener("htmx:afterSettle", (e) => drawCharts(e.detail.elt));
