@@ -169,6 +169,11 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
 
     _one_time_link(browser, d)
 
+    # A page that stays open (its event stream) does not hold up the daemon's shutdown.
+    expect(small.locator("#live-dot")).to_have_class("online")
+    d.proc.terminate()
+    d.proc.wait(60)  # raises TimeoutExpired if the open stream held the shutdown
+
 
 def _one_time_link(browser, d: DaemonProcess) -> None:
     """`clawback dashboard` prints a link that logs in once."""
