@@ -323,7 +323,7 @@ class DashboardData:
             "untagged_only": untagged_only(s.capture.last_untagged_at, last_main, time.time()),
             "samples": counts["samples"],
             "ready": counts["samples"].get("ready", 0),
-            "batch_size": s.settings.batch_size,
+            "batch_size": s.settings.train_config().batch_size,
             "training": s.trainer is not None,
             "training_now": bool(s.trainer and s.trainer.busy),
             "judge": s.judge_name,
