@@ -6,9 +6,9 @@ whenever the store commits something, so it updates without a reload.
 
 Security: the page is behind the API key. Logging in (with the key, or with a one-time link from
 `clawback dashboard`) gives an HttpOnly, SameSite=Strict session cookie scoped to /ui. Every POST
-must carry the session's CSRF token in a header (htmx sends it) and, when the browser says where
-it comes from, an Origin equal to this daemon's. A Content-Security-Policy allows nothing from
-another origin. Actions call the same code as the HTTP API and the CLI (`AdapterManager`).
+must carry the session's CSRF token in a header (htmx sends it) and come from this origin
+(`Sec-Fetch-Site`, or `Origin` from browsers without Fetch Metadata). A Content-Security-Policy
+allows nothing from another origin. Actions call the same code as the HTTP API and the CLI (`AdapterManager`).
 """
 
 from __future__ import annotations
