@@ -3,8 +3,8 @@
 Fills a fresh store through the real writer (`Store.submit`) with S sessions of M main calls each
 (prompts of 300 token ids, replies of 60, their logprobs), one untagged call per session, 👍/👎 on
 a third of the main calls and a correction on a tenth, then starts the real daemon on it
-(`python -m clawback.daemon.cli serve`, tiny random Llama, training and judge off), logs in to
-/ui with the key and times, interleaved over R rounds, `GET /ui/part/<name>` for every section
+(`python -m clawback.daemon.cli serve`, tiny random Llama, training and judge off, no key), logs
+in to /ui and times, interleaved over R rounds, `GET /ui/part/<name>` for every section
 and `GET /ui/` (all sections at once). The page re-fetches its sections after every store commit
 (at most once per second while calls arrive), so a section's time is what an open dashboard
 adds per second to a busy daemon's threads.
@@ -21,7 +21,6 @@ import asyncio
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -29,12 +28,9 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from clawback.daemon.store import Store  # noqa: E402
-from clawback.records import Call  # noqa: E402
-from tests.conftest import DaemonProcess, make_tiny_llama  # noqa: E402
+from _common import DEFAULT_MODEL, Daemon, tiny_model
+from clawback.daemon.store import Store
+from clawback.records import Call
 
 PARTS = ("health", "learning", "feedback", "versions", "conversations")
 
@@ -71,9 +67,9 @@ async def fill(db: Path, sessions: int, calls: int, rng: random.Random) -> None:
     store.close()
 
 
-def measure(url: str, key: str, rounds: int) -> dict[str, float]:
+def measure(url: str, rounds: int) -> dict[str, float]:
     with httpx.Client(base_url=url, timeout=600) as c:
-        c.post("/ui/login", data={"key": key}, headers={"sec-fetch-site": "same-origin"})
+        c.get("/ui/login")  # a daemon without a key logs the dashboard in at once
         assert "clawback_ui" in c.cookies, "login failed"
         times: dict[str, list[float]] = {name: [] for name in (*PARTS, "page")}
         for _ in range(rounds):
@@ -91,12 +87,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=10, help="main calls per session")
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
-    from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
-
     tmp = Path(tempfile.mkdtemp(prefix="clawback-bench-dashboard-"))
-    embedded = ensure_embedded_model(Path.home() / ".cache" / "clawback" / "models" / EMBEDDED_DIR_NAME)
-    model = make_tiny_llama(embedded, tmp / "tiny", hidden_size=32, intermediate_size=64,
-                            num_attention_heads=4, num_key_value_heads=2)
+    model = tiny_model(DEFAULT_MODEL, tmp / "tiny")
     env = {"CLAWBACK_JUDGE": "off", "CLAWBACK_TRAIN": "false"}
     print(f"| main calls | {' | '.join(PARTS)} | whole page |\n|---|{'---|' * (len(PARTS) + 1)}")
     for sessions in args.sessions:
@@ -105,9 +97,9 @@ def main() -> None:
         t = time.time()
         asyncio.run(fill(data / "clawback.db", sessions, args.calls, random.Random(0)))
         fill_s = time.time() - t
-        d = DaemonProcess(data, model, env=env).start()
+        d = Daemon(model, data, threads=1, device="cpu", log_level="warning", env=env).wait_ready()
         try:
-            ms = measure(d.url, d.api_key, args.rounds)
+            ms = measure(d.url, args.rounds)
         finally:
             d.stop()
         cells = " | ".join(f"{ms[name]:.1f}" for name in (*PARTS, "page"))
