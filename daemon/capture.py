@@ -133,6 +133,7 @@ class Capture:
         self.last_tagged_main_at: float | None = None  # a main call tagged by the plugin (X-Turn-Type)
         self.side_untagged_since_main = 0  # untagged side calls served since the last main call
         self._warned_at: float | None = None
+        self.last_untagged_at: float | None = None  # the dashboard warns when only these arrive
 
     def untrained_warning(self) -> str | None:
         """Untagged calls keep coming and no main call does: the most common reason nothing trains."""
@@ -179,6 +180,7 @@ class Capture:
         now = self.clock()
         if not meta.tagged:
             self._count("untagged_calls")
+            self.last_untagged_at = self.clock()
         if meta.turn_type != "main":
             if not meta.tagged:
                 self.side_untagged_since_main += 1

@@ -1,4 +1,4 @@
-"""The daemon's commands: init, serve, status, adapters, export.
+"""The daemon's commands: init, serve, status, adapters, dashboard, export.
 
 `clawback.cli` adds `simulate` (from `clawback.sim`) and is the installed `clawback` command;
 `python -m clawback.daemon.cli` runs the daemon's commands alone."""
@@ -176,6 +176,27 @@ def cmd_openclaw(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Print a one-time login link to the dashboard and open it where a browser exists."""
+    import webbrowser
+
+    import httpx
+
+    s = _settings(args)
+    url, headers = _daemon(args, s)
+    try:
+        link = url + _call("POST", f"{url}/v1/dashboard/link", headers)["path"]
+    except httpx.HTTPError as e:
+        raise ValueError(f"no daemon at {url} ({type(e).__name__}); start it with `clawback serve`") from None
+    print(f"dashboard (this link logs in once, within 2 minutes): {link}")
+    if not args.no_browser:
+        try:
+            webbrowser.get().open(link)
+        except webbrowser.Error:
+            pass  # no browser on this machine (a server): the printed link is the way in
+    return 0
+
+
 def _parse_since(value: str | None) -> float | None:
     if value is None:
         return None
@@ -248,6 +269,12 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_adapters)
+
+    p = sub.add_parser("dashboard", help="open the dashboard with a one-time login link")
+    _settings_flags(p)
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.add_argument("--no-browser", action="store_true", help="only print the link")
+    p.set_defaults(fn=cmd_dashboard)
 
     p = sub.add_parser("export", help="write sessions, calls and next states (--jsonl), or an adapter version")
     _settings_flags(p)
