@@ -28,12 +28,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
-from clawback.engine import Engine, EngineError, Sampling
+from clawback.engine import Engine, EngineError, Sampling, Token
 from clawback.records import Call, parse_version
 
 from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
+from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
+from .engines import grammar
 from .feedback import FeedbackEvent, Hub, add_feedback_routes
 from .forget import forget, parse_time
 from .store import ForgetScope, Store, StoreBusy
@@ -147,11 +149,12 @@ class AppState:
 
 
 ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback",
-          "/v1/adapters", "/v1/forget")
+          "/v1/adapters", "/v1/forget", "/v1/dashboard/link")
 
 
 class Gate:
-    """Bearer auth (all but /healthz), request counting. Pure ASGI so streaming stays untouched."""
+    """Bearer auth (all but /healthz and the dashboard, which has its own login), request counting.
+    Pure ASGI so streaming stays untouched."""
 
     def __init__(self, app: Any, state: AppState) -> None:
         self.app, self.state = app, state
@@ -170,7 +173,8 @@ class Gate:
             await send(message)
 
         try:
-            if self.expected is not None and path != "/healthz":
+            dashboard = path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+            if self.expected is not None and path != "/healthz" and not dashboard:
                 given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
                 if not hmac.compare_digest(given, self.expected):
                     msg = "missing bearer token" if not given else "invalid API key"
@@ -246,6 +250,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "generations_running": state.running,
             "sessions_open": state.capture.open_sessions(),
             "capture": dict(state.capture.counters),
+            "warnings": [w for w in (state.capture.untrained_warning(),) if w],
+            "main_calls": {"last_at": state.capture.last_main_at, "last_tagged_at": state.capture.last_tagged_main_at},
             "signals": {"method": state.pipeline.cfg.method, "teacher": state.pipeline.cfg.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "training": {
@@ -273,6 +279,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
     _add_forget_route(app, state)
+    add_dashboard_routes(app, state)
     _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
                            ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody,
                            ("/v1/forget", "post"): ForgetBody})
@@ -387,6 +394,20 @@ async def _read_json(request: Request, limit: int, empty: Any = None) -> Any:
         raise ApiError(e.status, f"request body: {e.message}", code=e.code) from None
 
 
+IMAGE_PARTS = ("image_url", "input_image", "image")
+
+
+def _refuse_images(raw: dict[str, Any]) -> None:
+    """Image content parts get a plain answer rather than a schema path."""
+    messages = raw.get("messages")
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                raise ApiError(400, "this model does not accept images", param=f"messages.{i}.content.{j}",
+                               code="images_not_supported")
+
+
 def _validation_error(e: ValidationError) -> ApiError:
     first = e.errors()[0]
     param = ".".join(str(p) for p in first["loc"]) or None
@@ -412,10 +433,22 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     raw = await _read_json(request, state.settings.max_body_bytes)
     if not isinstance(raw, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    _refuse_images(raw)
     try:
         req = ChatRequest.model_validate(raw)
     except ValidationError as e:
         raise _validation_error(e) from None
+    if (req.n or 1) > 1:
+        raise ApiError(400, "n > 1 is not supported: each reply is its own call; send n requests",
+                       param="n", code="unsupported_parameter")
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    constraint = req.constraint()
+    if constraint is not None:
+        error = await asyncio.to_thread(grammar.check, constraint)
+        if error:
+            param = "tools" if constraint.prefix else "response_format"
+            raise ApiError(400, f"cannot enforce this schema: {error.strip()}", param=param, code="invalid_schema")
     if req.model not in (state.settings.served_model_name, state.engine.info.name):
         raise ApiError(404, f"model {req.model!r} does not exist; this daemon serves "
                             f"{state.settings.served_model_name!r}", param="model", code="model_not_found")
@@ -440,6 +473,8 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         max_tokens=min(wanted, ctx - len(prompt_ids)),  # the room left in the context
         seed=req.seed,
         stop_token_ids=state.engine.info.eos_token_ids,
+        top_logprobs=req.top_logprobs or 0,
+        constraint=constraint,
     )
     return _Prepared(req, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
                      f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
@@ -452,8 +487,7 @@ class _Run:
         self.state, self.p = state, p
         self.detok = IncrementalDetokenizer(state.renderer.tokenizer)
         self.gate = TextGate(p.req.stop_list(), p.req.tools_enabled())
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
+        self.tokens: list[Token] = []
         self.first_token_at: float | None = None
         self.finish_reason = "cancelled"
         self.tool_calls: list[dict[str, Any]] = []
@@ -467,8 +501,7 @@ class _Run:
             async for tok in stream:
                 if self.first_token_at is None:
                     self.first_token_at = time.time()
-                self.ids.append(tok.id)
-                self.logprobs.append(tok.logprob)
+                self.tokens.append(tok)
                 if tok.id in eos:
                     break
                 out = self.gate.feed(self.detok.push(tok.id))
@@ -478,7 +511,7 @@ class _Run:
                     break
         finally:
             await stream.aclose()  # stops the engine early on a stop string or a client disconnect
-        hit_eos = bool(self.ids) and self.ids[-1] in eos
+        hit_eos = bool(self.tokens) and self.tokens[-1].id in eos
         tail = self.gate.finish()
         if tail:
             yield tail
@@ -494,12 +527,19 @@ class _Run:
         """OpenAI `logprobs.content` for every sampled token (the end token included)."""
         if not self.p.req.logprobs:
             return None
-        tok = self.state.renderer.tokenizer
-        content = []
-        for token_id, lp in zip(self.ids, self.logprobs):
-            text = tok.decode([token_id])
-            content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
-        return {"content": content}
+        decode = self.state.renderer.tokenizer.decode
+
+        def entry(token_id: int, lp: float) -> dict[str, Any]:
+            text = decode([token_id])
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        return {"content": [{**entry(t.id, t.logprob),
+                             "top_logprobs": [entry(i, lp) for i, lp in zip(t.top_ids, t.top_logprobs)]}
+                            for t in self.tokens]}
+
+    @property
+    def ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
 
     def usage(self) -> dict[str, int]:
         n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
@@ -513,7 +553,7 @@ class _Run:
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
             adapter_version=parse_version(p.adapter), request=p.req.openai_body(), prompt_text=p.prompt_text,
-            prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
+            prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=[t.logprob for t in self.tokens],
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,
             timings={"render_s": p.rendered - p.arrived, "ttft_s": ttft, "total_s": now - p.arrived,
