@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
 BACKGROUND_EVERY = 8
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily, as vLLM and SGLang do
 
 
 def pick_device(device: str) -> torch.device:
@@ -330,12 +331,13 @@ class EmbeddedEngine:
 
     @staticmethod
     def _sample(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> int:
-        if sampling.temperature <= 0:
+        if sampling.temperature < GREEDY_BELOW:  # a tiny temperature is greedy (and 1/T overflows)
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / sampling.temperature, dim=-1)
         if sampling.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p  # always keeps the top
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p
+            keep[0] = True  # the top token always (a top_p under float32's range compares as 0)
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
         return int(torch.multinomial(probs, 1, generator=rng))
 
