@@ -1,7 +1,8 @@
 """The dashboard at /ui in a real headless Chromium (Debian's `chromium`, driven by Playwright for
 Python) against a real daemon (tiny random Llama, Ray trainer, auth on): log in, read the health
 of a daemon that served a tagged conversation with feedback, watch a new version go live without a
-reload, roll back with a click and see the engine serve the old version; a request without the
+reload, roll back with a click and see the engine serve the old version; forget a conversation with
+a click and roll back the versions trained on it; a request without the
 cookie and cross-site POSTs are refused; `clawback dashboard`'s link logs in once. Screenshots go
 to $CLAWBACK_SCREENSHOTS (default: the test's tmp dir)."""
 
@@ -20,7 +21,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.conftest import DaemonProcess, free_port, wait_for
+from tests.conftest import DaemonProcess, free_port, query, wait_for
 
 CHROMIUM = os.environ.get("CLAWBACK_CHROMIUM", "/usr/bin/chromium")  # install.sh --test installs it
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -129,12 +130,6 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     assert r.headers["x-clawback-adapter"] == "v1"
     assert page.evaluate("window.sameDocument") is True
 
-    # Browse a conversation.
-    page.click("#conversations a:has-text('chat-1')")
-    expect(page.locator("#conversation")).to_contain_text("What is a LoRA?")
-    expect(page.locator("#conversation")).to_contain_text("Next user: And what is a hot swap?")
-    expect(page.locator("#conversation .said")).to_have_count(2)  # both replies rated
-
     # Nothing came from another origin, and the CSP never had to block anything.
     assert all(u.startswith(d.url) for u in requests), [u for u in requests if not u.startswith(d.url)]
     assert not [m for m in console if "Content Security Policy" in m or "page error" in m], console
@@ -155,17 +150,38 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     _cross_site_posts_refused(page, d, tmp_path)
     assert live_version(c) == 1
 
+    # Browse a conversation.
+    page.click("#conversations a:has-text('chat-1')")
+    expect(page.locator("#conversation")).to_contain_text("What is a LoRA?")
+    expect(page.locator("#conversation")).to_contain_text("Next user: And what is a hot swap?")
+    expect(page.locator("#conversation .said")).to_have_count(2)  # both replies rated
+
+    # Forget it from its page (`forget()`, as `clawback forget`): what was deleted, the versions
+    # trained on it and the rollback that stops serving them, which a click does.
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#conversation button.forget")
+    expect(page.locator("#conversation")).to_contain_text("Forgot session chat-1")
+    expect(page.locator("#conversation")).to_contain_text("2 calls")
+    expect(page.locator("#forgotten-trained")).to_contain_text("v1, v2 were trained on it")
+    expect(page.locator("#conversations")).not_to_contain_text("chat-1")  # the list refreshed itself
+    assert not query(d.data_dir / "clawback.db", "SELECT 1 FROM calls WHERE session_id = 'chat-1'")
+    assert query(d.data_dir / "clawback.db", "SELECT 1 FROM calls WHERE session_id LIKE 'anon-%'")  # the others stay
+    page.click("#conversation button:has-text('Roll back to base')")
+    expect(page.locator("#health-live")).to_have_text("base")
+    assert live_version(c) is None
+
     # Without the cookie: the page sends you to log in, its parts and actions refuse.
     anon = httpx.Client(base_url=d.url, timeout=60)
     assert anon.get("/ui/").headers["location"] == "/ui/login"
     assert anon.get("/ui/part/versions").status_code == 401
     assert anon.get("/ui/events").status_code == 401
-    keyed = c.post("/ui/adapters/rollback", data={"version": "base"})  # the bearer key is not a session
+    keyed = c.post("/ui/adapters/rollback", data={"version": "1"})  # the bearer key is not a session
     assert keyed.status_code == 401
+    assert c.post("/ui/forget", data={"session_id": "x"}).status_code == 401
     page.click("text=Log out")
     page.wait_for_url("**/ui/login")
     assert page.request.get(f"{d.url}/ui/part/health").status == 401
-    assert live_version(c) == 1
+    assert live_version(c) is None
 
     _one_time_link(browser, d)
 
@@ -187,7 +203,7 @@ def _one_time_link(browser, d: DaemonProcess) -> None:
     first = browser.new_context().new_page()
     first.goto(link)
     assert first.url == f"{d.url}/ui/"
-    expect(first.locator("#health-live")).to_have_text("v1")
+    expect(first.locator("#health-live")).to_have_text("base")
     second = browser.new_context().new_page()
     second.goto(link)
     expect(second.get_by_role("alert")).to_contain_text("used already")
