@@ -44,9 +44,24 @@ def build_state(settings: Settings) -> AppState:
     state.adapters = AdapterManager(
         engine, store, settings.data_dir / "adapters", settings.keep_versions,
         on_live=lambda v: state.hub.broadcast({"type": "adapter_live", "version": None if v is None else f"v{v}"}))
+    _gate(settings, state)
     if settings.train:
         state.trainer = _training_loop(settings, state, model_dir, placement)
     return state
+
+
+def _gate(settings: Settings, state: AppState) -> None:
+    """The candidate gate (before a version goes live) and the live guard (after)."""
+    from .gate import Gate
+    from .guard import LiveGuard
+
+    cfg = settings.gate
+    if cfg.enabled:
+        state.gate = Gate(state.engine, state.renderer, state.store, cfg, busy=lambda: state.running)
+    if cfg.guard_replies:
+        state.guard = LiveGuard(state.store, state.adapters, cfg, on_rollback=lambda r: state.hub.broadcast(
+            {"type": "adapter_rolled_back", "version": f"v{r['version']}",
+             "to": None if r["to"] is None else f"v{r['to']}", "reason": r["reason"]}))
 
 
 def _ray_placement(settings: Settings) -> RayPlacement | None:
@@ -82,7 +97,8 @@ def _training_loop(settings: Settings, state: AppState, model_dir: str, placemen
         state.hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
                              "mean_reward": step["mean_reward"]})
 
-    return TrainingLoop(state.store, state.adapters, cfg, start_worker, on_trained)
+    return TrainingLoop(state.store, state.adapters, cfg, start_worker, on_trained, gate=state.gate,
+                        on_refused=lambda r: state.hub.broadcast({"type": "adapter_refused", **r}))
 
 
 AUTO_JUDGE_MIN_PARAMS = 1_000_000_000
@@ -151,6 +167,8 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
             tasks.append(asyncio.create_task(pipeline.run()))
         if trainer is not None:
             tasks.append(asyncio.create_task(trainer.run()))
+        if state.guard is not None:
+            tasks.append(asyncio.create_task(state.guard.run()))
         log.info("clawback serving %s on %s (auth %s)", state.engine.info.name, settings.base_url,
                  "off" if state.api_key is None else "on")
         try:

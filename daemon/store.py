@@ -491,13 +491,14 @@ class Store:
              step.get("error"), json.dumps(step.get("metrics") or {})),
         )
         if step.get("path") is not None:
+            state = step.get("adapter_state", step["outcome"])  # `candidate` when a gate decides
             self._conn.execute(
                 "INSERT INTO adapters(version, parent, path, state, reason, method, samples, metrics, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (step["version"], step.get("parent"), step["path"], step["outcome"], step.get("error"),
+                (step["version"], step.get("parent"), step["path"], state, step.get("error"),
                  step.get("method"), len(call_ids), json.dumps(step.get("metrics") or {}), now, now),
             )
-            self._event(f"adapter.{step['outcome']}", str(step["version"]), {"parent": step.get("parent"), "error": step.get("error")})
+            self._event(f"adapter.{state}", str(step["version"]), {"parent": step.get("parent"), "error": step.get("error")})
         if step["outcome"] != "committed":
             return 0
         consumed = self._conn.execute(
@@ -579,11 +580,12 @@ class Store:
 
         def q(c: sqlite3.Connection) -> list[dict[str, Any]]:
             rows = c.execute(
-                "SELECT s.call_id, s.reward, s.teacher_logprobs, c.prompt_ids, c.response_ids, "
+                "SELECT s.call_id, s.reward, s.reward_source, s.correction, s.teacher_logprobs, c.prompt_ids, c.response_ids, "
                 "c.behaviour_logprobs, c.adapter_version FROM samples s JOIN calls c USING (call_id) "
                 "WHERE s.state = 'ready' ORDER BY s.updated_at LIMIT ?", (limit,)).fetchall()
             return [{
                 "call_id": r["call_id"], "reward": r["reward"] or 0.0, "adapter_version": r["adapter_version"],
+                "reward_source": r["reward_source"], "correction": r["correction"],
                 "prompt_ids": blob_ids(r["prompt_ids"]), "response_ids": blob_ids(r["response_ids"]),
                 "behaviour_logprobs": blob_logprobs(r["behaviour_logprobs"]),
                 "teacher_logprobs": blob_logprobs(r["teacher_logprobs"]) if r["teacher_logprobs"] is not None else None,
@@ -601,6 +603,7 @@ class Store:
                 row = dict(r)
                 row["metrics"] = json.loads(row["metrics"])
                 row["pinned"] = bool(row["pinned"])
+                row["gate"] = json.loads(row["gate"])
                 out.append(row)
             return out
 

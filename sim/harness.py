@@ -93,6 +93,8 @@ async def _settle(state: Any, batch_size: int) -> None:
     failures = trainer.failures if trainer is not None else 0
     while time.monotonic() < deadline:
         await asyncio.to_thread(state.store.flush)
+        if state.guard is not None:  # decide on a rollback now, not whenever its poll comes round
+            await state.guard.check()
         pending = await asyncio.to_thread(state.store.pending_samples, 1)
         if not pending and not state.pipeline._inflight:
             if trainer is None:
@@ -151,7 +153,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
     if method.trains:
         train_cfg = cfg.train_config(method, cell.seed)
         start = local_worker_starter(str(model_dir), train_cfg, cfg.threads)
-        state.trainer = TrainingLoop(state.store, state.adapters, train_cfg, start, poll_s=1.0)
+        state.trainer = TrainingLoop(state.store, state.adapters, train_cfg, start, poll_s=1.0, gate=state.gate)
     app = daemon_app(settings, state)
     curve: list[dict[str, Any]] = []
     interactions: list[dict[str, Any]] = []

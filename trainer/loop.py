@@ -9,7 +9,11 @@ serving never waits for it. Per step:
      be on another node: no shared filesystem); the daemon commits them atomically into its
      adapters dir;
   3. the daemon validates and loads it beside the live version; only then the store commits the
-     version and marks its samples consumed (one transaction), and new requests go to it.
+     version and marks its samples consumed (one transaction);
+  4. with a gate (clawback.daemon.gate) the version is a candidate until the gate has compared it
+     with the live one: promoted, new requests go to it; refused, it stays on disk out of service
+     and the next step trains from the live version again. Without a gate it goes live at once.
+Rated samples the gate holds out for its preference replay are dropped with reason `held_out`.
 A step that fails (actor crash, NaN, a version that does not load) is recorded with its error;
 its samples stay ready and the actor goes back to the live version. The actor starts lazily, at
 the first full batch, and resumes from the live version, whose files the daemon sends it.
@@ -33,8 +37,11 @@ log = logging.getLogger(__name__)
 class TrainingLoop:
     def __init__(self, store: Store, adapters: AdapterManager, cfg: TrainConfig,
                  start_worker: Callable[[], Any], on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
-                 poll_s: float = 10.0) -> None:
+                 poll_s: float = 10.0, gate: Any = None,
+                 on_refused: Callable[[dict[str, Any]], None] = lambda _: None) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
+        self.gate = gate  # clawback.daemon.gate.Gate, or None: every version goes live
+        self.on_refused = on_refused
         self.start_worker = start_worker  # returns a Ray actor handle (or anything with .remote methods)
         self.on_trained = on_trained
         self.poll_s = poll_s
@@ -77,11 +84,11 @@ class TrainingLoop:
         live = self.adapters.live() or 0
         stale = [r["call_id"] for r in rows if live - (version_of(r["adapter_version"]) or 0) > self.cfg.max_staleness]
         unusable = [r["call_id"] for r in rows if self.cfg.method == "opd" and r["teacher_logprobs"] is None]
-        if stale:
-            await self.store.commit("drop_samples", stale, "stale")
-        if unusable:
-            await self.store.commit("drop_samples", unusable, "no_teacher_for_opd")
-        usable = [r for r in rows if r["call_id"] not in set(stale) | set(unusable)]
+        held = [r["call_id"] for r in rows if self.gate is not None and self.gate.holds_out(r)]
+        for call_ids, reason in ((held, "held_out"), (stale, "stale"), (unusable, "no_teacher_for_opd")):
+            if call_ids:
+                await self.store.commit("drop_samples", call_ids, reason)
+        usable = [r for r in rows if r["call_id"] not in set(stale) | set(unusable) | set(held)]
         return usable[: self.cfg.batch_size] if len(usable) >= self.cfg.batch_size else []
 
     async def _worker(self) -> Any:
@@ -118,13 +125,24 @@ class TrainingLoop:
             step.update(outcome="failed", error=f"{type(e).__name__}: {e}"[:1000])
             await self.store.commit("train_step", step, call_ids)
             await self._recover(parent, e)
+            self.busy = False
             return None
+        step["outcome"] = "committed"
+        self.steps += 1
+        try:
+            if self.gate is not None:
+                step["adapter_state"] = "candidate"
+            await self.store.commit("train_step", step, call_ids)
+            if self.gate is not None:
+                verdict = await self.gate.review(version, parent, result["metrics"])
+                if not verdict.promote:
+                    await self.adapters.refuse(version, verdict.reason, verdict.report)
+                    self.on_refused({"version": f"v{version}", "reason": verdict.reason})
+                    return None
+                await self.adapters.record_gate(version, verdict.report)
+            swap_s = await self.adapters.go_live(version, path)
         finally:
             self.busy = False
-        step["outcome"] = "committed"
-        await self.store.commit("train_step", step, call_ids)
-        swap_s = await self.adapters.go_live(version, path)
-        self.steps += 1
         pruned = await self.adapters.prune()  # retention: newest K good versions + pinned + live
         if pruned:
             log.info("pruned adapter versions %s", pruned)
