@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .chat import ChatRequest, ChatRenderer
+from clawback.chat import ChatRenderer, ChatRequest
 from .config import GateConfig
-from .engines.base import Engine, Sampling
+from clawback.engine import Engine, Sampling
 from .probes import Generation, Probe, collapse_stats, load_probes, passes
 from .store import Store, blob_ids, blob_logprobs
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
+from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.config import GateConfig
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.gate import Gate
 from clawback.daemon.store import CallRecord, Store
-from clawback.trainer.adapters import publish
+from clawback.adapter_format import publish
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 
