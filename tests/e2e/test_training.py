@@ -20,7 +20,10 @@ from websockets.sync.client import connect
 from clawback.daemon.store import blob_ids, blob_logprobs
 from tests.conftest import DaemonProcess, query, wait_for
 
-TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1"}
+# Every trained version goes live at once: these tests are about swapping (tests/e2e/test_gate.py
+# covers the gate in front of it).
+TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1",
+             "CLAWBACK_GATE": '{"enabled": false, "guard_replies": 0}'}
 
 
 def rate(c: httpx.Client, session: str, kind: str = "thumbs_up") -> None:
