@@ -53,7 +53,7 @@ class GateConfig(BaseModel):
     replay_calls: int = Field(32, ge=0)  # newest held-out calls replayed per candidate
     replay_min_each: int = Field(2, ge=1)  # liked and disliked calls needed for the margin check
     replay_tolerance: float = Field(0.05, ge=0)  # nats/token the candidate may lose against live
-    replay_max_tokens: int = Field(4096, ge=16)  # longer calls are not replayed (one forward each)
+    replay_max_tokens: int = Field(16384, ge=16)  # longer calls are not replayed (one forward each)
     # live guard after activation (guard.py)
     guard_replies: int = Field(20, ge=0)  # main replies watched per version, 0 = off
     guard_alpha: float = Field(0.05, gt=0, lt=1)  # significance of Fisher's one-sided exact test

@@ -68,6 +68,8 @@ class SimConfig:
     # Who judges replies: None = the scenario's rules; else "MODEL@URL" of an OpenAI-compatible
     # endpoint playing the user (raters.LLMRater). Part of the config so cells never mix the two.
     user_llm: str | None = None
+    # The candidate gate and the live guard (clawback.daemon.gate), as in the daemon: on by default.
+    gate: bool = True
 
     def __post_init__(self) -> None:
         if self.interactions < 1 or self.batch_size < 1 or self.max_tokens < 1:
@@ -81,7 +83,8 @@ class SimConfig:
         """Daemon settings of one cell (besides paths): the method's values, the run's sizes."""
         return {"judge": "off", "batch_size": self.batch_size, "lora_rank": self.lora_rank,
                 "lora_alpha": self.lora_alpha, "lr": self.lr, "default_max_tokens": self.max_tokens,
-                "torch_threads": self.threads, "trainer_threads": self.threads, **method.settings}
+                "torch_threads": self.threads, "trainer_threads": self.threads,
+                "gate": {} if self.gate else {"enabled": False, "guard_replies": 0}, **method.settings}
 
     def train_config(self, method: Method, seed: int) -> TrainConfig:
         overrides: dict[str, Any] = {"batch_size": self.batch_size, "lora_rank": self.lora_rank,
