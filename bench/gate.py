@@ -39,8 +39,9 @@ async def main(args: argparse.Namespace) -> dict:
     from clawback.daemon.engines.embedded import EmbeddedEngine
     from clawback.daemon.gate import Gate
     from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
-    from clawback.daemon.store import CallRecord, Store
+    from clawback.daemon.store import Store
     from clawback.engine import Sampling
+    from clawback.records import Call, JudgedSample, StepRecord
     from clawback.trainer.config import TrainConfig
     from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 
@@ -61,18 +62,16 @@ async def main(args: argparse.Namespace) -> dict:
         out = [t async for t in engine.generate(ids, Sampling(temperature=0.0, max_tokens=48, stop_token_ids=eos))]
         response = [t.id for t in out]
         call_id = str(uuid.uuid4())
-        store.submit("call", CallRecord(call_id, "bench", None, call_id, "main", "awaiting_next_state", time.time(),
-                                        time.time(), "m", None, {"messages": [{"role": "user", "content": prompt}]}, "",
-                                        ids, response, [t.logprob for t in out], tok.decode(response), None, "stop"))
+        store.add_call(Call(call_id, "bench", None, call_id, "main", "awaiting_next_state", time.time(), time.time(),
+                            "m", None, {"messages": [{"role": "user", "content": prompt}]}, "", ids, response,
+                            [t.logprob for t in out], tok.decode(response), None, "stop"))
         kind = "thumbs_up" if i % 2 == 0 else "thumbs_down"
-        store.submit("feedback", {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "bench", "target": call_id},
-                     time.time())
-        store.flush()
-        store.submit("sample", call_id, 0, {"state": "dropped", "reason": "held_out", "reward_source": "explicit",
-                                            "reward": 1.0 if i % 2 == 0 else -1.0}, [])
+        await store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "bench",
+                                    "target": call_id}, time.time())
+        await store.write_sample(JudgedSample(call_id, 0, "dropped", reason="held_out", reward_source="explicit",
+                                              reward=1.0 if i % 2 == 0 else -1.0))
         held.append(Sample(prompt_ids=ids, response_ids=response, behaviour_logprobs=[t.logprob for t in out],
                            reward=1.0 if i % 2 == 0 else -1.0))
-    store.flush()
 
     t0 = time.perf_counter()
     base = await gate._probe(None)
@@ -89,9 +88,8 @@ async def main(args: argparse.Namespace) -> dict:
         step_s = time.perf_counter() - t0
         path = publish(tmp / "adapters", k, model, opt, {"method": "binary"})
         del model, opt
-        store.submit("train_step", {"version": k, "parent": None, "started_at": time.time(), "outcome": "committed",
-                                    "adapter_state": "candidate", "path": str(path), "method": "binary"}, [])
-        store.flush()
+        await store.record_step(StepRecord(k, None, time.time(), "binary", (), "committed", candidate=True,
+                                           path=str(path)))
         await engine.load_adapter(f"v{k}", str(path))
         verdict = await gate.review(k, None, metrics)
         await engine.unload(f"v{k}")

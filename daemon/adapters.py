@@ -12,7 +12,6 @@ Engine names are `v{N}`; `None` is the base model.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 import time
@@ -21,18 +20,11 @@ from typing import Any
 
 from clawback.adapter_format import AdapterError as FileError, install, read_files, validate, version_dir
 from clawback.engine import Engine
+from clawback.records import parse_version, version_name
 
 from .store import Store
 
 log = logging.getLogger(__name__)
-
-
-def engine_name(version: int | None) -> str | None:
-    return None if version is None else f"v{version}"
-
-
-def version_of(name: str | None) -> int | None:
-    return None if name is None else int(name.removeprefix("v"))
 
 
 class AdapterError(RuntimeError):
@@ -47,7 +39,7 @@ class AdapterManager:
         self.last_swap_s: float | None = None
 
     def live(self) -> int | None:
-        return version_of(self.engine.active_version())
+        return parse_version(self.engine.active_version())
 
     def next_version(self) -> int:
         known = [a["version"] for a in self.store.adapters()]
@@ -81,7 +73,7 @@ class AdapterManager:
 
     async def load(self, version: int, path: str) -> None:
         """Validate and load a version without routing anything to it."""
-        name = engine_name(version)
+        name = version_name(version)
         if name in getattr(self.engine, "loaded_versions", lambda: [])():
             return
         try:
@@ -99,9 +91,9 @@ class AdapterManager:
                 if path is None:
                     raise AdapterError(f"v{version}: no path")
                 await self.load(version, path)
-            await self.engine.activate(engine_name(version))
-            await self.store.commit("adapter_live", version)
-            if previous is not None and previous != engine_name(version):
+            await self.engine.activate(version_name(version))
+            await self.store.set_live(version)
+            if previous is not None and previous != version_name(version):
                 await self.engine.unload(previous)  # deferred by the engine until its generations end
             self.last_swap_s = time.perf_counter() - t0
         self.on_live(version)
@@ -119,7 +111,7 @@ class AdapterManager:
         return await self.go_live(version, row["path"])
 
     async def record_gate(self, version: int, report: dict[str, Any]) -> None:
-        await self.store.commit("adapter_update", version, {"gate": json.dumps(report, default=str)})
+        await self.store.update_adapter(version, gate=report)
 
     async def refuse(self, version: int, reason: str, report: dict[str, Any]) -> None:
         """Keep a version on disk but out of service: the gate or the live guard said no."""
@@ -128,10 +120,9 @@ class AdapterManager:
             await self.record_gate(version, {**row["gate"], **report, "overridden": reason})
             return
         report = {**row["gate"], **report}
-        await self.store.commit("adapter_update", version, {"state": "refused", "reason": reason,
-                                                            "gate": json.dumps(report, default=str)})
-        if engine_name(version) in getattr(self.engine, "loaded_versions", lambda: [])() and self.live() != version:
-            await self.engine.unload(engine_name(version))
+        await self.store.update_adapter(version, state="refused", reason=reason, gate=report)
+        if version_name(version) in getattr(self.engine, "loaded_versions", lambda: [])():
+            await self.engine.unload(version_name(version))
 
     async def promote(self, version: int) -> dict[str, Any]:
         """Put a version live whatever the gate said; returns what that overrides."""
@@ -140,13 +131,12 @@ class AdapterManager:
             raise AdapterError(f"v{version} is {row['state']} and cannot serve")
         overrides = row["reason"] if row["state"] == "refused" else None
         swap_s = await self.go_live(version, row["path"])
-        await self.store.commit("event", "adapter.promoted", str(version),
-                                {"overrides": overrides, "previous_state": row["state"]})
+        self.store.add_event("adapter.promoted", str(version), {"overrides": overrides, "previous_state": row["state"]})
         return {"live": version, "swap_s": swap_s, "previous_state": row["state"], "overrides": overrides}
 
     async def pin(self, version: int, pinned: bool = True) -> None:
         self._row(version)
-        await self.store.commit("adapter_update", version, {"pinned": int(pinned)})
+        await self.store.update_adapter(version, pinned=pinned)
 
     async def prune(self) -> list[int]:
         """Keep the newest `keep` good versions, the newest `keep` refused ones, pinned ones and the
@@ -163,7 +153,7 @@ class AdapterManager:
         doomed = [a for a in rows if a["version"] not in keep and a["state"] != "pruned"]
         for a in doomed:
             await asyncio.to_thread(shutil.rmtree, a["path"], True)
-            await self.store.commit("adapter_update", a["version"], {"state": "pruned"})
+            await self.store.update_adapter(a["version"], state="pruned")
         return [a["version"] for a in doomed]
 
     def _row(self, version: int) -> dict[str, Any]:

@@ -27,11 +27,12 @@ from pydantic import ValidationError
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import Engine, EngineError, Sampling
+from clawback.records import Call, parse_version
 
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
 from .feedback import Hub, add_feedback_routes
-from .store import CallRecord, Store
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -482,14 +483,14 @@ class _Run:
         n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
-    def record(self) -> CallRecord:
+    def record(self) -> Call:
         p, now = self.p, time.time()
         ttft = (self.first_token_at or now) - p.arrived
-        return CallRecord(
+        return Call(
             call_id=p.call_id, session_id=p.meta.session_id, turn_id=p.meta.turn_id,
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
-            adapter_version=p.adapter, request=p.req.openai_body(), prompt_text=p.prompt_text,
+            adapter_version=parse_version(p.adapter), request=p.req.openai_body(), prompt_text=p.prompt_text,
             prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,

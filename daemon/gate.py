@@ -33,6 +33,7 @@ from typing import Any, Callable
 from clawback.chat import ChatRenderer, ChatRequest
 from .config import GateConfig
 from clawback.engine import Engine, Sampling
+from clawback.records import ReadySample
 from .probes import Generation, Probe, collapse_stats, load_probes, passes
 from .store import Store, blob_ids, blob_logprobs
 
@@ -111,10 +112,10 @@ class Gate:
         self.promoted = 0
         self.refused = 0
 
-    def holds_out(self, sample: dict[str, Any]) -> bool:
+    def holds_out(self, sample: ReadySample) -> bool:
         """Rated calls (👍/👎 or a correction) in the held-out share are never trained on."""
-        rated = sample.get("reward_source") == "explicit" or sample.get("correction") is not None
-        return rated and held_out(sample["call_id"], self.cfg.held_out_share)
+        rated = sample.reward_source == "explicit" or sample.correction is not None
+        return rated and held_out(sample.call_id, self.cfg.held_out_share)
 
     async def review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
         """Decide whether `v{version}` (loaded, not active) may replace `live` (None = base)."""

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from clawback.adapter_format import publish
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.config import GateConfig
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.gate import Gate
-from clawback.daemon.store import CallRecord, Store
-from clawback.adapter_format import publish
+from clawback.daemon.store import Store
+from clawback.records import Call, JudgedSample, StepRecord
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 
@@ -73,10 +74,8 @@ def make_adapter(rig, version: int, train: list[tuple[str, str]] = (), steps: in
                 if "lora_" in name:
                     p.normal_(0, noise)
     path = publish(rig["root"], version, model, opt, {"method": "binary"})
-    rig["store"].submit("train_step", {"version": version, "parent": None, "started_at": time.time(),
-                                       "outcome": "committed", "adapter_state": "candidate", "path": str(path),
-                                       "method": "binary"}, [])
-    rig["store"].flush()
+    asyncio.run(rig["store"].record_step(StepRecord(version, None, time.time(), "binary", (), "committed",
+                                                    candidate=True, path=str(path))))
     asyncio.run(rig["engine"].load_adapter(f"v{version}", str(path)))
     return str(path)
 
@@ -87,15 +86,17 @@ def held_out_call(rig, prompt: str, reply: str, kind: str) -> None:
     response = rig["tok"](reply, add_special_tokens=False)["input_ids"]
     call_id = str(uuid.uuid4())
     store = rig["store"]
-    store.submit("call", CallRecord(call_id, "s1", None, call_id, "main", "awaiting_next_state", time.time(), time.time(),
-                                    "m", None, {"messages": [{"role": "user", "content": prompt}]}, "", ids, response,
-                                    [-1.0] * len(response), reply, None, "stop"))
-    store.submit("feedback", {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "s1", "target": call_id},
-                 time.time())
-    store.flush()
-    store.submit("sample", call_id, 0, {"state": "dropped", "reason": "held_out", "reward_source": "explicit",
-                                        "reward": 1.0 if kind == "thumbs_up" else -1.0}, [])
-    store.flush()
+    store.add_call(Call(call_id, "s1", None, call_id, "main", "awaiting_next_state", time.time(), time.time(), "m", None,
+                        {"messages": [{"role": "user", "content": prompt}]}, "", ids, response, [-1.0] * len(response),
+                        reply, None, "stop"))
+
+    async def rate() -> None:
+        await store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "s1", "target": call_id},
+                                   time.time())
+        await store.write_sample(JudgedSample(call_id, 0, "dropped", reason="held_out", reward_source="explicit",
+                                              reward=1.0 if kind == "thumbs_up" else -1.0))
+
+    asyncio.run(rate())
 
 
 def review(rig, version: int, metrics: dict | None = None):
