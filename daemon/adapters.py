@@ -111,16 +111,16 @@ class AdapterManager:
         return await self.go_live(version, row["path"])
 
     async def record_gate(self, version: int, report: dict[str, Any]) -> None:
-        await self.store.update_adapter(version, gate=report)
+        """Add to the version's gate report (the gate's checks, the guard's counts)."""
+        await self.store.update_adapter(version, gate={**self._row(version)["gate"], **report})
 
     async def refuse(self, version: int, reason: str, report: dict[str, Any]) -> None:
         """Keep a version on disk but out of service: the gate or the live guard said no."""
         row = self._row(version)
-        if self.live() == version:  # promoted by hand while under review: the person decided
-            await self.record_gate(version, {**row["gate"], **report, "overridden": reason})
+        if self.live() == version and "promoted_by_hand" in row["gate"]:  # while under review
+            await self.record_gate(version, {**report, "overridden": reason})
             return
-        report = {**row["gate"], **report}
-        await self.store.update_adapter(version, state="refused", reason=reason, gate=report)
+        await self.store.update_adapter(version, state="refused", reason=reason, gate={**row["gate"], **report})
         if version_name(version) in getattr(self.engine, "loaded_versions", lambda: [])():
             await self.engine.unload(version_name(version))
 
@@ -131,6 +131,8 @@ class AdapterManager:
             raise AdapterError(f"v{version} is {row['state']} and cannot serve")
         overrides = row["reason"] if row["state"] == "refused" else None
         swap_s = await self.go_live(version, row["path"])
+        # The person decided: neither a pending review nor the live guard takes it back.
+        await self.record_gate(version, {"promoted_by_hand": time.time()})
         self.store.add_event("adapter.promoted", str(version), {"overrides": overrides, "previous_state": row["state"]})
         return {"live": version, "swap_s": swap_s, "previous_state": row["state"], "overrides": overrides}
 

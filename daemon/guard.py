@@ -56,7 +56,9 @@ class LiveGuard:
         if live is None or self.cfg.guard_replies == 0:
             return None
         rows = {a["version"]: a for a in await asyncio.to_thread(self.store.adapters)}
-        parent = rows[live]["parent"] if live in rows else None
+        if live not in rows or "promoted_by_hand" in rows[live]["gate"]:
+            return None  # a version the person put live stays live
+        parent = rows[live]["parent"]
         if parent is not None and rows.get(parent, {}).get("state") in ("failed", "pruned", "refused"):
             return None  # nothing to go back to
         counts = await asyncio.to_thread(self.store.read, lambda c: _counts(c, live, parent, self.cfg))
