@@ -132,12 +132,12 @@ def query(db: Path, sql: str, *args) -> list[sqlite3.Row]:
         conn.close()
 
 
-def wait_for(fn, timeout: float = 30, what: str = "condition"):
+def wait_for(fn, timeout: float = 30, what: str = "condition", interval: float = 0.1):
     """Poll until fn() is truthy (the store is written in the background); return its value."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = fn()
         if value:
             return value
-        time.sleep(0.1)
+        time.sleep(interval)
     raise AssertionError(f"{what} not met within {timeout} s")

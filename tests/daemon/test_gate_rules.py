@@ -93,3 +93,18 @@ def test_gate_settings_live_in_a_gate_table(tmp_path):
     assert s.gate.retention_margin == 5 and s.gate.guard_replies == 0 and s.gate.enabled
     with pytest.raises(ValueError):
         Settings(data_dir=tmp_path, gate={"retention_margn": 1})
+
+
+def test_only_rated_calls_are_held_out():
+    from clawback.daemon.gate import Gate
+    from clawback.records import ReadySample
+
+    gate = Gate(None, None, None, GateConfig(held_out_share=0.5))  # type: ignore[arg-type]
+
+    def sample(i: int, source: str, correction: str | None = None) -> ReadySample:
+        return ReadySample(f"call-{i}", 1.0, None, [1], [2], [-1.0], None, reward_source=source, correction=correction)
+
+    rated = [gate.holds_out(sample(i, "explicit")) for i in range(200)]
+    assert 70 < sum(rated) < 130
+    assert [gate.holds_out(sample(i, "judge", "shorter")) for i in range(200)] == rated  # a correction is a rating
+    assert not any(gate.holds_out(sample(i, "judge")) for i in range(200))  # the judge's verdicts all train
