@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from clawback.chat import ChatRenderer, ChatRequest
-from .config import GateConfig
 from clawback.engine import Engine, Sampling
-from clawback.records import ReadySample
+from clawback.records import ReadySample, version_name
+
+from .config import GateConfig
 from .probes import Generation, Probe, collapse_stats, load_probes, passes
 from .store import Store, blob_ids, blob_logprobs
 
@@ -132,10 +133,10 @@ class Gate:
         if verdict.promote:
             self.promoted += 1
             cached = set(self._probe_cache) | {v for v, _ in self._replay_cache}
-            self._forget(cached - {None, f"v{version}"})
+            self._forget(cached - {None, version_name(version)})
         else:
             self.refused += 1
-            self._forget({f"v{version}"})
+            self._forget({version_name(version)})
         log.info("gate: v%d %s%s", version, "promoted" if verdict.promote else "refused: ", verdict.reason)
         return verdict
 
@@ -147,7 +148,7 @@ class Gate:
                                              "history": len(history)}}
         if reasons:
             return Verdict(False, reasons, report)
-        cand_name, live_name = f"v{version}", (None if live is None else f"v{live}")
+        cand_name, live_name = version_name(version), version_name(live)
         base = await self._probe(None)
         cand = await self._probe(cand_name)
         ref = base if live is None else await self._probe(live_name)

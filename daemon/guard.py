@@ -17,6 +17,8 @@ import logging
 from math import comb
 from typing import Any, Callable
 
+from clawback.records import version_name
+
 from .adapters import AdapterManager
 from .config import GateConfig
 from .store import Store
@@ -74,7 +76,7 @@ class LiveGuard:
             result["tests"][kind] = round(p, 5)
             if k_new / n > k_old / counts["baseline"] and p < self.cfg.guard_alpha / 2:
                 reasons.append(f"{label} rate {k_new}/{n} vs {k_old}/{counts['baseline']} on "
-                               f"{'base' if parent is None else f'v{parent}'} (Fisher one-sided p={p:.3g} < "
+                               f"{version_name(parent) or 'base'} (Fisher one-sided p={p:.3g} < "
                                f"{self.cfg.guard_alpha / 2:g})")
         self.last = result
         if reasons and self.adapters.live() == live:
@@ -91,7 +93,7 @@ class LiveGuard:
 def _counts(c: Any, live: int, parent: int | None, cfg: GateConfig) -> dict[str, Any]:
     def window(version: int | None, order: str, limit: int) -> list[str]:
         where = "adapter_version IS NULL" if version is None else "adapter_version = ?"
-        args = () if version is None else (f"v{version}",)
+        args = () if version is None else (version_name(version),)
         return [r[0] for r in c.execute(
             f"SELECT call_id FROM calls WHERE turn_type = 'main' AND {where} ORDER BY created_at {order} LIMIT ?",
             (*args, limit))]
