@@ -8,13 +8,13 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 
-from tests.conftest import DaemonProcess, query, wait_for
+from tests.conftest import DaemonProcess, query, stream_clients, wait_for
+from tests.e2e.test_training import cli
 
 ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "6"}
 # All rated calls train here (the replay has its own tests); a short guard window; 8 short
@@ -33,36 +33,13 @@ def feedback(c: httpx.Client, session: str, kind: str) -> None:
     assert ack["type"] == "ack" and ack["status"] == "applied", ack
 
 
-def cli(d: DaemonProcess, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "clawback.daemon.cli", "adapters", *args, "--data-dir", str(d.data_dir),
-                          "--port", str(d.port), "--no-auth"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
 def test_gate_under_load_then_a_thumbs_down_burst_rolls_back(tiny_model_dir: Path, tmp_path: Path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "clawback.toml").write_text(TOML)
     d = DaemonProcess(data, tiny_model_dir, "--no-auth", env=ENV).start()
     stop, served, errors = threading.Event(), [], []
-
-    def stream_client(i: int) -> None:
-        with httpx.Client(base_url=d.url, timeout=120) as c:
-            while not stop.is_set():
-                try:
-                    body = {"model": "clawback", "stream": True, "max_tokens": 16, "temperature": 1.0,
-                            "messages": [{"role": "user", "content": f"client {i} says hello"}]}
-                    with c.stream("POST", "/v1/chat/completions", json=body,
-                                  headers={"x-session-id": f"load-{i}", "x-turn-type": "side"}) as r:
-                        assert r.status_code == 200, r.status_code
-                        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
-                    assert lines[-1] == "data: [DONE]", lines[-1]
-                    served.append(time.time())
-                except Exception as e:  # every failure counts
-                    errors.append(repr(e))
-
-    clients = [threading.Thread(target=stream_client, args=(i,)) for i in range(8)]
+    clients = stream_clients(d.url, 8, stop, served, errors)
     try:
         with httpx.Client(base_url=d.url, timeout=120) as c:
             for k in range(12):  # the base model's record: 12 replies, none rated down
