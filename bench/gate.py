@@ -37,7 +37,7 @@ async def main(args: argparse.Namespace) -> dict:
     from clawback.chat import ChatRenderer, ChatRequest
     from clawback.daemon.config import GateConfig
     from clawback.daemon.engines.embedded import EmbeddedEngine
-    from clawback.daemon.gate import Gate
+    from clawback.daemon.gate import CandidateGate
     from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
     from clawback.daemon.store import Store
     from clawback.engine import Sampling
@@ -52,7 +52,7 @@ async def main(args: argparse.Namespace) -> dict:
     renderer = ChatRenderer(tok)
     engine = EmbeddedEngine(model_dir, device="cpu", torch_threads=args.threads)
     store = Store(tmp / "db.sqlite")
-    gate = Gate(engine, renderer, store, GateConfig(probes=args.probes))
+    gate = CandidateGate(engine, renderer, store, GateConfig(probes=args.probes))
     eos = engine.info.eos_token_ids
 
     # Held-out rated calls: the base model's own replies, alternately liked and disliked.

@@ -98,7 +98,7 @@ def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateCo
     return out
 
 
-class Gate:
+class CandidateGate:
     def __init__(self, engine: Engine, renderer: ChatRenderer, store: Store, cfg: GateConfig,
                  busy: Callable[[], int] = lambda: 0) -> None:
         self.engine, self.renderer, self.store, self.cfg = engine, renderer, store, cfg

@@ -16,7 +16,7 @@ from clawback.adapter_format import publish
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.config import GateConfig
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.gate import Gate
+from clawback.daemon.gate import CandidateGate
 from clawback.daemon.store import Store
 from clawback.records import Call, JudgedSample, StepRecord
 from clawback.trainer.config import TrainConfig
@@ -41,7 +41,7 @@ def rig(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     renderer = ChatRenderer(tok)
     engine = EmbeddedEngine(embedded_model_dir, device="cpu", torch_threads=1)
     store = Store(tmp / "db.sqlite")
-    gate = Gate(engine, renderer, store, GateConfig(probe_max_tokens=16))
+    gate = CandidateGate(engine, renderer, store, GateConfig(probe_max_tokens=16))
     gate.probes = [p for p in gate.probes if p.id in PROBES]
     yield {"engine": engine, "store": store, "gate": gate, "renderer": renderer, "tok": tok,
            "root": tmp / "adapters", "model_dir": embedded_model_dir}

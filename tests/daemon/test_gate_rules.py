@@ -96,10 +96,10 @@ def test_gate_settings_live_in_a_gate_table(tmp_path):
 
 
 def test_only_rated_calls_are_held_out():
-    from clawback.daemon.gate import Gate
+    from clawback.daemon.gate import CandidateGate
     from clawback.records import ReadySample
 
-    gate = Gate(None, None, None, GateConfig(held_out_share=0.5))  # type: ignore[arg-type]
+    gate = CandidateGate(None, None, None, GateConfig(held_out_share=0.5))  # type: ignore[arg-type]
 
     def sample(i: int, source: str, correction: str | None = None) -> ReadySample:
         return ReadySample(f"call-{i}", 1.0, None, [1], [2], [-1.0], None, reward_source=source, correction=correction)

@@ -17,7 +17,8 @@ from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import Store, blob_logprobs
 from clawback.records import Call, Feedback
-from clawback.daemon.samples import HINT_FORMAT, SamplePipeline, SignalConfig, explicit_reward, teacher_messages
+from clawback.daemon.config import SignalConfig
+from clawback.daemon.samples import HINT_FORMAT, SamplePipeline, explicit_reward, teacher_messages
 
 
 class ScriptedJudge:
