@@ -163,7 +163,8 @@ class CandidateGate:
         replay = await self._replay(cand_name, live_name)
         report["replay"] = replay
         reasons += replay.pop("reasons")
-        report["failed_probes"] = sorted(set(cand["failed"]) - set(base["failed"]))
+        # What the candidate answered where the base model was right: the replies behind the score.
+        report["newly_failed"] = {pid: cand["replies"][pid] for pid in cand["failed"] if pid not in base["failed"]}
         if reasons:
             return Verdict(False, reasons, report)
         history.append({"loss": float(metrics.get("loss", 0.0)), "grad_norm": float(metrics.get("grad_norm", 0.0))})
