@@ -111,7 +111,8 @@ def test_a_broken_adapter_is_refused_for_lost_capability(rig):
     r = verdict.report["retention"]
     assert r["base"] >= 75 and r["candidate"] < r["base"] - 2  # the base answers most of these; v1 does not
     assert "Paris" in rig["gate"]._probe_cache[None]["replies"]["fact-01"]  # the score is read from real replies
-    assert "Paris" not in verdict.report["newly_failed"].get("fact-01", "")
+    newly = verdict.report["newly_failed"]  # the candidate's replies where the base model was right
+    assert newly and len(newly) * 100 / len(PROBES) >= r["base"] - r["candidate"], newly
 
 
 def test_an_adapter_that_repeats_one_phrase_is_refused_as_collapse_and_by_replay(rig):
