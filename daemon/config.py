@@ -35,35 +35,35 @@ class GateConfig(BaseModel):
 
     enabled: bool = True  # false: every trained version goes live as soon as it loads
     # training health
-    grad_spike: float = Field(10.0, gt=1)  # × running median gradient norm of healthy steps
-    loss_spike: float = Field(10.0, gt=1)  # × running median |loss| of healthy steps ...
-    loss_floor: float = Field(5.0, ge=0)  # ... and |loss| above this (RL losses hover near 0)
-    health_window: int = Field(20, ge=1)  # healthy steps in the running medians
-    health_min_steps: int = Field(3, ge=1)  # spike checks start once this many steps are known
+    grad_spike: float = Field(default=10.0, gt=1)  # × running median gradient norm of healthy steps
+    loss_spike: float = Field(default=10.0, gt=1)  # × running median |loss| of healthy steps ...
+    loss_floor: float = Field(default=5.0, ge=0)  # ... and |loss| above this (RL losses hover near 0)
+    health_window: int = Field(default=20, ge=1)  # healthy steps in the running medians
+    health_min_steps: int = Field(default=3, ge=1)  # spike checks start once this many steps are known
     # capability retention
-    probes: int = Field(0, ge=0)  # probes used, 0 = the whole set
-    probe_max_tokens: int = Field(32, ge=4)
-    retention_margin: float = Field(2.0, ge=0)  # points of 100 the candidate may lose to the base model
+    probes: int = Field(default=0, ge=0)  # probes used, 0 = the whole set
+    probe_max_tokens: int = Field(default=32, ge=4)
+    retention_margin: float = Field(default=2.0, ge=0)  # points of 100 the candidate may lose to the base model
     # collapse detectors (candidate against live, on the probe replies)
-    entropy_low: float = Field(0.3, ge=0)  # min-entropy below this × live's: collapsed
-    entropy_high: float = Field(3.0, ge=1)  # above this × live's + 0.5 nats: blown up
-    distinct_drop: float = Field(0.25, ge=0)  # distinct-2 more than this below live's
-    similarity_rise: float = Field(0.25, ge=0)  # cross-reply similarity more than this above live's
-    length_ratio: float = Field(2.5, gt=1)  # median length outside [live/ratio, live×ratio] ...
-    length_min_change: int = Field(8, ge=0)  # ... and at least this many tokens apart
-    empty_rise: float = Field(0.15, ge=0)  # empty-reply share more than this above live's
-    cut_rise: float = Field(0.25, ge=0)  # cut-reply share more than this above live's
-    meta_rise: float = Field(0.15, ge=0)  # share of replies about the conversation itself
+    entropy_low: float = Field(default=0.3, ge=0)  # min-entropy below this × live's: collapsed
+    entropy_high: float = Field(default=3.0, ge=1)  # above this × live's + 0.5 nats: blown up
+    distinct_drop: float = Field(default=0.25, ge=0)  # distinct-2 more than this below live's
+    similarity_rise: float = Field(default=0.25, ge=0)  # cross-reply similarity more than this above live's
+    length_ratio: float = Field(default=2.5, gt=1)  # median length outside [live/ratio, live×ratio] ...
+    length_min_change: int = Field(default=8, ge=0)  # ... and at least this many tokens apart
+    empty_rise: float = Field(default=0.15, ge=0)  # empty-reply share more than this above live's
+    cut_rise: float = Field(default=0.25, ge=0)  # cut-reply share more than this above live's
+    meta_rise: float = Field(default=0.15, ge=0)  # share of replies about the conversation itself
     # preference replay
-    held_out_share: float = Field(0.2, ge=0, lt=1)  # of rated calls, never trained on
-    replay_calls: int = Field(32, ge=0)  # newest held-out calls replayed per candidate
-    replay_min_each: int = Field(2, ge=1)  # liked and disliked calls needed for the margin check
-    replay_tolerance: float = Field(0.05, ge=0)  # nats/token the candidate may lose against live
-    replay_max_tokens: int = Field(16384, ge=16)  # longer calls are not replayed (one forward each)
+    held_out_share: float = Field(default=0.2, ge=0, lt=1)  # of rated calls, never trained on
+    replay_calls: int = Field(default=32, ge=0)  # newest held-out calls replayed per candidate
+    replay_min_each: int = Field(default=2, ge=1)  # liked and disliked calls needed for the margin check
+    replay_tolerance: float = Field(default=0.05, ge=0)  # nats/token the candidate may lose against live
+    replay_max_tokens: int = Field(default=16384, ge=16)  # longer calls are not replayed (one forward each)
     # live guard after activation (guard.py)
-    guard_replies: int = Field(20, ge=0)  # main replies watched per version, 0 = off
-    guard_alpha: float = Field(0.05, gt=0, lt=1)  # significance of Fisher's one-sided exact test
-    guard_baseline: int = Field(200, ge=1)  # newest replies of the previous version compared against
+    guard_replies: int = Field(default=20, ge=0)  # main replies watched per version, 0 = off
+    guard_alpha: float = Field(default=0.05, gt=0, lt=1)  # significance of Fisher's one-sided exact test
+    guard_baseline: int = Field(default=200, ge=1)  # newest replies of the previous version compared against
 
 
 def default_data_dir() -> Path:

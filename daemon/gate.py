@@ -188,7 +188,7 @@ class CandidateGate:
                         if "loss" in m and "grad_norm" in m]
 
             self._history = await asyncio.to_thread(self.store.read, q)
-        return self._history
+        return self._history or []
 
     # ---- probes ----
 
