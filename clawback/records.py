@@ -131,6 +131,8 @@ class ReadySample:
     response_ids: list[int]
     behaviour_logprobs: list[float]
     teacher_logprobs: list[float] | None
+    reward_source: str | None = None  # explicit | judge | none
+    correction: str | None = None  # the person's correction, if any
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,7 @@ class StepRecord:
     method: str
     call_ids: tuple[str, ...]
     outcome: Literal["committed", "failed"]
+    candidate: bool = False  # committed, and waiting for the gate before it may go live
     path: str | None = None
     error: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)

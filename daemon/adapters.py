@@ -4,6 +4,8 @@ A version goes live in three steps: validate its files, load it into the engine 
 one, then route new requests to it (`activate`). Generations already running finish on the
 version they started with; the old version is unloaded once they are done (the engine defers the
 unload). A version that fails to validate or load is never activated, so the old one keeps serving.
+With the gate on (gate.py) a trained version waits loaded but inactive as a `candidate` until the
+gate promotes it; a `refused` one stays on disk, and `promote` overrides the gate.
 Engine names are `v{N}`; `None` is the base model.
 """
 
@@ -118,18 +120,52 @@ class AdapterManager:
         row = self._row(version)
         if row["state"] in ("failed", "pruned"):
             raise AdapterError(f"v{version} is {row['state']} and cannot serve")
+        if row["state"] in ("refused", "candidate"):
+            raise AdapterError(f"v{version} is {row['state']}{': ' + row['reason'] if row['reason'] else ''}; "
+                               f"`clawback adapters promote {version}` overrides the gate")
         return await self.go_live(version, row["path"])
+
+    async def record_gate(self, version: int, report: dict[str, Any]) -> None:
+        """Add to the version's gate report (the gate's checks, the guard's counts)."""
+        await self.store.update_adapter(version, gate={**self._row(version)["gate"], **report})
+
+    async def refuse(self, version: int, reason: str, report: dict[str, Any]) -> None:
+        """Keep a version on disk but out of service: the gate or the live guard said no."""
+        row = self._row(version)
+        if self.live() == version and "promoted_by_hand" in row["gate"]:  # while under review
+            await self.record_gate(version, {**report, "overridden": reason})
+            return
+        await self.store.update_adapter(version, state="refused", reason=reason, gate={**row["gate"], **report})
+        if version_name(version) in getattr(self.engine, "loaded_versions", lambda: [])():
+            await self.engine.unload(version_name(version))
+
+    async def promote(self, version: int) -> dict[str, Any]:
+        """Put a version live whatever the gate said; returns what that overrides."""
+        row = self._row(version)
+        if row["state"] in ("failed", "pruned"):
+            raise AdapterError(f"v{version} is {row['state']} and cannot serve")
+        overrides = row["reason"] if row["state"] == "refused" else None
+        swap_s = await self.go_live(version, row["path"])
+        # The person decided: neither a pending review nor the live guard takes it back.
+        await self.record_gate(version, {"promoted_by_hand": time.time()})
+        self.store.add_event("adapter.promoted", str(version), {"overrides": overrides, "previous_state": row["state"]})
+        return {"live": version, "swap_s": swap_s, "previous_state": row["state"], "overrides": overrides}
 
     async def pin(self, version: int, pinned: bool = True) -> None:
         self._row(version)
         await self.store.update_adapter(version, pinned=pinned)
 
     async def prune(self) -> list[int]:
-        """Keep the newest `keep` good versions, pinned ones and the live one; delete the rest."""
+        """Keep the newest `keep` good versions, the newest `keep` refused ones, pinned ones and the
+        live one; delete the rest."""
         rows = await asyncio.to_thread(self.store.adapters)
-        good = sorted((a for a in rows if a["state"] in ("committed", "retired", "live")),
-                      key=lambda a: a["version"], reverse=True)
-        keep = {a["version"] for a in good[: self.keep]} | {a["version"] for a in rows if a["pinned"]}
+        def newest(states: tuple[str, ...]) -> set[int]:
+            found = sorted((a["version"] for a in rows if a["state"] in states), reverse=True)
+            return set(found[: self.keep])
+
+        # Refused versions are kept as long as good ones (the newest K), to inspect or promote.
+        keep = newest(("committed", "retired", "live", "candidate")) | newest(("refused",))
+        keep |= {a["version"] for a in rows if a["pinned"]}
         keep |= {self.live()} - {None}
         doomed = [a for a in rows if a["version"] not in keep and a["state"] != "pruned"]
         for a in doomed:

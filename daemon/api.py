@@ -42,6 +42,8 @@ from .store import ForgetScope, Store, StoreBusy
 
 if TYPE_CHECKING:
     from .adapters import AdapterManager
+    from .gate import CandidateGate
+    from .guard import LiveGuard
     from .samples import SamplePipeline
     from .training import TrainingLoop
 
@@ -114,6 +116,16 @@ class _LiveMetrics:
                 if isinstance(value, (int, float)):
                     train.add_metric([name], float(value))
             yield train
+        if s.gate is not None:
+            reviews = CounterMetricFamily("clawback_gate_reviews", "Candidate versions the gate decided on", labels=["outcome"])
+            reviews.add_metric(["promoted"], s.gate.promoted)
+            reviews.add_metric(["refused"], s.gate.refused)
+            yield reviews
+            yield GaugeMetricFamily("clawback_gate_reviewing", "Candidate version under review (0 = none)", s.gate.reviewing or 0)
+            if s.gate.last_review_s is not None:
+                yield GaugeMetricFamily("clawback_gate_seconds", "Duration of the last gate review", s.gate.last_review_s)
+        if s.guard is not None:
+            yield CounterMetricFamily("clawback_guard_rollbacks", "Versions rolled back by the live guard", s.guard.rollbacks)
 
 
 @dataclass
@@ -129,6 +141,8 @@ class AppState:
     adapters: AdapterManager
     trainer: TrainingLoop | None  # started by the lifespan when training is on
     judge_name: str
+    gate: CandidateGate | None = None  # candidates are checked before they go live
+    guard: LiveGuard | None = None  # rolls back a version that made things worse
     started_at: float = field(default_factory=time.time)
     running: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -262,6 +276,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
                 "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step
                 "last_step": last_step,
             },
+            "gate": await _gate_status(state),
             "store": {
                 "path": str(state.store.db_path),
                 "schema_version": state.store.schema_version,
@@ -356,7 +371,7 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
     @app.get("/v1/adapters")
     async def list_adapters() -> dict:
         rows = await asyncio.to_thread(state.store.adapters)
-        return {"live": state.adapters.live(), "data": rows}
+        return {"live": state.adapters.live(), "reviewing": state.gate and state.gate.reviewing, "data": rows}
 
     @app.post("/v1/adapters/rollback")
     async def rollback(request: Request) -> dict:
@@ -373,9 +388,33 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
         await guarded(state.adapters.pin(version, not unpin))
         return {"version": version, "pinned": not unpin}
 
+    @app.post("/v1/adapters/promote")
+    async def promote(request: Request) -> dict:
+        version = await body_version(request)
+        if version is None:
+            raise ApiError(400, "promote a version; the base model is served by rollback", param="version")
+        return await guarded(state.adapters.promote(version))
+
     @app.post("/v1/adapters/prune")
     async def prune() -> dict:
         return {"pruned": await state.adapters.prune()}
+
+
+async def _gate_status(state: AppState) -> dict[str, Any]:
+    """The gate's counters and the newest version's fate ("v7 not promoted: <reason>")."""
+    rows = await asyncio.to_thread(state.store.adapters)
+    newest = rows[-1] if rows else None
+    gate, guard = state.gate, state.guard
+    return {
+        "enabled": gate is not None,
+        "reviewing": gate and gate.reviewing,
+        "promoted": gate.promoted if gate else 0,
+        "refused": gate.refused if gate else 0,
+        "last_review_s": gate and gate.last_review_s,
+        "newest": newest and {"version": newest["version"], "state": newest["state"], "reason": newest["reason"]},
+        "guard": {"enabled": guard is not None, "rollbacks": guard.rollbacks if guard else 0,
+                  "last": guard and guard.last},
+    }
 
 
 def _version() -> str:

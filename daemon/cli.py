@@ -126,12 +126,20 @@ def cmd_adapters(args: argparse.Namespace) -> int:
         print(f"live: {'base model' if live is None else f'v{live}'}")
         for a in out["data"]:
             m = a["metrics"]
+            retention = (a.get("gate") or {}).get("retention")
             print(f"v{a['version']:<4} {a['state']:<9} {'pinned' if a['pinned'] else '':<6} parent="
                   f"{'base' if a['parent'] is None else 'v' + str(a['parent'])} samples={a['samples']} "
-                  f"loss={m.get('loss', float('nan')):.4f} reward={m.get('reward_mean', float('nan')):+.2f}")
+                  f"loss={m.get('loss', float('nan')):.4f} reward={m.get('reward_mean', float('nan')):+.2f}"
+                  + (f" probes={retention['candidate']:.0f}/100" if retention else "")
+                  + (f"\n      not promoted: {a['reason']}" if a["state"] == "refused" else ""))
         return 0
-    if args.action in ("rollback", "pin", "unpin") and args.version is None:
+    if args.action in ("rollback", "pin", "unpin", "promote") and args.version is None:
         raise ValueError(f"adapters {args.action} needs a version (N, vN, or 'base' for rollback)")
+    if args.action == "promote":
+        out = _call("POST", f"{url}/v1/adapters/promote", headers, {"version": args.version})
+        overrides = out["overrides"] or f"nothing (it was {out['previous_state']})"
+        print(f"v{out['live']} is live; this overrides the gate: {overrides}")
+        return 0
     if args.action == "rollback":
         out = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version})
     elif args.action in ("pin", "unpin"):
@@ -292,9 +300,9 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_status)
 
-    p = sub.add_parser("adapters", help="list, roll back, pin or prune adapter versions")
+    p = sub.add_parser("adapters", help="list, roll back, promote, pin or prune adapter versions")
     _settings_flags(p)
-    p.add_argument("action", choices=["list", "rollback", "pin", "unpin", "prune"])
+    p.add_argument("action", choices=["list", "rollback", "promote", "pin", "unpin", "prune"])
     p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_adapters)

@@ -28,6 +28,44 @@ from .layout import Layout
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 
+class GateConfig(BaseModel):
+    """The `[gate]` table of clawback.toml: the candidate gate and the live guard (docs/gate.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True  # false: every trained version goes live as soon as it loads
+    # training health
+    grad_spike: float = Field(default=10.0, gt=1)  # × running median gradient norm of healthy steps
+    loss_spike: float = Field(default=10.0, gt=1)  # × running median |loss| of healthy steps ...
+    loss_floor: float = Field(default=5.0, ge=0)  # ... and |loss| above this (RL losses hover near 0)
+    health_window: int = Field(default=20, ge=1)  # healthy steps in the running medians
+    health_min_steps: int = Field(default=3, ge=1)  # spike checks start once this many steps are known
+    # capability retention
+    probes: int = Field(default=0, ge=0)  # probes used, 0 = the whole set
+    probe_max_tokens: int = Field(default=32, ge=4)
+    retention_margin: float = Field(default=2.0, ge=0)  # points of 100 the candidate may lose to the base model
+    # collapse detectors (candidate against live, on the probe replies)
+    entropy_low: float = Field(default=0.3, ge=0)  # min-entropy below this × live's: collapsed
+    entropy_high: float = Field(default=3.0, ge=1)  # above this × live's + 0.5 nats: blown up
+    distinct_drop: float = Field(default=0.25, ge=0)  # distinct-2 more than this below live's
+    similarity_rise: float = Field(default=0.25, ge=0)  # cross-reply similarity more than this above live's
+    length_ratio: float = Field(default=2.5, gt=1)  # median length outside [live/ratio, live×ratio] ...
+    length_min_change: int = Field(default=8, ge=0)  # ... and at least this many tokens apart
+    empty_rise: float = Field(default=0.15, ge=0)  # empty-reply share more than this above live's
+    cut_rise: float = Field(default=0.25, ge=0)  # cut-reply share more than this above live's
+    meta_rise: float = Field(default=0.15, ge=0)  # share of replies about the conversation itself
+    # preference replay
+    held_out_share: float = Field(default=0.2, ge=0, lt=1)  # of rated calls, never trained on
+    replay_calls: int = Field(default=32, ge=0)  # newest held-out calls replayed per candidate
+    replay_min_each: int = Field(default=2, ge=1)  # liked and disliked calls needed for the margin check
+    replay_tolerance: float = Field(default=0.05, ge=0)  # nats/token the candidate may lose against live
+    replay_max_tokens: int = Field(default=16384, ge=16)  # longer calls are not replayed (one forward each)
+    # live guard after activation (guard.py)
+    guard_replies: int = Field(default=20, ge=0)  # main replies watched per version, 0 = off
+    guard_alpha: float = Field(default=0.05, gt=0, lt=1)  # significance of Fisher's one-sided exact test
+    guard_baseline: int = Field(default=200, ge=1)  # newest replies of the previous version compared against
+
+
 def default_data_dir() -> Path:
     return Path(os.environ.get("CLAWBACK_DATA_DIR") or Path.home() / ".clawback")
 
@@ -238,6 +276,7 @@ class Settings(BaseSettings):
     judge: Annotated[JudgeSettings, NoDecode] = Field(default_factory=lambda: JudgeSettings())
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
     layout: Layout = Field(default_factory=lambda: Layout())  # [layout]: where engine, judge and trainer run (daemon/layout.py)
+    gate: GateConfig = Field(default_factory=lambda: GateConfig())  # [gate]: checks before and after a version goes live
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -29,6 +29,8 @@ from .feedback import Hub
 from .forget import forget
 from .layout import RayPlacement
 from .samples import SamplePipeline
+from .gate import CandidateGate
+from .guard import LiveGuard
 from .store import ForgetScope, Store
 from .training import RayTrainer, TrainerStarter, TrainingLoop
 
@@ -59,6 +61,11 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     adapters = AdapterManager(
         engine, store, settings.data_dir / "adapters", settings.train.keep_versions,
         on_live=lambda v: hub.broadcast({"type": "adapter_live", "version": version_name(v)}))
+    gate = CandidateGate(engine, renderer, store, settings.gate, busy=lambda: state.running) \
+        if settings.gate.enabled else None
+    guard = LiveGuard(store, adapters, settings.gate, on_rollback=lambda r: hub.broadcast(
+        {"type": "adapter_rolled_back", "version": version_name(r["version"]), "to": version_name(r["to"]),
+         "reason": r["reason"]})) if settings.gate.guard_replies else None
     trainer = None
     if train:
         start = start_trainer or _ray_trainer(settings, model_dir, placement)
@@ -67,10 +74,12 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
             hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
                            "mean_reward": step["mean_reward"]})
 
-        trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained)
+        trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained, gate=gate,
+                               on_refused=lambda r: hub.broadcast({"type": "adapter_refused", **r}))
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
-    return AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,
-                    trainer, judge_name)
+    state = AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,
+                     trainer, judge_name, gate=gate, guard=guard)
+    return state
 
 
 def _ray_placement(settings: Settings) -> RayPlacement:
@@ -160,6 +169,8 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
         tasks.append(asyncio.create_task(pipeline.run()))
         if trainer is not None:
             tasks.append(asyncio.create_task(trainer.run()))
+        if state.guard is not None:
+            tasks.append(asyncio.create_task(state.guard.run()))
         log.info("clawback serving %s on %s (auth %s)", state.engine.info.name, settings.base_url,
                  "off" if state.api_key is None else "on")
         try:

@@ -140,7 +140,7 @@ SAMPLE_VERDICT_COLUMNS = tuple(f.name for f in fields(JudgedSample) if f.name no
 TRAIN_STEP_COLUMNS = ("version", "parent", "started_at", "finished_at", "samples", "outcome", "error", "metrics")
 ADAPTER_COLUMNS = ("version", "parent", "path", "state", "reason", "method", "samples", "metrics", "created_at",
                    "updated_at")
-ADAPTER_STATES = ("committed", "live", "retired", "failed", "pruned")
+ADAPTER_STATES = ("committed", "candidate", "live", "retired", "refused", "failed", "pruned")
 
 Reply = Callable[[Any, "BaseException | None"], None]
 
@@ -233,10 +233,15 @@ class Store:
         """`version` (None = base) serves now; the version live before is retired."""
         await self._commit(_Write("adapter_live", partial(self._write_adapter_live, version)))
 
-    async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None) -> None:
+    async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None,
+                             reason: str | None = None, gate: dict[str, Any] | None = None) -> None:
         changes: dict[str, Any] = {}
         if pinned is not None:
             changes["pinned"] = int(pinned)
+        if reason is not None:
+            changes["reason"] = reason
+        if gate is not None:  # the gate's report (gate.py)
+            changes["gate"] = json.dumps(gate, default=str)
         if state is not None:
             if state not in ADAPTER_STATES:
                 raise ValueError(f"unknown adapter state {state!r}")
@@ -636,11 +641,12 @@ class Store:
             "version": step.version, "parent": step.parent, "started_at": step.started_at, "finished_at": now,
             "samples": len(step.call_ids), "outcome": step.outcome, "error": step.error, "metrics": metrics})
         if step.path is not None:
+            state = "candidate" if step.candidate else step.outcome
             self._insert("adapters", ADAPTER_COLUMNS, {
-                "version": step.version, "parent": step.parent, "path": step.path, "state": step.outcome,
+                "version": step.version, "parent": step.parent, "path": step.path, "state": state,
                 "reason": step.error, "method": step.method, "samples": len(step.call_ids), "metrics": metrics,
                 "created_at": now, "updated_at": now})
-            self._event(f"adapter.{step.outcome}", str(step.version), {"parent": step.parent, "error": step.error})
+            self._event(f"adapter.{state}", str(step.version), {"parent": step.parent, "error": step.error})
         if step.outcome != "committed":
             return 0
         consumed = self._conn.execute(
@@ -716,11 +722,12 @@ class Store:
 
         def q(c: sqlite3.Connection) -> list[ReadySample]:
             rows = c.execute(
-                "SELECT s.call_id, s.reward, s.teacher_logprobs, c.prompt_ids, c.response_ids, "
+                "SELECT s.call_id, s.reward, s.reward_source, s.correction, s.teacher_logprobs, c.prompt_ids, c.response_ids, "
                 "c.behaviour_logprobs, c.adapter_version FROM samples s JOIN calls c USING (call_id) "
                 "WHERE s.state = 'ready' ORDER BY s.updated_at LIMIT ?", (limit,)).fetchall()
             return [ReadySample(
                 call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
+                reward_source=r["reward_source"], correction=r["correction"],
                 prompt_ids=blob_ids(r["prompt_ids"]), response_ids=blob_ids(r["response_ids"]),
                 behaviour_logprobs=blob_logprobs(r["behaviour_logprobs"]),
                 teacher_logprobs=blob_logprobs(r["teacher_logprobs"]) if r["teacher_logprobs"] is not None else None,
@@ -738,6 +745,7 @@ class Store:
                 row = dict(r)
                 row["metrics"] = json.loads(row["metrics"])
                 row["pinned"] = bool(row["pinned"])
+                row["gate"] = json.loads(row["gate"])
                 out.append(row)
             return out
 

@@ -9,7 +9,11 @@ serving never waits for it. Per step:
      be on another node: no shared filesystem); the daemon commits them atomically into its
      adapters dir;
   3. the daemon validates and loads it beside the live version; only then the store commits the
-     version and marks its samples consumed (one transaction), and new requests go to it.
+     version and marks its samples consumed (one transaction);
+  4. with a gate (clawback.daemon.gate) the version is a candidate until the gate has compared it
+     with the live one: promoted, new requests go to it; refused, it stays on disk out of service
+     and the next step trains from the live version again. Without a gate it goes live at once.
+Rated samples the gate holds out for its preference replay are dropped with reason `held_out`.
 A sample the trainer cannot use (empty prompt or response, logprobs that do not match its tokens)
 is quarantined with its reason before it reaches a step. A step that fails (actor crash, NaN, a
 version that does not load) is recorded with its error; the actor goes back to the live version,
@@ -33,6 +37,7 @@ from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import sample_problem
 
 from .adapters import AdapterManager
+from .gate import CandidateGate
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -78,12 +83,15 @@ class TrainingLoop:
     def __init__(self, store: Store, adapters: AdapterManager, cfg: TrainConfig,
                  start_worker: TrainerStarter, on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
                  poll_s: float = 10.0, retry_s: float = 5.0, retry_max_s: float = 600.0,
-                 quarantine_after: int = 3) -> None:
+                 quarantine_after: int = 3, gate: CandidateGate | None = None,
+                 on_refused: Callable[[dict[str, Any]], None] = lambda _: None) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
         self.retry_s, self.retry_max_s, self.quarantine_after = retry_s, retry_max_s, quarantine_after
         self.failed_in_a_row = 0
         self._failed_steps: Counter[str] = Counter()  # call id -> failed steps it was in
         self.start_worker = start_worker
+        self.gate = gate  # None: every version goes live as soon as it loads
+        self.on_refused = on_refused
         self.on_trained = on_trained
         self.poll_s = poll_s
         self.worker: TrainerHandle | None = None
@@ -130,11 +138,11 @@ class TrainingLoop:
         live = self.adapters.live() or 0
         stale = [r.call_id for r in rows if live - (r.adapter_version or 0) > self.cfg.max_staleness]
         unusable = [r.call_id for r in rows if self.cfg.method == "opd" and r.teacher_logprobs is None]
-        if stale:
-            await self.store.drop_samples(stale, "stale")
-        if unusable:
-            await self.store.drop_samples(unusable, "no_teacher_for_opd")
-        skip = set(stale) | set(unusable)
+        held = [r.call_id for r in rows if self.gate is not None and self.gate.holds_out(r)]
+        for call_ids, reason in ((held, "held_out"), (stale, "stale"), (unusable, "no_teacher_for_opd")):
+            if call_ids:
+                await self.store.drop_samples(call_ids, reason)
+        skip = set(stale) | set(unusable) | set(held)
         problems: dict[str, list[str]] = {}
         for r in rows:
             problem = None if r.call_id in skip else sample_problem(r, self.cfg.method)
@@ -183,15 +191,25 @@ class TrainingLoop:
             await self.store.record_step(step)
             await self._quarantine_repeat_failures(call_ids, step.error or type(e).__name__)
             await self._recover(parent, e)
-            return None
-        finally:
             self.busy = False
+            return None
+        self.steps += 1
         self.failed_in_a_row = 0
         for call_id in call_ids:
             self._failed_steps.pop(call_id, None)
-        await self.store.record_step(replace(step, outcome="committed"))
-        swap_s = await self.adapters.go_live(version, path)
-        self.steps += 1
+        try:
+            # With a gate the version is a candidate until the review below decides.
+            await self.store.record_step(replace(step, outcome="committed", candidate=self.gate is not None))
+            if self.gate is not None:
+                verdict = await self.gate.review(version, parent, result.metrics)
+                if not verdict.promote:
+                    await self.adapters.refuse(version, verdict.reason, verdict.report)
+                    self.on_refused({"version": version_name(version), "reason": verdict.reason})
+                    return None
+                await self.adapters.record_gate(version, verdict.report)
+            swap_s = await self.adapters.go_live(version, path)
+        finally:
+            self.busy = False
         pruned = await self.adapters.prune()  # retention: newest K good versions + pinned + live
         if pruned:
             log.info("pruned adapter versions %s", pruned)

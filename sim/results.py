@@ -104,6 +104,9 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None) -
             "samples_used_per_seed": [sum(s["samples"] for s in m["steps"] if s["outcome"] == "committed")
                                       for m in members],
             "failed_steps": sum(s["outcome"] != "committed" for m in members for s in m["steps"]),
+            "gate": [m["config"].get("gate", False) for m in members],
+            "promoted_per_seed": [len(m.get("versions", {}).get("promoted", [])) for m in members],
+            "refused_per_seed": [len(m.get("versions", {}).get("refused", {})) for m in members],
             "mean_drift": avg("drift"), "mean_entropy": avg("entropy"),
             "wall_s_per_seed": [round(m["wall_s"], 1) for m in members],
         }
@@ -168,16 +171,19 @@ def markdown_table(summary: dict[str, Any]) -> str:
         return "–" if x is None else format(x, fmt)
 
     lines = ["| scenario | method | seeds | score before | score after N interactions (95% CI) "
-             "| mean score over the run (95% CI) | N | steps/seed | samples used/seed | mean drift | mean entropy "
-             "| wall min/cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| mean score over the run (95% CI) | N | steps/seed | promoted/refused per seed | samples used/seed "
+             "| mean drift | mean entropy | wall min/cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen, methods in summary["scenarios"].items():
         for method, s in methods.items():
             wall = statistics.fmean(s["wall_s_per_seed"]) / 60
+            gated = ",".join(f"{p}/{r}" if g else "no gate" for p, r, g in
+                             zip(s.get("promoted_per_seed", []), s.get("refused_per_seed", []), s.get("gate", [])))
             lines.append(
                 f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {ci(s['before'])} | {ci(s['final'])} "
                 f"| {ci(s['run_mean'])} "
                 f"| {s['interactions']} | {','.join(map(str, s['steps_per_seed']))} "
+                f"| {gated} "
                 f"| {','.join(map(str, s['samples_used_per_seed']))} | {opt(s['mean_drift'], '.2g')} "
                 f"| {opt(s['mean_entropy'], '.2f')} | {wall:.1f} |")
     return "\n".join(lines)

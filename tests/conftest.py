@@ -3,11 +3,13 @@ Llama that shares its tokenizer, and a real daemon process on a free port."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -136,12 +138,35 @@ def query(db: Path, sql: str, *args) -> list[sqlite3.Row]:
         conn.close()
 
 
-def wait_for(fn, timeout: float = 30, what: str = "condition"):
+def stream_clients(url: str, n: int, stop: threading.Event, results: list, errors: list) -> list[threading.Thread]:
+    """`n` threads that stream side calls until `stop`: each finished stream appends (call id, the
+    version that served it) to `results`, each failure its repr to `errors`. Not started."""
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            while not stop.is_set():
+                try:
+                    body = {"model": "clawback", "stream": True, "max_tokens": 16, "temperature": 1.0,
+                            "messages": [{"role": "user", "content": f"client {i} says hello"}]}
+                    with c.stream("POST", "/v1/chat/completions", json=body,
+                                  headers={"x-session-id": f"load-{i}", "x-turn-type": "side"}) as r:
+                        assert r.status_code == 200, r.status_code
+                        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+                    assert lines[-1] == "data: [DONE]", lines[-1]
+                    first = json.loads(lines[0][len("data: "):])
+                    results.append((r.headers["x-clawback-call-id"], first["system_fingerprint"]))
+                except Exception as e:  # every failure counts
+                    errors.append(repr(e))
+
+    return [threading.Thread(target=client, args=(i,)) for i in range(n)]
+
+
+def wait_for(fn, timeout: float = 30, what: str = "condition", interval: float = 0.1):
     """Poll until fn() is truthy (the store is written in the background); return its value."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = fn()
         if value:
             return value
-        time.sleep(0.1)
+        time.sleep(interval)
     raise AssertionError(f"{what} not met within {timeout} s")

@@ -65,6 +65,9 @@ export async function statusText(deps: CommandDeps): Promise<string> {
     lines.push(`adapter: ${s.adapter_version ?? "base model"}`);
     if (typeof t.samples_ready === "number") lines.push(`samples waiting: ${t.samples_ready}${typeof t.batch_size === "number" ? ` of ${t.batch_size}` : ""}`);
     lines.push(`last training step: ${t.last_step ?? "none yet"}`);
+    const newest = s.gate?.newest;
+    if (s.gate?.reviewing) lines.push(`v${s.gate.reviewing} is being checked before it goes live`);
+    else if (newest?.state === "refused") lines.push(`v${newest.version} not promoted: ${newest.reason ?? "refused"}`);
   }
   lines.push(`feedback queued here: ${c.pending}`);
   const last = c.lastPushes.filter((p) => p.type === "adapter_live" || p.type === "trained").at(-1);

@@ -18,9 +18,12 @@ import httpx
 from websockets.sync.client import connect
 
 from clawback.daemon.store import blob_ids, blob_logprobs
-from tests.conftest import DaemonProcess, query, wait_for
+from tests.conftest import DaemonProcess, query, stream_clients, wait_for
 
-TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1"}
+# Every trained version goes live at once: these tests are about swapping (tests/e2e/test_gate.py
+# covers the gate in front of it).
+TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1",
+             "CLAWBACK_GATE": '{"enabled": false, "guard_replies": 0}'}
 
 
 def rate(c: httpx.Client, session: str, kind: str = "thumbs_up") -> None:
@@ -52,25 +55,9 @@ def test_hot_swap_under_load_three_swaps_and_a_rollback(tiny_model_dir: Path, tm
                 except TimeoutError:
                     pass
 
-    def stream_client(i: int) -> None:
-        with httpx.Client(base_url=d.url, timeout=120) as c:
-            while not stop.is_set():
-                try:
-                    body = {"model": "clawback", "stream": True, "max_tokens": 16, "temperature": 1.0,
-                            "messages": [{"role": "user", "content": f"client {i} says hello"}]}
-                    with c.stream("POST", "/v1/chat/completions", json=body,
-                                  headers={"x-session-id": f"load-{i}", "x-turn-type": "side"}) as r:
-                        assert r.status_code == 200, r.status_code
-                        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
-                    assert lines[-1] == "data: [DONE]", lines[-1]
-                    first = json.loads(lines[0][len("data: "):])
-                    results.append((r.headers["x-clawback-call-id"], first["system_fingerprint"]))
-                except Exception as e:  # every failure counts
-                    errors.append(repr(e))
-
     listener = threading.Thread(target=listen)
     listener.start()
-    clients = [threading.Thread(target=stream_client, args=(i,)) for i in range(8)]
+    clients = stream_clients(d.url, 8, stop, results, errors)
     try:
         _swap_under_load(d, clients, listener, stop, results, errors, pushes)
     finally:
