@@ -210,9 +210,13 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
         from .adapters import AdapterError
 
         checked_post(request)
-        error = None
+        error = notice = None
         try:
-            if action == "rollback":
+            if action == "promote":
+                done = await state.adapters.promote(int(version))
+                notice = (f"v{done['live']} is live; this overrides the gate: "
+                          f"{done['overrides'] or 'nothing (it was %s)' % done['previous_state']}")
+            elif action == "rollback":
                 await state.adapters.rollback(None if version == "base" else int(version))
             elif action in ("pin", "unpin"):
                 await state.adapters.pin(int(version), action == "pin")
@@ -222,7 +226,7 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
                 return Response(status_code=404)
         except (AdapterError, ValueError) as e:
             error = str(e) if isinstance(e, AdapterError) else f"not a version: {version!r}"
-        return page(request, "ui/part_versions.html", p=await data.part("versions"), error=error)
+        return page(request, "ui/part_versions.html", p=await data.part("versions"), error=error, notice=notice)
 
     @ui.post("/forget")
     async def forget_session(request: Request, session_id: str = Form("")) -> Response:
