@@ -207,15 +207,13 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
     @ui.post("/adapters/{action}")
     async def adapter_action(request: Request, action: str, version: str = Form("")) -> Response:
         """The same operations as `POST /v1/adapters/...` and `clawback adapters ...`."""
-        from .adapters import AdapterError
+        from .adapters import AdapterError, promoted_summary
 
         checked_post(request)
         error = notice = None
         try:
             if action == "promote":
-                done = await state.adapters.promote(int(version))
-                notice = (f"v{done['live']} is live; this overrides the gate: "
-                          f"{done['overrides'] or 'nothing (it was %s)' % done['previous_state']}")
+                notice = promoted_summary(await state.adapters.promote(int(version)))
             elif action == "rollback":
                 await state.adapters.rollback(None if version == "base" else int(version))
             elif action in ("pin", "unpin"):
