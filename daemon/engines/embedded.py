@@ -112,6 +112,13 @@ class _KV(DynamicLayer):
         self._place(b + other.kbuf.shape[0], max(self.n, other.n) + GROW,
                     [(slice(0, b), self), (slice(b, None), other)])
 
+    def zero_padding(self, mask: torch.Tensor) -> None:
+        """Zero the keys and values of padding columns (which attend to nothing in a prefill and
+        may hold anything), so that masking them out stays exact."""
+        keep = mask[:, None, :, None].to(self.kbuf.dtype)
+        self.kbuf[:, :, : self.n].mul_(keep)
+        self.vbuf[:, :, : self.n].mul_(keep)
+
     def keep_rows(self, rows: torch.Tensor, start: int) -> None:
         """Keep only `rows`, dropping the first `start` columns (padding in every kept row)."""
         self.kbuf, self.vbuf = self.kbuf[rows][:, :, start:], self.vbuf[rows][:, :, start:]
@@ -132,18 +139,18 @@ class _Batch:
     def __len__(self) -> int:
         return len(self.pending) + len(self.gens)
 
-    def join(self, gen: _Generation, cache: Any) -> None:
-        """Add a prefilled generation (a one-row cache) as the last row."""
-        n = cache.get_seq_length()
-        row = torch.ones(1, n, dtype=torch.long, device=cache.layers[0].kbuf.device)
+    def merge(self, other: "_Batch") -> None:
+        """Append another batch's rows after this one's."""
         if not self.gens:
-            self.gens, self.cache, self.mask = [gen], cache, row
+            self.gens, self.cache, self.mask = other.gens, other.cache, other.mask
             return
-        end = max(self.mask.shape[1], n)
-        for mine, theirs in zip(self.cache.layers, cache.layers):
+        if not other.gens:
+            return
+        end = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.append_rows(theirs)
-        self.mask = torch.cat([_pad_left(self.mask, end), _pad_left(row, end)])
-        self.gens.append(gen)
+        self.mask = torch.cat([_pad_left(self.mask, end), _pad_left(other.mask, end)])
+        self.gens = self.gens + other.gens
 
     def remove(self, gone: set[_Generation]) -> None:
         keep = [i for i, g in enumerate(self.gens) if g not in gone]
@@ -382,18 +389,16 @@ class EmbeddedEngine:
                 for gen in gens:
                     self._finish(gen, e)
         pending, batch.pending = batch.pending, []
-        for gen in pending:
-            if gen.cancelled.is_set():
-                self._finish(gen, None)
-                continue
+        for gen in [g for g in pending if g.cancelled.is_set()]:
+            pending.remove(gen)
+            self._finish(gen, None)
+        if pending:
             try:
-                cache = self._prefill(gen)
+                batch.merge(self._prefill(pending))
             except Exception as e:
                 log.exception("prefill failed")
-                self._finish(gen, e)
-                continue
-            if cache is not None:
-                batch.join(gen, cache)
+                for gen in pending:
+                    self._finish(gen, e)
 
     def _decode(self, batch: _Batch) -> None:
         gens = batch.gens
@@ -410,18 +415,33 @@ class EmbeddedEngine:
             for gen in done:
                 self._finish(gen, _END)
 
-    def _prefill(self, gen: _Generation) -> Any:
-        """Run the prompt alone and sample the first token; the one-row cache, or None when done."""
-        if gen.sampling.seed is not None:
-            gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
-        cache = Cache(layer_class_to_replicate=_KV)
-        ids = torch.tensor([gen.prompt_ids], dtype=torch.long, device=self.device)
-        out = self._forward(ids, [gen.adapter], cache, logits_to_keep=1)
-        logits = out.logits[0, -1].float()
-        if self._advance(gen, logits, torch.log_softmax(logits, dim=-1)):
-            self._finish(gen, _END)
-            return None
-        return cache
+    def _prefill(self, gens: list[_Generation]) -> _Batch:
+        """Run the waiting prompts in one left-padded forward and sample each one's first token;
+        the generations that go on, as a batch to merge."""
+        width = max(len(g.prompt_ids) for g in gens)
+        ids = torch.zeros(len(gens), width, dtype=torch.long)
+        mask = torch.zeros(len(gens), width, dtype=torch.long)
+        for i, gen in enumerate(gens):
+            ids[i, width - len(gen.prompt_ids) :] = torch.tensor(gen.prompt_ids)
+            mask[i, width - len(gen.prompt_ids) :] = 1
+            if gen.sampling.seed is not None:
+                gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        padded = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if len(gens) > 1 else {}
+        batch = _Batch()
+        batch.gens, batch.cache, batch.mask = list(gens), Cache(layer_class_to_replicate=_KV), mask
+        out = self._forward(ids, [g.adapter for g in gens], batch.cache, logits_to_keep=1, **padded)
+        if padded:
+            for kv in batch.cache.layers:
+                kv.zero_padding(mask)
+        logits = out.logits[:, -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        done = {gen for gen, row, logp in zip(gens, logits, logprobs) if self._advance(gen, row, logp)}
+        if done:
+            batch.remove(done)
+            for gen in done:
+                self._finish(gen, _END)
+        return batch
 
     def _advance(self, gen: _Generation, logits: torch.Tensor, logprobs: torch.Tensor) -> bool:
         """Sample the generation's next token from its row and emit it; True when it is done."""
