@@ -144,17 +144,18 @@ def tiny_model(embedded: Path, out: Path) -> Path:
 
 
 class Daemon:
-    def __init__(self, model_dir: Path, threads: int, device: str, log_level: str, wrapper: Path | None = None) -> None:
+    def __init__(self, model_dir: Path, threads: int, device: str, log_level: str, wrapper: Path | None = None,
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.data_dir = Path(tempfile.mkdtemp(prefix="clawback-bench-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = self.data_dir / "daemon.log"
-        env = {**os.environ, "CLAWBACK_TORCH_THREADS": str(threads)}
+        env = {**os.environ, **({"CLAWBACK_TORCH_THREADS": str(threads)} if threads else {}), **(env or {})}
         env.pop("CLAWBACK_DATA_DIR", None)
         entry = [str(wrapper)] if wrapper else ["-m", "clawback.daemon.cli"]
         cmd = [sys.executable, *entry, "serve", "--model", str(model_dir),
                "--port", str(self.port), "--data-dir", str(self.data_dir), "--no-auth",
-               "--device", device, "--log-level", log_level]
+               "--device", device, "--log-level", log_level, *extra]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
 

@@ -117,7 +117,8 @@ class AppState:
     trainer: Any = None  # clawback.trainer.loop.TrainingLoop, started by the lifespan when training is on
     judge_name: str = "off"
     started_at: float = field(default_factory=time.time)
-    running: int = 0
+    running: int = 0  # chat requests in flight
+    serving_gauge: Any = None  # clawback.trainer.priority.ServingGauge: `running`, for the trainer to yield to
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -130,6 +131,11 @@ class AppState:
         self.tokens = Counter("clawback_tokens", "Tokens processed", ["kind"], registry=r)
         self.calls = Counter("clawback_calls", "Served chat calls", ["turn_type"], registry=r)
         r.register(_LiveMetrics(self))
+
+    def count_running(self, delta: int) -> None:
+        self.running += delta
+        if self.serving_gauge is not None:
+            self.serving_gauge.set(self.running)
 
 
 # ---------------------------------------------------------------- ASGI middleware: auth, body limit, counting
@@ -462,7 +468,7 @@ class _Run:
     def finish(self) -> None:
         """Runs exactly once, also when the client went away mid-stream."""
         s = self.state
-        s.running -= 1
+        s.count_running(-1)
         rec = self.record()
         s.capture.finish(self.p.meta, rec, self.p.req)
         s.calls.labels(self.p.meta.turn_type).inc()
@@ -480,7 +486,7 @@ def _headers(p: _Prepared) -> dict[str, str]:
 async def _chat(state: AppState, request: Request) -> Response:
     p = await _prepare(state, request)
     await state.capture.begin(p.meta, p.req, p.call_id)
-    state.running += 1
+    state.count_running(+1)
     run = _Run(state, p)
     if p.req.stream:
         return StreamingResponse(_sse(state, run), media_type="text/event-stream",

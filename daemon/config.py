@@ -41,7 +41,9 @@ class Settings(BaseSettings):
     served_model_name: str = "clawback"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    torch_threads: int = Field(0, ge=0)  # 0 = torch's default
+    # torch threads of the embedded engine and of the trainer; 0 = from the CPU budget
+    # (clawback.trainer.priority.thread_budget: 1 each on 1-2 cores, else the cores but one, split)
+    torch_threads: int = Field(0, ge=0)
 
     # Engine: embedded (transformers+PEFT in the daemon), or a model server: vllm / sglang, launched
     # and supervised as a child, or already running at engine_url (docs/engines.md).
@@ -103,7 +105,7 @@ class Settings(BaseSettings):
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
     layout: Layout = Field(default_factory=Layout)  # [layout]: where engine, judge and trainer run (daemon/layout.py)
     trainer_device: str = "auto"
-    trainer_threads: int = Field(1, ge=0)  # torch threads of the trainer (leave cores for serving)
+    trainer_threads: int = Field(0, ge=0)
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from clawback.trainer.priority import ServingGauge, available_cores, thread_budget
+
 from .adapters import AdapterManager
 from .api import AppState, create_app, resolve_api_key
 from .capture import Capture
@@ -35,7 +37,9 @@ def build_state(settings: Settings) -> AppState:
 
     placement = _ray_placement(settings)  # first: a layout the cluster cannot host fails before anything is built
     model_dir = resolve_model(settings.model, settings.models_dir)
-    engine = build_engine(settings, model_dir)
+    engine_threads, trainer_threads = thread_budget(available_cores(), settings.train, settings.torch_threads,
+                                                    settings.trainer_threads)
+    engine = build_engine(settings, model_dir, engine_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     store = Store(settings.db_path, queue_size=settings.store_queue_size)
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
@@ -45,7 +49,8 @@ def build_state(settings: Settings) -> AppState:
         engine, store, settings.data_dir / "adapters", settings.keep_versions,
         on_live=lambda v: state.hub.broadcast({"type": "adapter_live", "version": None if v is None else f"v{v}"}))
     if settings.train:
-        state.trainer = _training_loop(settings, state, model_dir, placement)
+        state.serving_gauge = ServingGauge(settings.data_dir / "serving")
+        state.trainer = _training_loop(settings, state, model_dir, placement, trainer_threads)
     return state
 
 
@@ -60,7 +65,8 @@ def _ray_placement(settings: Settings) -> RayPlacement | None:
     return placement
 
 
-def _training_loop(settings: Settings, state: AppState, model_dir: str, placement: RayPlacement) -> Any:
+def _training_loop(settings: Settings, state: AppState, model_dir: str, placement: RayPlacement,
+                   threads: int) -> Any:
     from clawback.trainer.config import TrainConfig
     from clawback.trainer.loop import TrainingLoop
 
@@ -75,8 +81,10 @@ def _training_loop(settings: Settings, state: AppState, model_dir: str, placemen
 
         placement.connect()
         actor = ray.remote(TrainerWorker).options(max_concurrency=1, **placement.trainer_options())
-        # No adapters dir: the actor keeps its own, wherever it runs; versions travel as bytes.
-        return actor.remote(model_dir, cfg, None, settings.trainer_device, settings.trainer_threads)
+        # No adapters dir: the actor keeps its own, wherever it runs; versions travel as bytes. On
+        # the daemon's node it yields to the requests counted in the serving gauge.
+        serving = (str(state.serving_gauge.path), ray.get_runtime_context().get_node_id())
+        return actor.remote(model_dir, cfg, None, settings.trainer_device, threads, serving)
 
     def on_trained(step: dict[str, Any]) -> None:
         state.hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],

@@ -23,6 +23,7 @@ import torch
 
 from .adapters import install, list_versions, publish, read_files, resume, version_dir
 from .config import TrainConfig
+from .priority import ServingPriority, lower_priority
 from .step import Sample, make_lora_model, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
@@ -69,13 +70,19 @@ def attention_for(device: torch.device) -> str:
 
 class TrainerWorker:
     def __init__(self, model_dir: str, cfg: TrainConfig, adapters_root: str | None = None, device: str = "auto",
-                 torch_threads: int = 0) -> None:
+                 torch_threads: int = 0, serving: tuple[str, str | None] | None = None) -> None:
+        """`serving`: the daemon's serving gauge and its Ray node; on that node the worker runs at
+        lower CPU priority and yields to requests between micro-batches (trainer/priority.py)."""
         from transformers import AutoModelForCausalLM
 
         if not Path(model_dir).is_dir():  # the base model is not shipped: it must be on this node
             raise FileNotFoundError(f"base model not found at {model_dir} on the trainer's node {ray_node_id()}")
         if torch_threads:
             torch.set_num_threads(torch_threads)
+        self.priority = ServingPriority(None)
+        if serving is not None and serving[1] == ray_node_id():
+            lower_priority()
+            self.priority = ServingPriority(serving[0])
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -118,7 +125,10 @@ class TrainerWorker:
         batch = [Sample(prompt_ids=s["prompt_ids"], response_ids=s["response_ids"],
                         behaviour_logprobs=s["behaviour_logprobs"], reward=s["reward"],
                         teacher_logprobs=s.get("teacher_logprobs")) for s in samples]
-        metrics = train_step(self.model, self.optimizer, batch, self.cfg)
+        self.priority.start_step()
+        waited = self.priority.waited_s
+        metrics = train_step(self.model, self.optimizer, batch, self.cfg, before_micro_batch=self.priority.wait)
+        metrics["yielded_s"] = self.priority.waited_s - waited
         parent, node = self.version, ray_node_id()
         target = version_dir(self.root, version)  # the daemon numbers versions: a leftover here is not it
         shutil.rmtree(target, ignore_errors=True)

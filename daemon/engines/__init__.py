@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 
-def build_engine(settings: Any, model_dir: str) -> Any:
+def build_engine(settings: Any, model_dir: str, torch_threads: int = 0) -> Any:
     """The engine the settings ask for. vLLM and SGLang engines still need `await engine.start()`
     (the daemon's lifespan does it) to launch or reach their server."""
     name = Path(model_dir).name
@@ -14,7 +14,7 @@ def build_engine(settings: Any, model_dir: str) -> Any:
         from .embedded import EmbeddedEngine
 
         return EmbeddedEngine(model_dir, device=settings.device, dtype=settings.dtype, name=name,
-                              torch_threads=settings.torch_threads)
+                              torch_threads=torch_threads or settings.torch_threads)
     from .base import read_model_info
 
     info = read_model_info(model_dir, name)
