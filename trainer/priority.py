@@ -55,27 +55,37 @@ def thread_budget(cores: int, training: bool, engine_threads: int = 0, trainer_t
     return engine_threads or engine, trainer_threads or trainer
 
 
-def lower_priority(nice: int = TRAINER_NICE) -> None:
-    """Lower this process's CPU priority; with autogroup scheduling (most desktops) also its
-    group's, since nice alone only ranks processes of the same session."""
+def lower_priority(daemon_pid: int | None, nice: int = TRAINER_NICE) -> None:
+    """Lower this process's CPU priority. With autogroup scheduling (Linux desktops) nice only
+    ranks processes of one session against each other, so when this process is in another
+    session's group than the daemon's (Ray starts its workers that way) that group is lowered too."""
     with contextlib.suppress(OSError):
         os.nice(nice)
-    with contextlib.suppress(OSError):
-        Path("/proc/self/autogroup").write_text(str(nice))
+    if daemon_pid is not None and _autogroup("self") not in (None, _autogroup(daemon_pid)):
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(str(nice))
+
+
+def _autogroup(pid: int | str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 class ServingGauge:
-    """The daemon's count of requests in flight, readable by another process on the same node."""
+    """The daemon's count of requests in flight (and its pid), readable by another process on the
+    same node."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.ftruncate(fd, 8)
-            self._map = mmap.mmap(fd, 8)
+            os.ftruncate(fd, 16)
+            self._map = mmap.mmap(fd, 16)
         finally:
             os.close(fd)
-        self.set(0)
+        struct.pack_into("qq", self._map, 0, 0, os.getpid())
 
     def set(self, n: int) -> None:
         struct.pack_into("q", self._map, 0, n)
@@ -92,12 +102,15 @@ class ServingPriority:
         self._map: mmap.mmap | None = None
         if path is not None and Path(path).is_file():  # absent on another node: nothing to yield to
             with open(path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 8, access=mmap.ACCESS_READ)
+                self._map = mmap.mmap(f.fileno(), 16, access=mmap.ACCESS_READ)
         self._last = time.monotonic()
         self.waited_s = 0.0
 
     def start_step(self) -> None:
         self._last = time.monotonic()
+
+    def daemon_pid(self) -> int | None:
+        return struct.unpack_from("q", self._map, 8)[0] if self._map is not None else None
 
     def serving(self) -> int:
         return struct.unpack_from("q", self._map, 0)[0] if self._map is not None else 0

@@ -81,8 +81,8 @@ class TrainerWorker:
             torch.set_num_threads(torch_threads)
         self.priority = ServingPriority(None)
         if serving is not None and serving[1] == ray_node_id():
-            lower_priority()
             self.priority = ServingPriority(serving[0])
+            lower_priority(self.priority.daemon_pid())
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)

@@ -33,6 +33,7 @@ def test_explicit_thread_settings_win():
 def test_gauge_is_read_by_another_process(tmp_path: Path):
     gauge = ServingGauge(tmp_path / "serving")
     gauge.set(3)
+    assert ServingPriority(tmp_path / "serving").daemon_pid() == os.getpid()
     code = f"from clawback.trainer.priority import ServingPriority; print(ServingPriority({str(tmp_path / 'serving')!r}).serving())"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "3"
     assert oct((tmp_path / "serving").stat().st_mode & 0o777) == "0o600"
@@ -70,7 +71,7 @@ def test_no_gauge_on_this_node_means_no_waiting(tmp_path: Path):
 
 
 def test_lower_priority_raises_niceness():
-    code = "import os; from clawback.trainer.priority import lower_priority; lower_priority(); print(os.nice(0))"
+    code = f"import os; from clawback.trainer.priority import lower_priority; lower_priority({os.getpid()}); print(os.nice(0))"
     before = os.nice(0)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert int(out) == min(19, before + priority.TRAINER_NICE)
