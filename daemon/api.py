@@ -340,6 +340,11 @@ def _validation_error(e: ValidationError) -> ApiError:
     return ApiError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value")
 
 
+# A prompt this small renders in well under a millisecond, less than the hop to a worker thread
+# costs; bigger ones (agent prompts with long system prompts and tool lists) render off the loop.
+INLINE_RENDER_BYTES = 16 * 1024
+
+
 @dataclass
 class _Prepared:
     req: ChatRequest
@@ -370,7 +375,10 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     except MetaError as e:
         raise ApiError(400, str(e), param="turn_type", code="invalid_value") from None
     try:
-        prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)
+        if int(request.headers.get("content-length") or INLINE_RENDER_BYTES) < INLINE_RENDER_BYTES:
+            prompt_text, prompt_ids = state.renderer.render(req)
+        else:
+            prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)
     except Exception as e:  # the chat template rejected this conversation (role order etc.)
         raise ApiError(400, f"the model's chat template cannot render these messages: {e}",
                        param="messages", code="invalid_messages") from None
@@ -522,11 +530,15 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             body["usage"] = None
         return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
+    # A text chunk is the same bytes around the JSON string of its text: built once per request,
+    # so a token costs one json.dumps of a short string instead of a whole chunk's.
+    head, tail = chunk({"content": "\0"}).rsplit(b'"\\u0000"', 1)
+
     try:
         yield chunk({"role": "assistant", "content": ""})
         try:
             async for text in run.deltas():
-                yield chunk({"content": text})
+                yield head + json.dumps(text, ensure_ascii=False).encode() + tail
         except EngineError as e:
             err = {"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None, "code": None}}
             yield b"data: " + json.dumps(err).encode() + b"\n\n"
