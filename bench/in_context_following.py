@@ -3,7 +3,7 @@
 OPD's teacher is the model given the user's correction as a hint, so OPD can only teach what the
 model already does when told. For each candidate preference this generates greedy replies to the
 same tasks twice, plainly and with the preference appended as the teacher's hint
-(judge.samples.teacher_messages), and reports the share of replies that pass the preference's
+(daemon.samples.teacher_messages), and reports the share of replies that pass the preference's
 check (for the student and teacher scenarios: the mean rating over all their checks).
 
     .venv/bin/python bench/in_context_following.py [--tasks 8] [--max-tokens 96] [--out FILE]
@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
-from clawback.daemon.engines.base import Sampling
+from clawback.chat import ChatRenderer, ChatRequest
+from clawback.engine import Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.judge.samples import teacher_messages
+from clawback.daemon.samples import teacher_messages
 from clawback.sim.scenarios import CANDIDATE_CHECKS, SURE, STUDENT, TEACHER, Scenario
 
 

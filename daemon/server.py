@@ -15,15 +15,19 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from clawback.chat import ChatRenderer
+from clawback.judge.backends import EngineBackend, OpenAIBackend
+from clawback.trainer.config import TrainConfig
 from clawback.trainer.priority import ServingGauge, available_cores, thread_budget
 
 from .adapters import AdapterManager
 from .api import AppState, create_app, resolve_api_key
 from .capture import Capture
-from .chat import ChatRenderer
 from .config import Settings
 from .layout import RayPlacement
+from .samples import SamplePipeline, SignalConfig
 from .store import Store
+from .training import TrainingLoop
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +71,6 @@ def _ray_placement(settings: Settings) -> RayPlacement | None:
 
 def _training_loop(settings: Settings, state: AppState, model_dir: str, placement: RayPlacement,
                    threads: int) -> Any:
-    from clawback.trainer.config import TrainConfig
-    from clawback.trainer.loop import TrainingLoop
-
     cfg = TrainConfig(method=settings.method, lr=settings.lr, lora_rank=settings.lora_rank,
                       lora_alpha=settings.lora_alpha, batch_size=settings.batch_size,
                       micro_batch_tokens=settings.micro_batch_tokens, max_staleness=settings.max_staleness)
@@ -97,9 +98,6 @@ AUTO_JUDGE_MIN_PARAMS = 1_000_000_000
 
 
 def _sample_pipeline(settings: Settings, state: AppState, tokenizer: Any) -> Any:
-    from clawback.judge.backends import EngineBackend, OpenAIBackend
-    from clawback.judge.samples import SamplePipeline, SignalConfig
-
     judge = settings.judge
     if judge == "auto":  # small models judge near chance (bench/README.md): rely on explicit feedback
         big_enough = state.engine.info.n_params >= AUTO_JUDGE_MIN_PARAMS

@@ -15,7 +15,7 @@ def build_engine(settings: Any, model_dir: str, torch_threads: int = 0) -> Any:
 
         return EmbeddedEngine(model_dir, device=settings.device, dtype=settings.dtype, name=name,
                               torch_threads=torch_threads or settings.torch_threads)
-    from .base import read_model_info
+    from clawback.engine import read_model_info
 
     info = read_model_info(model_dir, name)
     if settings.engine == "vllm":

@@ -32,7 +32,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from .base import EngineError, Sampling, Token, read_model_info
+from clawback.engine import EngineError, Sampling, Token, read_model_info
 
 log = logging.getLogger(__name__)
 

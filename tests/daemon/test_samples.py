@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
+from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import CallRecord, Store, blob_logprobs
-from clawback.judge.samples import HINT_FORMAT, SamplePipeline, SignalConfig, explicit_reward, teacher_messages
+from clawback.daemon.samples import HINT_FORMAT, SamplePipeline, SignalConfig, explicit_reward, teacher_messages
 
 
 class ScriptedJudge:
@@ -59,7 +59,7 @@ REQUEST = {"model": "clawback", "messages": [{"role": "system", "content": "Be b
 
 def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None) -> str:
     """A main call as capture stores it, with real sampled ids and behaviour logprobs."""
-    from clawback.daemon.engines.base import Sampling
+    from clawback.engine import Sampling
 
     _, prompt_ids = renderer.render(ChatRequest.model_validate(REQUEST))
 

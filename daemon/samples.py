@@ -24,11 +24,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
-from clawback.daemon.engines.base import Engine
-from clawback.daemon.store import Store
+from clawback.chat import ChatRenderer, ChatRequest
+from clawback.engine import Engine
+from clawback.judge.prm import judge_hint, judge_prm
 
-from .prm import judge_hint, judge_prm
+from .store import Store
 
 log = logging.getLogger(__name__)
 
