@@ -6,6 +6,7 @@ samples of mixed lengths (prompts 16-512, replies 8-128 tokens, like agent traff
 the resident set size (VmRSS) and its high-water mark (VmHWM) after every step, publish included.
 
     nice -n 10 .venv/bin/python bench/trainer_rss.py --steps 20
+    nice -n 10 .venv/bin/python bench/trainer_rss.py --steps 20 --no-trim   # without the worker's malloc_trim
 
 Plateau criterion: RSS growth over the second half of the steps is < 5% of the RSS at the half-way
 point. Writes bench/results/trainer_rss-<timestamp>.json.
@@ -39,10 +40,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-trim", action="store_true", help="skip the worker's malloc_trim after each step (for comparison)")
     args = ap.parse_args()
 
+    from clawback.trainer import worker as worker_module
     from clawback.trainer.config import TrainConfig
     from clawback.trainer.worker import TrainerWorker
+
+    if args.no_trim:
+        worker_module.release_freed_memory = lambda: None
 
     cfg = TrainConfig(method="binary", batch_size=args.batch)
     worker = TrainerWorker(str(args.model), cfg, None, "cpu", args.threads)
