@@ -45,6 +45,9 @@ class EngineError(RuntimeError):
 class Engine(Protocol):
     info: ModelInfo
 
+    async def start(self) -> None:
+        """Launch or reach the model server (vLLM, SGLang); the embedded engine has nothing to do."""
+
     def generate(
         self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None, *, background: bool = False
     ) -> AsyncIterator[Token]:
@@ -65,6 +68,12 @@ class Engine(Protocol):
     async def unload(self, version: str) -> None: ...
 
     def active_version(self) -> str | None: ...
+
+    def loaded_versions(self) -> list[str]:
+        """Adapter versions loaded and not being retired."""
+
+    def running(self) -> int:
+        """Generations under way."""
 
     async def close(self) -> None: ...
 

@@ -17,7 +17,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,11 +27,17 @@ from pydantic import ValidationError
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import Engine, EngineError, Sampling
+from clawback.records import Call, parse_version
 
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
 from .feedback import Hub, add_feedback_routes
-from .store import CallRecord, Store
+from .store import Store
+
+if TYPE_CHECKING:
+    from .adapters import AdapterManager
+    from .samples import SamplePipeline
+    from .training import TrainingLoop
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +96,9 @@ class _LiveMetrics:
         yield CounterMetricFamily("clawback_status_pushes_dropped", "Status pushes not sent to a stuck feedback client",
                                   s.hub.dropped)
         yield GaugeMetricFamily("clawback_feedback_connections", "Open feedback WebSockets", s.hub.connections())
-        live = s.adapters.live() if s.adapters else None
-        yield GaugeMetricFamily("clawback_adapter_version", "Live adapter version (0 = base model)", live or 0)
-        if s.adapters and s.adapters.last_swap_s is not None:
+        yield GaugeMetricFamily("clawback_adapter_version", "Live adapter version (0 = base model)",
+                                s.adapters.live() or 0)
+        if s.adapters.last_swap_s is not None:
             yield GaugeMetricFamily("clawback_swap_seconds", "Duration of the last hot-swap", s.adapters.last_swap_s)
         if s.trainer is not None:
             yield CounterMetricFamily("clawback_train_steps", "Committed training steps", s.trainer.steps)
@@ -112,11 +118,11 @@ class AppState:
     store: Store
     capture: Capture
     api_key: str | None
-    hub: Hub = field(default_factory=Hub)
-    pipeline: Any = None  # clawback.daemon.samples.SamplePipeline, started by the lifespan
-    adapters: Any = None  # clawback.daemon.adapters.AdapterManager
-    trainer: Any = None  # clawback.daemon.training.TrainingLoop, started by the lifespan when training is on
-    judge_name: str = "off"
+    hub: Hub
+    pipeline: SamplePipeline  # started by the lifespan
+    adapters: AdapterManager
+    trainer: TrainingLoop | None  # started by the lifespan when training is on
+    judge_name: str
     started_at: float = field(default_factory=time.time)
     running: int = 0  # chat requests in flight
     serving_gauge: Any = None  # clawback.trainer.priority.ServingGauge: `running`, for the trainer to yield to
@@ -241,11 +247,11 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "generations_running": state.running,
             "sessions_open": state.capture.open_sessions(),
             "capture": dict(state.capture.counters),
-            "signals": {"method": state.settings.method, "teacher": state.settings.teacher,
+            "signals": {"method": state.pipeline.cfg.method, "teacher": state.pipeline.cfg.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "training": {
                 "enabled": state.trainer is not None,
-                "batch_size": state.settings.batch_size,
+                "batch_size": state.settings.train_config().batch_size,
                 "samples_ready": counts["samples"].get("ready", 0),
                 "training_now": bool(state.trainer and state.trainer.busy),
                 "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step
@@ -459,14 +465,14 @@ class _Run:
         n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
-    def record(self) -> CallRecord:
+    def record(self) -> Call:
         p, now = self.p, time.time()
         ttft = (self.first_token_at or now) - p.arrived
-        return CallRecord(
+        return Call(
             call_id=p.call_id, session_id=p.meta.session_id, turn_id=p.meta.turn_id,
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
-            adapter_version=p.adapter, request=p.req.openai_body(), prompt_text=p.prompt_text,
+            adapter_version=parse_version(p.adapter), request=p.req.openai_body(), prompt_text=p.prompt_text,
             prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,

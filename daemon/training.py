@@ -20,25 +20,63 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, Callable, Protocol, Sequence
 
+from clawback.records import ReadySample, StepRecord, TrainResult, version_name
 from clawback.trainer.config import TrainConfig
 
-from .adapters import AdapterManager, version_of
+from .adapters import AdapterManager
 from .store import Store
 
 log = logging.getLogger(__name__)
 
 
+class TrainerHandle(Protocol):
+    """The trainer worker (`clawback.trainer.worker.TrainerWorker`) as the loop drives it: in a Ray
+    actor (`RayTrainer`, the daemon's), or in a thread of this process (the simulator's)."""
+
+    async def resume(self, version: int | None, files: dict[str, bytes] | None) -> int | None: ...
+
+    async def ping(self) -> int | None: ...  # the version it stands on
+
+    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, Any]) -> TrainResult: ...
+
+    async def close(self) -> None: ...
+
+
+# Starts a trainer; blocking (Ray start-up, model load), so the loop runs it in a thread.
+TrainerStarter = Callable[[], TrainerHandle]
+
+
+class RayTrainer:
+    """A `TrainerWorker` Ray actor behind `TrainerHandle`: each call is one actor task."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def resume(self, version: int | None, files: dict[str, bytes] | None) -> int | None:
+        return await self.actor.resume.remote(version, files)
+
+    async def ping(self) -> int | None:
+        return await self.actor.ping.remote()
+
+    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, Any]) -> TrainResult:
+        return await self.actor.train.remote(list(samples), version, meta)
+
+    async def close(self) -> None:
+        await self.actor.close.remote()
+
+
 class TrainingLoop:
     def __init__(self, store: Store, adapters: AdapterManager, cfg: TrainConfig,
-                 start_worker: Callable[[], Any], on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
+                 start_worker: TrainerStarter, on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
                  poll_s: float = 10.0) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
-        self.start_worker = start_worker  # returns a Ray actor handle (or anything with .remote methods)
+        self.start_worker = start_worker
         self.on_trained = on_trained
         self.poll_s = poll_s
-        self.worker: Any = None
+        self.worker: TrainerHandle | None = None
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.steps = 0
@@ -70,67 +108,66 @@ class TrainingLoop:
             except asyncio.TimeoutError:
                 pass
 
-    async def _next_batch(self) -> list[dict[str, Any]]:
+    async def _next_batch(self) -> list[ReadySample]:
         if await asyncio.to_thread(self.store.ready_count) < self.cfg.batch_size:
             return []
         rows = await asyncio.to_thread(self.store.ready_samples, self.cfg.batch_size * 4)
         live = self.adapters.live() or 0
-        stale = [r["call_id"] for r in rows if live - (version_of(r["adapter_version"]) or 0) > self.cfg.max_staleness]
-        unusable = [r["call_id"] for r in rows if self.cfg.method == "opd" and r["teacher_logprobs"] is None]
+        stale = [r.call_id for r in rows if live - (r.adapter_version or 0) > self.cfg.max_staleness]
+        unusable = [r.call_id for r in rows if self.cfg.method == "opd" and r.teacher_logprobs is None]
         if stale:
-            await self.store.commit("drop_samples", stale, "stale")
+            await self.store.drop_samples(stale, "stale")
         if unusable:
-            await self.store.commit("drop_samples", unusable, "no_teacher_for_opd")
-        usable = [r for r in rows if r["call_id"] not in set(stale) | set(unusable)]
+            await self.store.drop_samples(unusable, "no_teacher_for_opd")
+        usable = [r for r in rows if r.call_id not in set(stale) | set(unusable)]
         return usable[: self.cfg.batch_size] if len(usable) >= self.cfg.batch_size else []
 
-    async def _worker(self) -> Any:
+    async def _worker(self) -> TrainerHandle:
         if self.worker is None:
             self.worker = await asyncio.to_thread(self.start_worker)
             await self._resume(self.worker, self.adapters.live())
         return self.worker
 
-    async def _resume(self, worker: Any, version: int | None) -> None:
-        await worker.resume.remote(version, await self.adapters.files(version))
+    async def _resume(self, worker: TrainerHandle, version: int | None) -> None:
+        await worker.resume(version, await self.adapters.files(version))
 
-    async def step(self, batch: list[dict[str, Any]]) -> dict[str, Any] | None:
+    async def step(self, batch: list[ReadySample]) -> dict[str, float] | None:
         self.busy = True
         started = time.time()
         parent = self.adapters.live()
         version = await asyncio.to_thread(self.adapters.next_version)
-        call_ids = [s["call_id"] for s in batch]
-        rewards = [s["reward"] for s in batch]
-        meta = {"method": self.cfg.method, "samples": len(batch), "call_ids": call_ids,
-                "reward_mean": sum(rewards) / len(rewards)}
-        step: dict[str, Any] = {"version": version, "parent": parent, "started_at": started, "method": self.cfg.method}
+        call_ids = tuple(s.call_id for s in batch)
+        reward_mean = sum(s.reward for s in batch) / len(batch)
+        meta = {"method": self.cfg.method, "samples": len(batch), "call_ids": list(call_ids),
+                "reward_mean": reward_mean}
+        step = StepRecord(version=version, parent=parent, started_at=started, method=self.cfg.method,
+                          call_ids=call_ids, outcome="failed")
         try:
             worker = await self._worker()
-            if await worker.ping.remote() != parent:  # e.g. after a rollback: train from what serves
+            if await worker.ping() != parent:  # e.g. after a rollback: train from what serves
                 await self._resume(worker, parent)
-            result = await worker.train.remote(batch, version, meta)
-            self.trainer_node = result["node"]
-            path = await self.adapters.receive(version, result["files"])
-            step.update(path=path, metrics=result["metrics"])
+            result = await worker.train(batch, version, meta)
+            self.trainer_node = result.node
+            path = await self.adapters.receive(version, result.files)
+            step = replace(step, path=path, metrics=result.metrics)
             await self.adapters.load(version, path)
         except Exception as e:
             self.failures += 1
             log.error("training step for v%d failed: %s", version, e)
-            step.update(outcome="failed", error=f"{type(e).__name__}: {e}"[:1000])
-            await self.store.commit("train_step", step, call_ids)
+            await self.store.record_step(replace(step, error=f"{type(e).__name__}: {e}"[:1000]))
             await self._recover(parent, e)
             return None
         finally:
             self.busy = False
-        step["outcome"] = "committed"
-        await self.store.commit("train_step", step, call_ids)
+        await self.store.record_step(replace(step, outcome="committed"))
         swap_s = await self.adapters.go_live(version, path)
         self.steps += 1
         pruned = await self.adapters.prune()  # retention: newest K good versions + pinned + live
         if pruned:
             log.info("pruned adapter versions %s", pruned)
-        metrics = {**result["metrics"], "swap_s": swap_s}
+        metrics = {**result.metrics, "swap_s": swap_s}
         self.last_metrics = metrics
-        self.on_trained({"version": f"v{version}", "samples": len(batch), "mean_reward": meta["reward_mean"],
+        self.on_trained({"version": version_name(version), "samples": len(batch), "mean_reward": reward_mean,
                          "metrics": metrics})
         return metrics
 
@@ -138,7 +175,7 @@ class TrainingLoop:
         """Let the actor remove its private dir before Ray goes down (a step under way runs out first)."""
         if self.worker is not None:
             try:
-                await asyncio.wait_for(self.worker.close.remote(), timeout_s)
+                await asyncio.wait_for(self.worker.close(), timeout_s)
             except Exception as e:
                 log.warning("trainer actor did not close cleanly: %s", e)
 

@@ -1,41 +1,39 @@
-"""What one simulation run is: a frozen config, and the methods as bundles of settings.
+"""What one simulation run is: a frozen config, and the methods as the daemon's presets.
 
-A method is a set of daemon `Settings` values plus a `TrainConfig` preset, never a code path of
-its own: `seed` is the original project's recipe expressed as those values.
+A method is the daemon's `[train] preset` (or no training), never a code path of its own: `seed`
+is the original project's recipe, which the daemon runs with `preset = "seed"` as well. Each cell
+runs on a `Settings` built here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from clawback.trainer.config import TrainConfig, preset
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    settings: dict[str, Any] = field(default_factory=dict)  # daemon Settings fields
-    train_preset: str | None = None  # clawback.trainer.config.PRESETS name; None = no training
+    preset: str | None = None  # the daemon's [train] preset; None = no training
     keeps_own_lr: bool = False  # the preset's lr is part of the recipe (seed): --lr does not apply
 
     @property
     def trains(self) -> bool:
-        return self.train_preset is not None
+        return self.preset is not None
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("none"),  # the base model throughout: the baseline every curve starts from
-    Method("binary", {"method": "binary"}, "binary"),
-    Method("opd", {"method": "opd"}, "opd"),
-    Method("combined", {"method": "combined"}, "combined"),
-    # The original OpenClaw-RL recipe (reference seed-openclaw-rl.md §2-§3): combined advantage,
-    # teacher = the frozen base model + hint, a judge that sees only the reply and the next state,
-    # zero-signal samples counted toward the batch, and the trainer preset "seed" (no importance
-    # sampling correction, Adam lr 1e-5, weight decay 0.1, betas (0.9, 0.98)).
-    Method("seed", {"method": "combined", "teacher": "base", "judge_context": "response_only",
-                    "count_zero_signal": True}, "seed", keeps_own_lr=True),
+    Method("binary", "binary"),
+    Method("opd", "opd"),
+    Method("combined", "combined"),
+    # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
+    # PRESETS "seed"): combined advantage, teacher = the frozen base model + hint, a judge that sees
+    # only the reply and the next state, zero-signal samples counted toward the batch, no
+    # importance sampling correction, Adam lr 1e-5, weight decay 0.1, betas (0.9, 0.98).
+    Method("seed", "seed", keeps_own_lr=True),
 )}
 
 
@@ -77,18 +75,15 @@ class SimConfig:
         if self.temperature < 0 or self.eval_tasks < 0 or self.threads < 0:
             raise ValueError("temperature, eval_tasks and threads must not be negative")
 
-    def settings_for(self, method: Method) -> dict[str, Any]:
-        """Daemon settings of one cell (besides paths): the method's values, the run's sizes."""
-        return {"judge": "off", "batch_size": self.batch_size, "lora_rank": self.lora_rank,
-                "lora_alpha": self.lora_alpha, "lr": self.lr, "default_max_tokens": self.max_tokens,
-                "torch_threads": self.threads, "trainer_threads": self.threads, **method.settings}
-
-    def train_config(self, method: Method, seed: int) -> TrainConfig:
-        overrides: dict[str, Any] = {"batch_size": self.batch_size, "lora_rank": self.lora_rank,
-                                     "lora_alpha": self.lora_alpha, "seed": seed}
+    def settings_for(self, method: Method, seed: int) -> dict[str, Any]:
+        """The `Settings` values of one cell besides its paths: the method's preset, the run's sizes."""
+        train: dict[str, Any] = {"enabled": method.trains, "preset": method.preset or "combined",
+                                 "batch_size": self.batch_size, "lora_rank": self.lora_rank,
+                                 "lora_alpha": self.lora_alpha, "seed": seed, "threads": self.threads}
         if not method.keeps_own_lr:
-            overrides["lr"] = self.lr
-        return preset(method.train_preset, **overrides)
+            train["lr"] = self.lr
+        return {"judge": {"backend": "off"}, "train": train, "default_max_tokens": self.max_tokens,
+                "torch_threads": self.threads}
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

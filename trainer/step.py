@@ -1,14 +1,13 @@
 """One training step: samples -> micro-batches -> accumulated gradients -> one AdamW step.
 
-A sample is any object with `prompt_ids`, `response_ids`, `behaviour_logprobs`, `reward` and
-`teacher_logprobs` (None when there is no teacher); `Sample` is the plain one.
+A sample is any `TrainSample`: `Sample` here, or the daemon's `clawback.records.ReadySample`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -16,6 +15,19 @@ from clawback.adapter_format import lora_targets
 
 from .config import TrainConfig
 from .losses import advantages, policy_loss
+
+
+class TrainSample(Protocol):
+    @property
+    def prompt_ids(self) -> Sequence[int]: ...
+    @property
+    def response_ids(self) -> Sequence[int]: ...
+    @property
+    def behaviour_logprobs(self) -> Sequence[float]: ...
+    @property
+    def reward(self) -> float: ...
+    @property
+    def teacher_logprobs(self) -> Sequence[float] | None: ...  # None: no teacher
 
 
 @dataclass(frozen=True)
@@ -59,15 +71,15 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
-def micro_batches(samples: Sequence[Any], token_budget: int) -> list[list[Any]]:
+def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[list[TrainSample]]:
     """Group samples so each padded micro-batch stays within `token_budget` tokens.
 
     Sorted by length so neighbours pad little; a sample longer than the budget goes alone.
     Padded size is rows × (longest prompt + longest response), the layout `collate` builds.
     """
     order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids), reverse=True)
-    out: list[list[Any]] = []
-    cur: list[Any] = []
+    out: list[list[TrainSample]] = []
+    cur: list[TrainSample] = []
     max_p = max_r = 0
     for s in order:
         p, r = max(max_p, len(s.prompt_ids)), max(max_r, len(s.response_ids))
@@ -81,7 +93,7 @@ def micro_batches(samples: Sequence[Any], token_budget: int) -> list[list[Any]]:
     return out
 
 
-def collate(samples: Sequence[Any], device: torch.device) -> dict[str, torch.Tensor]:
+def collate(samples: Sequence[TrainSample], device: torch.device) -> dict[str, torch.Tensor]:
     """Prompts right-aligned at column C, responses left-aligned from C:
 
         [pad pad p p p | r r r pad]
@@ -148,7 +160,7 @@ def response_logprobs(
     return logp_B_T, ent_B_T
 
 
-def _check(samples: Sequence[Any], cfg: TrainConfig) -> None:
+def _check(samples: Sequence[TrainSample], cfg: TrainConfig) -> None:
     if not samples:
         raise ValueError("no samples")
     for s in samples:
@@ -164,7 +176,7 @@ def _check(samples: Sequence[Any], cfg: TrainConfig) -> None:
             raise ValueError("teacher_logprobs must have one value per response token")
 
 
-def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Any], cfg: TrainConfig,
+def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig,
                before_micro_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
     """One AdamW step on `samples`; gradients accumulate over micro-batches so the update equals
     the one a single batch of all samples would give. Returns the step's metrics.

@@ -19,15 +19,16 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from clawback.adapter_format import install, list_versions, publish, read_files, resume, version_dir
+from clawback.records import TrainResult
 
 from .config import TrainConfig
 from .priority import ServingPriority, lower_priority
-from .step import Sample, make_lora_model, make_optimizer, train_step
+from .step import TrainSample, make_lora_model, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +131,12 @@ class TrainerWorker:
         self._keep_only(version)
         return version
 
-    def train(self, samples: list[dict[str, Any]], version: int, meta: dict[str, Any]) -> dict[str, Any]:
+    def train(self, samples: Sequence[TrainSample], version: int, meta: dict[str, Any]) -> TrainResult:
         """One optimizer step on `samples`, published as `v{version}` and returned as its files."""
         t0 = time.time()
-        batch = [Sample(prompt_ids=s["prompt_ids"], response_ids=s["response_ids"],
-                        behaviour_logprobs=s["behaviour_logprobs"], reward=s["reward"],
-                        teacher_logprobs=s.get("teacher_logprobs")) for s in samples]
         self.priority.start_step()
         waited = self.priority.waited_s
-        metrics = train_step(self.model, self.optimizer, batch, self.cfg, before_micro_batch=self.priority.wait)
+        metrics = train_step(self.model, self.optimizer, samples, self.cfg, before_micro_batch=self.priority.wait)
         metrics["yielded_s"] = self.priority.waited_s - waited
         parent, node = self.version, ray_node_id()
         target = version_dir(self.root, version)  # the daemon numbers versions: a leftover here is not it
@@ -155,7 +153,7 @@ class TrainerWorker:
         self.version = version
         self._keep_only(version)
         release_freed_memory()
-        return {"version": version, "parent": parent, "node": node, "metrics": metrics, "files": files}
+        return TrainResult(version=version, parent=parent, node=node, metrics=metrics, files=files)
 
     def ping(self) -> int | None:
         return self.version

@@ -15,8 +15,10 @@ import pytest
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.store import CallRecord, Store, blob_logprobs
-from clawback.daemon.samples import HINT_FORMAT, SamplePipeline, SignalConfig, explicit_reward, teacher_messages
+from clawback.daemon.store import Store, blob_logprobs
+from clawback.records import Call, Feedback
+from clawback.daemon.config import SignalConfig
+from clawback.daemon.samples import HINT_FORMAT, SamplePipeline, explicit_reward, teacher_messages
 
 
 class ScriptedJudge:
@@ -68,14 +70,14 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
 
     toks = asyncio.run(sample())
     call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
-    store.submit("call", CallRecord(
+    store.add_call(Call(
         call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
         state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
         request=REQUEST, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
         behaviour_logprobs=[t.logprob for t in toks], response_text="Rain is water.", tool_calls=None,
         finish_reason="length"))
     if next_state is not None:
-        store.submit("next_state", call_id, "next", next_state, True, now)
+        store.add_next_state(call_id, "next", next_state, True, now)
     store.flush()
     return call_id
 
@@ -83,7 +85,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
 def feedback(store: Store, call_kind: str, text: str | None = None) -> None:
     ev = {"event_id": str(uuid.uuid4()), "kind": call_kind, "session_id": "s", "target": "last", "text": text,
           "source": "cli"}
-    store.submit("feedback", ev, time.time())
+    asyncio.run(store.apply_feedback(ev, time.time()))
     store.flush()
 
 
@@ -231,8 +233,8 @@ def test_teacher_context_building():
     assert out[2]["content"][-1] == {"type": "text", "text": "[Hint for a better reply] be kind"}
     assert out[0] == msgs[0] and msgs[2]["content"] == [{"type": "text", "text": "c"}], "input untouched"
     assert teacher_messages([{"role": "system", "content": "x"}], "h")[-1] == {"role": "user", "content": "[Hint for a better reply] h"}
-    assert explicit_reward([{"kind": "thumbs_up"}, {"kind": "comment"}, {"kind": "thumbs_down"}]) == -1.0
-    assert explicit_reward([{"kind": "correction"}]) is None
+    assert explicit_reward([Feedback(k, None, 0.0) for k in ("thumbs_up", "comment", "thumbs_down")]) == -1.0
+    assert explicit_reward([Feedback("correction", "shorter", 0.0)]) is None
 
 
 def test_zero_signal_samples_count_toward_the_batch_when_asked(store, engine, renderer):

@@ -11,18 +11,20 @@ from clawback.sim.config import METHODS, SimConfig, parse_methods
 from clawback.sim.results import mean_ci, step_curve
 
 
-def test_seed_is_the_original_recipe_as_settings_values():
+def test_seed_is_the_daemons_seed_preset():
     cfg = SimConfig(lr=3e-4, batch_size=8)
-    seed = METHODS["seed"]
-    s = Settings(**cfg.settings_for(seed), no_auth=True)
-    assert (s.method, s.teacher, s.judge_context, s.count_zero_signal, s.judge) == (
+    s = Settings(**cfg.settings_for(METHODS["seed"], seed=2), no_auth=True)
+    sig = s.signal_config()
+    assert (sig.method, sig.teacher, sig.judge_context, sig.count_zero_signal, s.judge.backend) == (
         "combined", "base", "response_only", True, "off")
-    tc = cfg.train_config(seed, seed=2)
+    tc = s.train_config()
     assert (tc.method, tc.tis_cap, tc.lr, tc.weight_decay, tc.betas, tc.batch_size, tc.seed) == (
         "combined", None, 1e-5, 0.1, (0.9, 0.98), 8, 2)
-    combined = cfg.train_config(METHODS["combined"], seed=2)
-    assert (combined.lr, combined.tis_cap) == (3e-4, 2.0)
-    assert not METHODS["none"].trains
+    combined = Settings(**cfg.settings_for(METHODS["combined"], seed=2), no_auth=True)
+    assert (combined.train_config().lr, combined.train_config().tis_cap) == (3e-4, 2.0)
+    assert combined.signal_config().teacher == "self" and combined.train.enabled
+    none = Settings(**cfg.settings_for(METHODS["none"], seed=2), no_auth=True)
+    assert not METHODS["none"].trains and not none.train.enabled
 
 
 def test_method_lists():
