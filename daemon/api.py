@@ -382,7 +382,8 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     except MetaError as e:
         raise ApiError(400, str(e), param="turn_type", code="invalid_value") from None
     try:
-        if int(request.headers.get("content-length") or INLINE_RENDER_BYTES) < INLINE_RENDER_BYTES:
+        length = request.headers.get("content-length", "")  # absent when chunked: render off the loop
+        if length.isdigit() and len(length) <= 6 and int(length) < INLINE_RENDER_BYTES:
             prompt_text, prompt_ids = state.renderer.render(req)
         else:
             prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)

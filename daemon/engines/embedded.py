@@ -3,8 +3,8 @@
 One worker thread owns the model. It takes commands (start a generation, score, load/unload an
 adapter) from a queue and decodes every running generation in one batched forward per step: the
 streams share one KV cache, left-padded so that each row's tokens end at the same column, with an
-attention mask over the padding and each row's own positions. A new stream is prefilled alone and
-then joins the batch; a finished one leaves it. Each row is sampled with its own settings, and its
+attention mask over the padding and each row's own positions. Prompts that arrive together are
+prefilled in one left-padded forward and then join the batch; a finished stream leaves it. Each row is sampled with its own settings, and its
 logprob is read from its own row of the unscaled distribution, so `score()` reproduces it. Serving
 and background work (the judge) are two batches: the background one steps only when nothing is
 served, plus one step in BACKGROUND_EVERY so that it cannot starve. The asyncio loop never waits
@@ -95,9 +95,9 @@ class _KV(DynamicLayer):
         return self.n if self.is_initialized else 0
 
     def _place(self, rows: int, capacity: int, parts: list[tuple[Any, "_KV"]]) -> None:
-        """New zeroed buffers of `rows` x `capacity` columns holding each part's used columns at
-        `rows_slice`, right-aligned at the end column max(n) (left padding stays zero, so it is
-        finite under the mask)."""
+        """New zeroed buffers of `rows` x `capacity` columns; each (rows, layer) part's used columns
+        go to those rows, right-aligned at the end column max(n) (the left padding stays zero, so
+        it is finite under the mask)."""
         end = max(kv.n for _, kv in parts)
         k = self.kbuf.new_zeros(rows, self.kbuf.shape[1], capacity, self.kbuf.shape[3])
         v = self.vbuf.new_zeros(rows, self.vbuf.shape[1], capacity, self.vbuf.shape[3])
@@ -410,13 +410,7 @@ class EmbeddedEngine:
         positions = torch.tensor([[len(g.prompt_ids) + g.n_generated - 1] for g in gens], device=self.device)
         out = self._forward(ids, [g.adapter for g in gens], batch.cache,
                             attention_mask=batch.mask, position_ids=positions)
-        logits = out.logits[:, -1].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        done = {gen for gen, row, logp in zip(gens, logits, logprobs) if self._advance(gen, row, logp)}
-        if done:
-            batch.remove(done)
-            for gen in done:
-                self._finish(gen, _END)
+        self._emit_rows(batch, out.logits[:, -1].float())
 
     def _prefill(self, gens: list[_Generation]) -> _Batch:
         """Run the waiting prompts in one left-padded forward and sample each one's first token;
@@ -437,14 +431,18 @@ class EmbeddedEngine:
         if padded:
             for kv in batch.cache.layers:
                 kv.zero_padding(mask)
-        logits = out.logits[:, -1].float()
+        self._emit_rows(batch, out.logits[:, -1].float())
+        return batch
+
+    def _emit_rows(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Sample each row's next token from its own logits and emit it; finished generations
+        leave the batch."""
         logprobs = torch.log_softmax(logits, dim=-1)
-        done = {gen for gen, row, logp in zip(gens, logits, logprobs) if self._advance(gen, row, logp)}
+        done = {gen for gen, row, logp in zip(batch.gens, logits, logprobs) if self._advance(gen, row, logp)}
         if done:
             batch.remove(done)
             for gen in done:
                 self._finish(gen, _END)
-        return batch
 
     def _advance(self, gen: _Generation, logits: torch.Tensor, logprobs: torch.Tensor) -> bool:
         """Sample the generation's next token from its row and emit it; True when it is done."""
