@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_overhead import DEFAULT_MODEL, REPO, Daemon, machine  # noqa: E402
+from _common import DEFAULT_MODEL, REPO, Daemon, machine  # noqa: E402
 
 PROMPTS = [
     "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle.",
@@ -85,17 +86,17 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(Path.home() / ".cache" / "clawback" / "vllm-venv" / "bin" / "python"))
     args = ap.parse_args()
 
-    off = {"CLAWBACK_TRAIN": "false", "CLAWBACK_JUDGE": "off"}
-    extra = {"embedded": ("--engine", "embedded", "--dtype", "float32"),
-             "vllm": ("--engine", "vllm", "--dtype", "float32")}
-    env = {"embedded": off,
-           "vllm": {**off, "CLAWBACK_ENGINE_PYTHON": args.vllm_python, "VLLM_CPU_KVCACHE_SPACE": "1"}}
+    off = {"CLAWBACK_TRAIN": "false", "CLAWBACK_JUDGE": "off", "CLAWBACK_DTYPE": "float32"}
+    env = {"embedded": {**off, "CLAWBACK_ENGINE": "embedded"},
+           "vllm": {**off, "CLAWBACK_ENGINE": "vllm", "CLAWBACK_ENGINE_PYTHON": args.vllm_python,
+                    "VLLM_CPU_KVCACHE_SPACE": "1"}}
     engines = args.engines.split(",")
     daemons = {}
     try:
-        for name in engines:  # threads: each engine's own default (0 = the daemon's CPU budget)
-            daemons[name] = Daemon(args.model, 0, "cpu", "warning", extra=extra[name], env=env[name])
-            daemons[name].wait_ready(timeout=900)
+        for name in engines:  # threads 0: the daemon's CPU budget; vLLM sizes its own
+            data_dir = Path(tempfile.mkdtemp(prefix=f"clawback-bench-{name}-"))
+            daemons[name] = Daemon(args.model, data_dir, 0, "cpu", "warning", env=env[name])
+            daemons[name].wait_ready(timeout=1800)
         for name, d in daemons.items():  # warm-up: first requests compile kernels and fill caches
             asyncio.run(burst(d.url, args.streams, 8, 0))
         rounds: list[dict[str, Any]] = []

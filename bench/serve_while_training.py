@@ -32,6 +32,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -41,7 +42,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_overhead import DEFAULT_MODEL, REPO, Daemon, machine  # noqa: E402
+from _common import DEFAULT_MODEL, REPO, Daemon, machine  # noqa: E402
 
 PROMPT = "Explain in detail how a bicycle works, covering the frame, gears, brakes and wheels."
 
@@ -142,7 +143,7 @@ def main() -> None:
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
     env = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": str(args.batch),
            "CLAWBACK_MAX_STALENESS": "1000"}
-    d = Daemon(args.model, 0, "cpu", "warning", env=env)
+    d = Daemon(args.model, Path(tempfile.mkdtemp(prefix="clawback-bench-")), 0, "cpu", "warning", env=env)
     db = d.data_dir / "clawback.db"
     rounds: list[dict[str, Any]] = []
     try:

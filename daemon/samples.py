@@ -27,7 +27,7 @@ from typing import Any, Callable, Literal, Sequence
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine
 from clawback.judge.backends import JudgeBackend
-from clawback.judge.prm import Vote, judge_hint, judge_prm
+from clawback.judge.prm import Vote, VoteOptions, judge_hint, judge_prm
 from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, parse_version
 
 from .config import SignalConfig
@@ -141,8 +141,9 @@ class SamplePipeline:
         votes: list[VoteRecord] = []
         sample = JudgedSample(call_id=call_id, revision=revision, state="dropped", method=cfg.method,
                               teacher=cfg.teacher)
-        judge_kw = dict(m=cfg.judge_votes, temperature=cfg.judge_temperature, max_tokens=cfg.judge_max_tokens,
-                        timeout_s=cfg.judge_timeout_s, retries=cfg.judge_retries, context=cfg.judge_context)
+        judge_kw: VoteOptions = {"m": cfg.judge_votes, "temperature": cfg.judge_temperature,
+                                 "max_tokens": cfg.judge_max_tokens, "timeout_s": cfg.judge_timeout_s,
+                                 "retries": cfg.judge_retries, "context": cfg.judge_context}
 
         reward = explicit_reward(inp.feedback)
         reward_source = "explicit" if reward is not None else "none"

@@ -172,6 +172,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 raise RuntimeError(f"cell {cell.key} failed (exit code {child.exitcode}); its error is above")
             progress.done += _units(cfg, cell)
             record = read_cell(out, cell)
+            assert record is not None  # the cell's process wrote it
             print(f"{cell.key}: score {record['curve'][0]['score']:.3f} -> {record['final_score']:.3f}, "
                   f"{sum(s['outcome'] == 'committed' for s in record['steps'])} steps, {record['wall_s'] / 60:.1f} min",
                   file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
+from transformers import PreTrainedModel
 
 from clawback.adapter_format import lora_targets
 
@@ -39,7 +40,7 @@ class Sample:
     teacher_logprobs: Sequence[float] | None = None
 
 
-def make_lora_model(base_model: torch.nn.Module, cfg: TrainConfig) -> Any:
+def make_lora_model(base_model: PreTrainedModel, cfg: TrainConfig) -> Any:
     """Wrap a HF causal LM with a fresh LoRA adapter ("default"); the base is modified in place."""
     from peft import LoraConfig, get_peft_model
 
