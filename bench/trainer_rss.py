@@ -58,9 +58,7 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         samples = make_samples(args.batch, "mixed", 49152, seed=step)
         t0 = time.perf_counter()
-        worker.train([{"prompt_ids": list(s.prompt_ids), "response_ids": list(s.response_ids),
-                       "behaviour_logprobs": list(s.behaviour_logprobs), "reward": s.reward} for s in samples],
-                     step, {"samples": args.batch})
+        worker.train(samples, step, {"samples": args.batch})
         row = {"step": step, "step_s": time.perf_counter() - t0, "rss_mb": status_kb("VmRSS") / 1024,
                "hwm_mb": status_kb("VmHWM") / 1024}
         rows.append(row)
