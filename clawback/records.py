@@ -78,6 +78,8 @@ class SampleInputs:
     response_text: str
     next_state: list[dict[str, Any]] | None
     feedback: tuple[Feedback, ...]
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True)

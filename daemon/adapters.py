@@ -45,7 +45,11 @@ class AdapterManager:
         return max(known + on_disk, default=0) + 1
 
     async def restore(self) -> int | None:
-        """After a restart, serve the version that was live (or the newest good one before it)."""
+        """After a restart, serve what was live: the base model if that was the last choice, else
+        the live version (or the newest good one before it)."""
+        await asyncio.to_thread(self._remove_leftovers)
+        if await asyncio.to_thread(self.store.base_was_live):
+            return None
         rows = await asyncio.to_thread(self.store.adapters)
         live = [a for a in rows if a["state"] == "live"]
         candidates = live + sorted((a for a in rows if a["state"] in ("committed", "retired")),
@@ -57,6 +61,17 @@ class AdapterManager:
             except AdapterError as e:
                 log.error("cannot restore adapter v%d: %s", a["version"], e)
         return None
+
+    def _remove_leftovers(self) -> list[Path]:
+        """Half-written versions (`.v{N}.*.tmp`, a crash during install) and complete ones the store
+        never recorded (a crash between install and the step's commit): nothing may serve them."""
+        recorded = {a["version"] for a in self.store.adapters()}
+        doomed = [p for p in self.root.glob(".v*.tmp")]
+        doomed += [p for p in self.root.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) not in recorded]
+        for p in doomed:
+            log.warning("removing %s: no recorded adapter version", p)
+            shutil.rmtree(p, ignore_errors=True)
+        return doomed
 
     async def receive(self, version: int, files: dict[str, bytes]) -> str:
         """Commit a version the trainer sent as bytes into this host's adapters dir; its path."""
@@ -127,3 +142,25 @@ class AdapterManager:
             if a["version"] == version:
                 return a
         raise AdapterError(f"no adapter version {version}")
+
+
+def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str, Any]:
+    """Versions that carry forgotten samples (trained on them, or descended from one that was),
+    and the newest good version trained before the first of them (None = the base model): the
+    rollback to offer."""
+    parent = {a["version"]: a["parent"] for a in rows}
+    hit = set(trained)
+
+    def tainted(version: int | None) -> bool:
+        while version is not None:
+            if version in hit:
+                return True
+            version = parent.get(version)
+        return False
+
+    affected = sorted(a["version"] for a in rows if tainted(a["version"]))
+    if not affected:
+        return {"affected_versions": [], "rollback_to": None}
+    clean = [a["version"] for a in rows if a["version"] < min(affected) and not tainted(a["version"])
+             and a["state"] in ("committed", "retired", "live")]
+    return {"affected_versions": affected, "rollback_to": max(clean, default=None)}

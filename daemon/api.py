@@ -20,20 +20,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
-from clawback.engine import Engine, EngineError, Sampling
+from clawback.engine import Engine, EngineError, Sampling, Token
 from clawback.records import Call, parse_version
 
+from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
-from .feedback import Hub, add_feedback_routes
-from .store import Store
+from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
+from .engines import grammar
+from .feedback import FeedbackEvent, Hub, add_feedback_routes
+from .forget import forget, parse_time
+from .store import ForgetScope, Store, StoreBusy
 
 if TYPE_CHECKING:
     from .adapters import AdapterManager
@@ -150,11 +155,12 @@ class AppState:
 
 
 ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback",
-          "/v1/adapters")
+          "/v1/adapters", "/v1/forget", "/v1/dashboard/link")
 
 
 class Gate:
-    """Bearer auth (all but /healthz), request counting. Pure ASGI so streaming stays untouched."""
+    """Bearer auth (all but /healthz and the dashboard, which has its own login), request counting.
+    Pure ASGI so streaming stays untouched."""
 
     def __init__(self, app: Any, state: AppState) -> None:
         self.app, self.state = app, state
@@ -173,7 +179,8 @@ class Gate:
             await send(message)
 
         try:
-            if self.expected is not None and path != "/healthz":
+            dashboard = path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+            if self.expected is not None and path != "/healthz" and not dashboard:
                 given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
                 if not hmac.compare_digest(given, self.expected):
                     msg = "missing bearer token" if not given else "invalid API key"
@@ -189,7 +196,8 @@ class Gate:
 
 
 def create_app(state: AppState, lifespan: Any = None) -> Any:
-    app = FastAPI(title="clawback", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="clawback", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
     app.state.clawback = state
 
     @app.exception_handler(ApiError)
@@ -248,6 +256,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "generations_running": state.running,
             "sessions_open": state.capture.open_sessions(),
             "capture": dict(state.capture.counters),
+            "warnings": [w for w in (state.capture.untrained_warning(),) if w],
+            "main_calls": {"last_at": state.capture.last_main_at, "last_tagged_at": state.capture.last_tagged_main_at},
             "signals": {"method": state.pipeline.cfg.method, "teacher": state.pipeline.cfg.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "training": {
@@ -274,19 +284,73 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
 
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
+    _add_forget_route(app, state)
+    add_dashboard_routes(app, state)
+    _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
+                           ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody,
+                           ("/v1/forget", "post"): ForgetBody})
 
     return Gate(app, state)
+
+
+class VersionBody(BaseModel):
+    version: int | str  # N, "vN", or "base" (rollback)
+
+
+def _describe_bodies(app: FastAPI, bodies: dict[tuple[str, str], type[BaseModel]]) -> None:
+    """/openapi.json with each route's JSON body: the routes read raw bodies (size limits, strict
+    JSON), so FastAPI cannot see them; the request models are the contract."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = doc.setdefault("components", {}).setdefault("schemas", {})
+            for (path, method), model in bodies.items():
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                doc["paths"][path][method]["requestBody"] = {
+                    "required": True, "content": {"application/json": {"schema": schema}}}
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = build  # type: ignore[method-assign]
+
+
+class ForgetBody(BaseModel):
+    """Exactly one of: a session (with the sessions linked to it), every session last seen before
+    a time (unix seconds or ISO 8601), or everything."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+    before: float | str | None = None
+    everything: bool = Field(False, alias="all")
+
+    def scope(self) -> ForgetScope:
+        before = None if self.before is None else parse_time(self.before)
+        return ForgetScope(session_id=self.session_id, before=before, everything=self.everything)
+
+
+def _add_forget_route(app: FastAPI, state: AppState) -> None:
+    @app.post("/v1/forget")
+    async def forget_route(request: Request) -> dict:
+        try:
+            scope = ForgetBody.model_validate(await _read_json(request, 4096)).scope()
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        except ValueError as e:  # no scope or two, or a time that does not parse
+            raise ApiError(400, str(e), code="invalid_value") from None
+        return await forget(state.store, scope, state.capture)
 
 
 def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
     from .adapters import AdapterError
 
     async def body_version(request: Request) -> int | None:
+        raw = await _read_json(request, 4096, empty={})
         try:
-            raw = json.loads(await request.body() or b"{}")
             v = raw.get("version")
             return None if v in (None, "base") else int(str(v).removeprefix("v"))
-        except (ValueError, AttributeError, json.JSONDecodeError):
+        except (ValueError, AttributeError):
             raise ApiError(400, "body must be {\"version\": N} (or \"base\")", param="version") from None
 
     async def guarded(coro: Any) -> Any:
@@ -326,19 +390,28 @@ def _version() -> str:
     return __version__
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise ApiError(413, f"request body is over the {limit}-byte limit", code="request_too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"request body is over the {limit}-byte limit", code="request_too_large")
+async def _read_json(request: Request, limit: int, empty: Any = None) -> Any:
+    """The body as JSON (`empty` when there is none and that is allowed)."""
+    timeout_s = request.app.state.clawback.settings.client_timeout_s
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        body = await read_limited(request.stream(), limit, request.headers.get("content-length"), timeout_s)
+        return empty if not body and empty is not None else parse_json(body)
+    except BodyError as e:
+        raise ApiError(e.status, f"request body: {e.message}", code=e.code) from None
+
+
+IMAGE_PARTS = ("image_url", "input_image", "image")
+
+
+def _refuse_images(raw: dict[str, Any]) -> None:
+    """Image content parts get a plain answer rather than a schema path."""
+    messages = raw.get("messages")
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                raise ApiError(400, "this model does not accept images", param=f"messages.{i}.content.{j}",
+                               code="images_not_supported")
 
 
 def _validation_error(e: ValidationError) -> ApiError:
@@ -371,17 +444,29 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     raw = await _read_json(request, state.settings.max_body_bytes)
     if not isinstance(raw, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    _refuse_images(raw)
     try:
         req = ChatRequest.model_validate(raw)
     except ValidationError as e:
         raise _validation_error(e) from None
+    if (req.n or 1) > 1:
+        raise ApiError(400, "n > 1 is not supported: each reply is its own call; send n requests",
+                       param="n", code="unsupported_parameter")
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    constraint = req.constraint()
+    if constraint is not None:
+        error = await asyncio.to_thread(grammar.check, constraint)
+        if error:
+            param = "tools" if constraint.prefix else "response_format"
+            raise ApiError(400, f"cannot enforce this schema: {error.strip()}", param=param, code="invalid_schema")
     if req.model not in (state.settings.served_model_name, state.engine.info.name):
         raise ApiError(404, f"model {req.model!r} does not exist; this daemon serves "
                             f"{state.settings.served_model_name!r}", param="model", code="model_not_found")
     try:
         meta = parse_meta(request.headers, req)
     except MetaError as e:
-        raise ApiError(400, str(e), param="turn_type", code="invalid_value") from None
+        raise ApiError(400, str(e), param=e.param, code="invalid_value") from None
     try:
         length = request.headers.get("content-length", "")  # absent when chunked: render off the loop
         if length.isdigit() and len(length) <= 6 and int(length) < INLINE_RENDER_BYTES:
@@ -403,6 +488,8 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         max_tokens=min(wanted, ctx - len(prompt_ids)),  # the room left in the context
         seed=req.seed,
         stop_token_ids=state.engine.info.eos_token_ids,
+        top_logprobs=req.top_logprobs or 0,
+        constraint=constraint,
     )
     return _Prepared(req, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
                      f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
@@ -415,12 +502,12 @@ class _Run:
         self.state, self.p = state, p
         self.detok = IncrementalDetokenizer(state.renderer.tokenizer)
         self.gate = TextGate(p.req.stop_list(), p.req.tools_enabled())
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
+        self.tokens: list[Token] = []
         self.first_token_at: float | None = None
         self.finish_reason = "cancelled"
         self.tool_calls: list[dict[str, Any]] = []
         self.content: str | None = None
+        self.finished = False
 
     async def deltas(self) -> AsyncIterator[str]:
         eos = set(self.p.sampling.stop_token_ids)
@@ -429,8 +516,7 @@ class _Run:
             async for tok in stream:
                 if self.first_token_at is None:
                     self.first_token_at = time.time()
-                self.ids.append(tok.id)
-                self.logprobs.append(tok.logprob)
+                self.tokens.append(tok)
                 if tok.id in eos:
                     break
                 out = self.gate.feed(self.detok.push(tok.id))
@@ -440,7 +526,7 @@ class _Run:
                     break
         finally:
             await stream.aclose()  # stops the engine early on a stop string or a client disconnect
-        hit_eos = bool(self.ids) and self.ids[-1] in eos
+        hit_eos = bool(self.tokens) and self.tokens[-1].id in eos
         tail = self.gate.finish()
         if tail:
             yield tail
@@ -456,12 +542,19 @@ class _Run:
         """OpenAI `logprobs.content` for every sampled token (the end token included)."""
         if not self.p.req.logprobs:
             return None
-        tok = self.state.renderer.tokenizer
-        content = []
-        for token_id, lp in zip(self.ids, self.logprobs):
-            text = tok.decode([token_id])
-            content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
-        return {"content": content}
+        decode = self.state.renderer.tokenizer.decode
+
+        def entry(token_id: int, lp: float) -> dict[str, Any]:
+            text = decode([token_id])
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        return {"content": [{**entry(t.id, t.logprob),
+                             "top_logprobs": [entry(i, lp) for i, lp in zip(t.top_ids, t.top_logprobs)]}
+                            for t in self.tokens]}
+
+    @property
+    def ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
 
     def usage(self) -> dict[str, int]:
         n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
@@ -475,7 +568,7 @@ class _Run:
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
             adapter_version=parse_version(p.adapter), request=p.req.openai_body(), prompt_text=p.prompt_text,
-            prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
+            prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=[t.logprob for t in self.tokens],
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,
             timings={"render_s": p.rendered - p.arrived, "ttft_s": ttft, "total_s": now - p.arrived,
@@ -483,7 +576,11 @@ class _Run:
         )
 
     def finish(self) -> None:
-        """Runs exactly once, also when the client went away mid-stream."""
+        """Hands the call to capture; runs once (more calls are no-ops), also when the client went
+        away mid-stream."""
+        if self.finished:
+            return
+        self.finished = True
         s = self.state
         s.count_running(-1)
         rec = self.record()
@@ -493,6 +590,13 @@ class _Run:
         s.tokens.labels("completion").inc(len(self.ids))
         s.ttft.observe(rec.timings["ttft_s"])
         s.latency.labels(str(self.p.req.stream).lower()).observe(rec.timings["total_s"])
+
+    async def stored(self) -> None:
+        """Wait until a main call is committed, so that a reply the client has is never lost to a
+        crash (side calls are never trained: they are not waited for)."""
+        if self.p.meta.turn_type == "main":
+            with contextlib.suppress(StoreBusy):  # the call was dropped and counted, not lost unseen
+                await self.state.store.committed()
 
 
 def _headers(p: _Prepared) -> dict[str, str]:
@@ -515,6 +619,7 @@ async def _chat(state: AppState, request: Request) -> Response:
         raise ApiError(500, f"generation failed: {e}", "server_error") from None
     finally:
         run.finish()
+    await run.stored()
     message: dict[str, Any] = {"role": "assistant", "content": run.content}
     if run.tool_calls:
         message["tool_calls"] = run.tool_calls
@@ -554,6 +659,8 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             return
         for i, call in enumerate(run.tool_calls):
             yield chunk({"tool_calls": [{"index": i, **call}]})
+        run.finish()
+        await run.stored()  # before the last chunk: a client that got the whole reply has it stored
         yield chunk({}, run.finish_reason, run.logprobs_content())  # all of them, once the tokens are final
         if include_usage:
             body = {**base, "choices": [], "usage": run.usage()}

@@ -210,6 +210,9 @@ class Settings(BaseSettings):
     engine_args: str = ""  # extra server flags, appended verbatim (e.g. "--tp 2")
     engine_port: int = Field(0, ge=0, le=65535)  # the launched server's port; 0 = a free one
     engine_mem_fraction: float = Field(0.45, gt=0, lt=1)  # SGLang --mem-fraction-static; the rest is the trainer's (docs/memory-plan.md)
+    # vLLM on CPU: the KV cache in GiB (VLLM_CPU_KVCACHE_SPACE); 0 = what the model needs for a few
+    # full-context sequences, at most engine_mem_fraction of the memory available at start.
+    engine_kv_cache_gib: float = Field(0, ge=0)
     engine_start_timeout_s: float = Field(900.0, gt=0)  # first start loads weights and may compile
 
     # Auth: a key given here wins; otherwise <data_dir>/api_key (created on first start).
@@ -224,6 +227,11 @@ class Settings(BaseSettings):
     session_cache_size: int = Field(10_000, ge=1)
 
     store_queue_size: int = Field(10_000, ge=1)
+    # A client that takes longer than this to send a request head, or stalls this long inside a
+    # body, is cut off (a stalled socket would otherwise stay open for good).
+    client_timeout_s: float = Field(10.0, gt=0)
+    # Forget sessions last seen more than this many days ago (as `clawback forget --before`); 0 = keep.
+    retain_days: float = Field(0.0, ge=0)
 
     # [train] and [judge]: what the daemon learns from and how (TrainSettings, JudgeSettings below).
     # The flat keys they replace (`method`, `lr`, `judge_url`, `train = false`, ...) still load:

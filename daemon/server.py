@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from typing import Any
 
 from fastapi import FastAPI
@@ -26,9 +27,10 @@ from .api import AppState, create_app, resolve_api_key
 from .capture import Capture
 from .config import Settings
 from .feedback import Hub
+from .forget import forget
 from .layout import RayPlacement
 from .samples import SamplePipeline
-from .store import Store
+from .store import ForgetScope, Store
 from .training import RayTrainer, TrainerStarter, TrainingLoop
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,8 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
 def _ray_placement(settings: Settings) -> RayPlacement:
     """The trainer's place on Ray. Joining a cluster happens now, so a bad address or layout is an
     error at start; the local runtime still starts with the first batch (serving starts fast)."""
-    placement = RayPlacement(settings.layout, settings.ray_address, settings.train.device)
+    placement = RayPlacement(settings.layout, settings.ray_address, settings.train.device,
+                             token_path=settings.data_dir / "ray_auth_token")
     if settings.ray_address:
         placement.connect()
     return placement
@@ -130,13 +133,22 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        async def retain() -> None:
+            if settings.retain_days:
+                scope = ForgetScope(before=time.time() - settings.retain_days * 86400)
+                report = await forget(state.store, scope, state.capture)
+                if report["deleted"]:
+                    log.info("retain_days: forgot %d sessions (%s)", report["sessions"], report["deleted"])
+
         async def sweeper() -> None:
             await state.capture.sweep_store()  # sessions a previous run left open
+            await retain()
             while True:
                 await asyncio.sleep(settings.session_sweep_interval_s)
                 try:
                     state.capture.sweep()
                     await state.capture.sweep_store()
+                    await retain()
                 except Exception:
                     log.exception("session sweep failed")
 

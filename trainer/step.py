@@ -161,20 +161,29 @@ def response_logprobs(
     return logp_B_T, ent_B_T
 
 
+def sample_problem(s: TrainSample, method: str) -> str | None:
+    """Why one sample cannot be trained on, or None. The training loop quarantines such samples
+    before a step; `train_step` refuses a batch that holds one."""
+    R = len(s.response_ids)
+    if not s.prompt_ids or not R:
+        return "every sample needs a non-empty prompt and response"
+    if len(s.behaviour_logprobs) != R:
+        return "behaviour_logprobs must have one value per response token"
+    if s.teacher_logprobs is None:
+        if method == "opd":
+            return "method 'opd' needs teacher_logprobs on every sample"
+    elif len(s.teacher_logprobs) != R:
+        return "teacher_logprobs must have one value per response token"
+    return None
+
+
 def _check(samples: Sequence[TrainSample], cfg: TrainConfig) -> None:
     if not samples:
         raise ValueError("no samples")
     for s in samples:
-        R = len(s.response_ids)
-        if not s.prompt_ids or not R:
-            raise ValueError("every sample needs a non-empty prompt and response")
-        if len(s.behaviour_logprobs) != R:
-            raise ValueError("behaviour_logprobs must have one value per response token")
-        if s.teacher_logprobs is None:
-            if cfg.method == "opd":
-                raise ValueError("method 'opd' needs teacher_logprobs on every sample")
-        elif len(s.teacher_logprobs) != R:
-            raise ValueError("teacher_logprobs must have one value per response token")
+        problem = sample_problem(s, cfg.method)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig,

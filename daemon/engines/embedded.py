@@ -34,10 +34,13 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from clawback.engine import EngineError, Sampling, Token, read_model_info
 
+from .grammar import GrammarMask, GrammarTokenizer
+
 log = logging.getLogger(__name__)
 
 BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
 BACKGROUND_EVERY = 8
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily, as vLLM and SGLang do
 
 
 def pick_device(device: str) -> torch.device:
@@ -63,6 +66,7 @@ class _Generation:
     last_token: int = 0  # the next decode step's input
     rng: torch.Generator | None = None
     background: bool = False  # judge and other internal work: yields to serving
+    mask: GrammarMask | None = None  # Sampling.constraint, compiled for this stream
 
 
 GROW = 64  # KV-cache columns added at a time
@@ -195,6 +199,7 @@ class EmbeddedEngine:
         # transformers renamed `past_key_values` to `cache` in 5.2x; accept both releases.
         self._cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
         self.info = read_model_info(model_dir, name)
+        self._grammar_tokenizer = GrammarTokenizer(str(model_dir), int(model.config.vocab_size))
         self._peft = False
         self._adapters: dict[str, str] = {}  # version -> path
         self._active: str | None = None
@@ -217,6 +222,10 @@ class EmbeddedEngine:
     ) -> AsyncGenerator[Token, None]:
         if not prompt_ids:
             raise EngineError("empty prompt")
+        mask = None
+        if sampling.constraint is not None:
+            mask = await asyncio.to_thread(
+                lambda: GrammarMask(self._grammar_tokenizer.get(), sampling.constraint))  # type: ignore[arg-type]
         self._acquire(adapter)
         loop = asyncio.get_running_loop()
         out: asyncio.Queue = asyncio.Queue()
@@ -226,6 +235,7 @@ class EmbeddedEngine:
             adapter=adapter,
             emit=lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
             background=background,
+            mask=mask,
         )
         self._commands.put(("generate", gen))
         try:
@@ -446,12 +456,12 @@ class EmbeddedEngine:
 
     def _advance(self, gen: _Generation, logits: torch.Tensor, logprobs: torch.Tensor) -> bool:
         """Sample the generation's next token from its row and emit it; True when it is done."""
-        token_id = self._sample(logits, gen.sampling, gen.rng)
+        token = self._pick(gen, logits, logprobs)
         gen.n_generated += 1
-        gen.last_token = token_id
-        gen.emit(Token(token_id, float(logprobs[token_id])))
+        gen.last_token = token.id
+        gen.emit(token)
         return (
-            token_id in gen.sampling.stop_token_ids
+            token.id in gen.sampling.stop_token_ids
             or gen.n_generated >= gen.sampling.max_tokens
             or len(gen.prompt_ids) + gen.n_generated >= self.info.context_length
         )
@@ -466,14 +476,28 @@ class EmbeddedEngine:
             if ready:
                 self._delete_adapter(gen.adapter)
 
+    @classmethod
+    def _pick(cls, gen: _Generation, logits: torch.Tensor, logp: torch.Tensor) -> Token:
+        """Sample one stream's next token from its logits row: through its grammar mask if it has
+        one; logprobs (and the top-k) are read from the unmasked row's log_softmax `logp`."""
+        token_id = cls._sample(gen.mask.apply(logits) if gen.mask else logits, gen.sampling, gen.rng)
+        if gen.mask:
+            gen.mask.advance(token_id)
+        k = gen.sampling.top_logprobs
+        if not k:
+            return Token(token_id, float(logp[token_id]))
+        top = torch.topk(logp, k)
+        return Token(token_id, float(logp[token_id]), tuple(top.indices.tolist()), tuple(top.values.tolist()))
+
     @staticmethod
     def _sample(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> int:
-        if sampling.temperature <= 0:
+        if sampling.temperature < GREEDY_BELOW:  # a tiny temperature is greedy (and 1/T overflows)
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / sampling.temperature, dim=-1)
         if sampling.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p  # always keeps the top
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p
+            keep[0] = True  # the top token always (a top_p under float32's range compares as 0)
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
         return int(torch.multinomial(probs, 1, generator=rng))
 
