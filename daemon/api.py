@@ -144,7 +144,8 @@ class AppState:
     gate: CandidateGate | None = None  # candidates are checked before they go live
     guard: LiveGuard | None = None  # rolls back a version that made things worse
     started_at: float = field(default_factory=time.time)
-    running: int = 0
+    running: int = 0  # chat requests in flight
+    serving_gauge: Any = None  # clawback.trainer.priority.ServingGauge: `running`, for the trainer to yield to
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -157,6 +158,11 @@ class AppState:
         self.tokens = Counter("clawback_tokens", "Tokens processed", ["kind"], registry=r)
         self.calls = Counter("clawback_calls", "Served chat calls", ["turn_type"], registry=r)
         r.register(_LiveMetrics(self))
+
+    def count_running(self, delta: int) -> None:
+        self.running += delta
+        if self.serving_gauge is not None:
+            self.serving_gauge.set(self.running)
 
 
 # ---------------------------------------------------------------- ASGI middleware: auth, body limit, counting
@@ -454,6 +460,11 @@ def _validation_error(e: ValidationError) -> ApiError:
     return ApiError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value")
 
 
+# A prompt this small renders in well under a millisecond, less than the hop to a worker thread
+# costs; bigger ones (agent prompts with long system prompts and tool lists) render off the loop.
+INLINE_RENDER_BYTES = 16 * 1024
+
+
 @dataclass
 class _Prepared:
     req: ChatRequest
@@ -496,7 +507,11 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     except MetaError as e:
         raise ApiError(400, str(e), param=e.param, code="invalid_value") from None
     try:
-        prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)
+        length = request.headers.get("content-length", "")  # absent when chunked: render off the loop
+        if length.isdigit() and len(length) <= 6 and int(length) < INLINE_RENDER_BYTES:
+            prompt_text, prompt_ids = state.renderer.render(req)
+        else:
+            prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)
     except Exception as e:  # the chat template rejected this conversation (role order etc.)
         raise ApiError(400, f"the model's chat template cannot render these messages: {e}",
                        param="messages", code="invalid_messages") from None
@@ -606,7 +621,7 @@ class _Run:
             return
         self.finished = True
         s = self.state
-        s.running -= 1
+        s.count_running(-1)
         rec = self.record()
         s.capture.finish(self.p.meta, rec, self.p.req)
         s.calls.labels(self.p.meta.turn_type).inc()
@@ -631,7 +646,7 @@ def _headers(p: _Prepared) -> dict[str, str]:
 async def _chat(state: AppState, request: Request) -> Response:
     p = await _prepare(state, request)
     await state.capture.begin(p.meta, p.req, p.call_id)
-    state.running += 1
+    state.count_running(+1)
     run = _Run(state, p)
     if p.req.stream:
         return StreamingResponse(_sse(state, run), media_type="text/event-stream",
@@ -668,11 +683,15 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             body["usage"] = None
         return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
+    # A text chunk is the same bytes around the JSON string of its text: built once per request,
+    # so a token costs one json.dumps of a short string instead of a whole chunk's.
+    head, tail = chunk({"content": "\0"}).rsplit(b'"\\u0000"', 1)
+
     try:
         yield chunk({"role": "assistant", "content": ""})
         try:
             async for text in run.deltas():
-                yield chunk({"content": text})
+                yield head + json.dumps(text, ensure_ascii=False).encode() + tail
         except EngineError as e:
             err = {"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None, "code": None}}
             yield b"data: " + json.dumps(err).encode() + b"\n\n"

@@ -98,7 +98,7 @@ class TrainSettings(BaseModel):
     count_zero_signal: bool | None = None
     keep_versions: int = Field(default=5, ge=1)  # retention: the newest K good versions, plus pinned and live
     device: str = "auto"  # the trainer's torch device
-    threads: int = Field(default=1, ge=0)  # torch threads of the trainer (leave cores for serving)
+    threads: int = Field(default=0, ge=0)  # torch threads of the trainer; 0 = from the CPU budget (see torch_threads)
 
     @model_validator(mode="after")
     def _overrides_are_train_config_fields(self) -> "TrainSettings":
@@ -234,7 +234,9 @@ class Settings(BaseSettings):
     served_model_name: str = "clawback"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    torch_threads: int = Field(0, ge=0)  # 0 = torch's default
+    # torch threads of the embedded engine; 0 = from the CPU budget (clawback.trainer.priority.
+    # thread_budget: 1 each for engine and trainer on 1-2 cores, else the cores but one, split)
+    torch_threads: int = Field(0, ge=0)
 
     # Engine: embedded (transformers+PEFT in the daemon), or a model server: vllm / sglang, launched
     # and supervised as a child, or already running at engine_url (docs/engines.md).

@@ -20,6 +20,7 @@ from clawback.chat import ChatRenderer
 from clawback.engine import Engine
 from clawback.judge.backends import EngineBackend, JudgeBackend, OpenAIBackend
 from clawback.records import version_name
+from clawback.trainer.priority import ServingGauge, available_cores, thread_budget
 
 from .adapters import AdapterManager
 from .api import AppState, create_app, resolve_api_key
@@ -51,7 +52,9 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     # First: a layout the cluster cannot host fails before anything is built.
     placement = _ray_placement(settings) if train and start_trainer is None else None
     model_dir = resolve_model(settings.model, settings.models_dir)
-    engine = build_engine(settings, model_dir)
+    engine_threads, trainer_threads = thread_budget(available_cores(), train, settings.torch_threads,
+                                                    settings.train.threads)
+    engine = build_engine(settings, model_dir, engine_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     store = Store(settings.db_path, queue_size=settings.store_queue_size)
     renderer, hub = ChatRenderer(tokenizer), Hub()
@@ -66,9 +69,10 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     guard = LiveGuard(store, adapters, settings.gate, on_rollback=lambda r: hub.broadcast(
         {"type": "adapter_rolled_back", "version": version_name(r["version"]), "to": version_name(r["to"]),
          "reason": r["reason"]})) if settings.gate.guard_replies else None
-    trainer = None
+    trainer = gauge = None
     if train:
-        start = start_trainer or _ray_trainer(settings, model_dir, placement)
+        gauge = ServingGauge(settings.data_dir / "serving")
+        start = start_trainer or _ray_trainer(settings, model_dir, placement, trainer_threads, gauge)
 
         def on_trained(step: dict[str, Any]) -> None:
             hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
@@ -78,7 +82,8 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
                                on_refused=lambda r: hub.broadcast({"type": "adapter_refused", **r}))
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
     state = AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,
-                     trainer, judge_name, gate=gate, guard=guard)
+                     trainer, judge_name, gate=gate, guard=guard,
+                     serving_gauge=gauge)
     return state
 
 
@@ -92,7 +97,8 @@ def _ray_placement(settings: Settings) -> RayPlacement:
     return placement
 
 
-def _ray_trainer(settings: Settings, model_dir: str, placement: RayPlacement | None) -> TrainerStarter:
+def _ray_trainer(settings: Settings, model_dir: str, placement: RayPlacement | None, threads: int,
+                 gauge: ServingGauge) -> TrainerStarter:
     cfg = settings.train_config()
     assert placement is not None  # made whenever no other trainer is given
 
@@ -103,8 +109,10 @@ def _ray_trainer(settings: Settings, model_dir: str, placement: RayPlacement | N
 
         placement.connect()
         actor = ray.remote(TrainerWorker).options(max_concurrency=1, **placement.trainer_options())
-        # No adapters dir: the actor keeps its own, wherever it runs; versions travel as bytes.
-        return RayTrainer(actor.remote(model_dir, cfg, None, settings.train.device, settings.train.threads))
+        # No adapters dir: the actor keeps its own, wherever it runs; versions travel as bytes. On
+        # the daemon's node it yields to the requests counted in the serving gauge.
+        serving = (str(gauge.path), ray.get_runtime_context().get_node_id())
+        return RayTrainer(actor.remote(model_dir, cfg, None, settings.train.device, threads, serving))
 
     return start
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -186,9 +186,11 @@ def _check(samples: Sequence[TrainSample], cfg: TrainConfig) -> None:
             raise ValueError(problem)
 
 
-def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig) -> dict[str, float]:
+def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig,
+               before_micro_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
     """One AdamW step on `samples`; gradients accumulate over micro-batches so the update equals
     the one a single batch of all samples would give. Returns the step's metrics.
+    `before_micro_batch` runs before each forward (the trainer yields to serving there).
 
     logp_old is the policy before this update. With one optimizer step per batch it is exactly
     the detached logp of the same forward pass, so it costs no second pass; the ratio is then 1
@@ -213,6 +215,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     optimizer.zero_grad(set_to_none=True)
     try:
         for group in groups:
+            before_micro_batch()
             batch = collate(group, device)
             ref_B_T = None
             if cfg.kl_coef:

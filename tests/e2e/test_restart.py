@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 
 from clawback.daemon.store import migrations
-from tests.conftest import DaemonProcess, query
+from tests.conftest import DaemonProcess, query, scaled
 
 
 def post(d: DaemonProcess, messages: list[dict], session: str, **headers: str) -> dict:
-    r = httpx.post(f"{d.url}/v1/chat/completions", timeout=60,
+    r = httpx.post(f"{d.url}/v1/chat/completions", timeout=scaled(60),
                    json={"model": "clawback", "messages": messages, "max_tokens": 6, "temperature": 0},
                    headers={"authorization": f"Bearer {d.api_key}", "x-session-id": session, "x-turn-type": "main", **headers})
     assert r.status_code == 200, r.text

@@ -18,7 +18,7 @@ import httpx
 from websockets.sync.client import connect
 
 from clawback.daemon.store import blob_ids, blob_logprobs
-from tests.conftest import DaemonProcess, query, stream_clients, wait_for
+from tests.conftest import DaemonProcess, query, scaled, stream_clients, wait_for
 
 # Every trained version goes live at once: these tests are about swapping (tests/e2e/test_gate.py
 # covers the gate in front of it).
@@ -69,7 +69,7 @@ def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> Non
     try:
         for t in clients:
             t.start()
-        with httpx.Client(base_url=d.url, timeout=120) as c:
+        with httpx.Client(base_url=d.url, timeout=scaled(120)) as c:
             for k in range(1, 4):  # each rated reply is a batch of one: v1, v2, v3 go live in turn
                 rate(c, f"train-{k}")
                 wait_for(lambda: c.get("/v1/adapters").json()["live"] == k, timeout=120, what=f"v{k} live")
@@ -82,7 +82,7 @@ def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> Non
     finally:
         stop.set()
         for t in clients:
-            t.join(120)
+            t.join(scaled(120))
         listener.join(10)
 
     assert errors == [], errors[:3]
@@ -141,7 +141,7 @@ def test_killed_trainer_loses_nothing_and_training_resumes(embedded_model_dir: P
     d = DaemonProcess(tmp_path / "data", embedded_model_dir, "--no-auth", env=env).start()
     db = d.data_dir / "clawback.db"
     try:
-        with httpx.Client(base_url=d.url, timeout=120) as c:
+        with httpx.Client(base_url=d.url, timeout=scaled(120)) as c:
             rate(c, "crash-a")
             rate(c, "crash-b")
             # Kill the actor as soon as it exists: the step has begun (it starts the actor, which
