@@ -150,6 +150,7 @@ class _Batch:
             return
         if not other.gens:
             return
+        assert self.mask is not None and other.mask is not None  # rows always come with their mask
         end = max(self.mask.shape[1], other.mask.shape[1])
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.append_rows(theirs)
@@ -164,6 +165,7 @@ class _Batch:
         if not keep:
             self.cache = self.mask = None
             return
+        assert self.mask is not None
         rows = torch.tensor(keep, device=self.mask.device)
         mask = self.mask[rows]
         start = int(mask.any(0).int().argmax())  # columns before it are padding in every kept row
@@ -416,6 +418,7 @@ class EmbeddedEngine:
     def _decode(self, batch: _Batch) -> None:
         gens = batch.gens
         ids = torch.tensor([[g.last_token] for g in gens], dtype=torch.long, device=self.device)
+        assert batch.mask is not None  # only a batch with rows is decoded
         batch.mask = torch.nn.functional.pad(batch.mask, (0, 1), value=1)
         positions = torch.tensor([[len(g.prompt_ids) + g.n_generated - 1] for g in gens], device=self.device)
         out = self._forward(ids, [g.adapter for g in gens], batch.cache,
