@@ -71,7 +71,9 @@ PACK_DIR="$(mktemp -d)"
   | tee "$PACK_DIR/validate.log"
 grep -q "Plugin Inspector: PASS" "$PACK_DIR/validate.log"
 "$NODE" "$CLAWHUB_DIR/node_modules/clawhub/bin/clawdhub.js" --no-input package pack "$EXT" --pack-destination "$PACK_DIR"
-tar tzf "$PACK_DIR"/clawback-*.tgz | grep -q "package/dist/index.js"
+# grep without -q reads the whole listing: -q would stop at the match and tar would die of SIGPIPE
+# (exit 141 under pipefail) whenever its listing was not yet written.
+tar tzf "$PACK_DIR"/clawback-*.tgz | grep "package/dist/index.js" >/dev/null
 rm -rf "$PACK_DIR"
 
 log "end-to-end: openclaw gateway + clawback daemon"
