@@ -30,6 +30,7 @@ from .feedback import Hub, add_feedback_routes
 from .chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from .config import Settings
 from .engines.base import Engine, EngineError, Sampling
+from .memory import inject
 from .store import CallRecord, Store
 
 log = logging.getLogger(__name__)
@@ -260,8 +261,42 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
 
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
+    _add_memory_routes(app, state)
 
     return Gate(app, state)
+
+
+def _add_memory_routes(app: FastAPI, state: AppState) -> None:
+    """The person's preference notes (daemon/memory.py): list, edit one, forget one or all."""
+
+    async def notes() -> dict:
+        return {"enabled": state.settings.memory, "max_notes": state.settings.memory_max_notes,
+                "data": await asyncio.to_thread(state.store.memory_notes)}
+
+    @app.get("/v1/memory")
+    async def list_notes() -> dict:
+        return await notes()
+
+    @app.put("/v1/memory/{note_id}")
+    async def edit_note(note_id: int, request: Request) -> dict:
+        raw = await _read_json(request, 64 * 1024)
+        text = raw.get("text") if isinstance(raw, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            raise ApiError(400, 'body must be {"text": "<the note>"} with a non-empty text', param="text")
+        if not await state.store.commit("memory_edit", note_id, text):
+            raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
+        return await notes()
+
+    @app.delete("/v1/memory/{note_id}")
+    async def forget_note(note_id: int) -> dict:
+        if not await state.store.commit("memory_forget", note_id):
+            raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
+        return await notes()
+
+    @app.delete("/v1/memory")
+    async def forget_all() -> dict:
+        await state.store.commit("memory_forget", None)
+        return await notes()
 
 
 def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
@@ -336,7 +371,8 @@ def _validation_error(e: ValidationError) -> ApiError:
 
 @dataclass
 class _Prepared:
-    req: ChatRequest
+    req: ChatRequest  # as received (session pairing compares what the client sent)
+    served: ChatRequest  # as rendered for the model: with the preference notes, when any
     meta: CallMeta
     prompt_text: str
     prompt_ids: list[int]
@@ -363,8 +399,15 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         meta = parse_meta(request.headers, req)
     except MetaError as e:
         raise ApiError(400, str(e), param="turn_type", code="invalid_value") from None
+    served = req
+    if meta.turn_type == "main" and state.settings.memory:
+        # The person's preference notes join the system prompt; the request is stored as served.
+        notes = [n["text"] for n in await asyncio.to_thread(state.store.memory_notes)]
+        if notes:
+            body = req.model_dump(exclude_none=True)
+            served = ChatRequest.model_validate({**body, "messages": inject(body["messages"], notes)})
     try:
-        prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)
+        prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, served)
     except Exception as e:  # the chat template rejected this conversation (role order etc.)
         raise ApiError(400, f"the model's chat template cannot render these messages: {e}",
                        param="messages", code="invalid_messages") from None
@@ -380,9 +423,19 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         max_tokens=min(wanted, ctx - len(prompt_ids)),  # the room left in the context
         seed=req.seed,
         stop_token_ids=state.engine.info.eos_token_ids,
+        # Main calls keep the policy's top-K per token, for top-K OPD's teacher to score.
+        top_logprobs=state.settings.opd_top_k if meta.turn_type == "main" else 0,
     )
-    return _Prepared(req, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
+    return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
                      f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
+
+
+def _top_matrix(top: list[tuple[tuple[int, float], ...]], field: int) -> list[list[Any]] | None:
+    """T x K ids (field 0) or logprobs (field 1); None unless every position has the same K > 0."""
+    widths = {len(t) for t in top}
+    if len(widths) != 1 or 0 in widths:
+        return None
+    return [[pair[field] for pair in t] for t in top]
 
 
 class _Run:
@@ -394,6 +447,8 @@ class _Run:
         self.gate = TextGate(p.req.stop_list(), p.req.tools_enabled())
         self.ids: list[int] = []
         self.logprobs: list[float] = []
+        self.sampling_logprobs: list[float | None] = []
+        self.top: list[tuple[tuple[int, float], ...]] = []
         self.first_token_at: float | None = None
         self.finish_reason = "cancelled"
         self.tool_calls: list[dict[str, Any]] = []
@@ -408,6 +463,8 @@ class _Run:
                     self.first_token_at = time.time()
                 self.ids.append(tok.id)
                 self.logprobs.append(tok.logprob)
+                self.sampling_logprobs.append(tok.sampling_logprob)
+                self.top.append(tok.top)
                 if tok.id in eos:
                     break
                 out = self.gate.feed(self.detok.push(tok.id))
@@ -451,8 +508,10 @@ class _Run:
             call_id=p.call_id, session_id=p.meta.session_id, turn_id=p.meta.turn_id,
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
-            adapter_version=p.adapter, request=p.req.openai_body(), prompt_text=p.prompt_text,
+            adapter_version=p.adapter, request=p.served.openai_body(), prompt_text=p.prompt_text,
             prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
+            sampling_logprobs=None if None in self.sampling_logprobs else list(self.sampling_logprobs),
+            top_ids=_top_matrix(self.top, 0), top_logprobs=_top_matrix(self.top, 1),
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,
             timings={"render_s": p.rendered - p.arrived, "ttft_s": ttft, "total_s": now - p.arrived,

@@ -92,6 +92,16 @@ class Settings(BaseSettings):
     # original project's Binary RL did); by default they are dropped with reason no_signal.
     count_zero_signal: bool = False
 
+    # How the person's correction reaches the teacher (judge/samples.py HINT_TEMPLATES): its wording,
+    # and whether it goes into the last user message or the system prompt. Chosen by measurement
+    # (bench/README.md, "In-context following").
+    hint_template: Literal["instruction", "hint"] = "instruction"
+    hint_placement: Literal["user", "system"] = "user"
+    # Preference notes from corrections and 👎 reasons, injected into main calls' system prompt
+    # (daemon/memory.py); at most memory_max_notes are kept.
+    memory: bool = True
+    memory_max_notes: int = Field(8, ge=1)
+
     train: bool = True  # train in the background once batch_size samples are ready
     batch_size: int = Field(16, ge=1)
     lr: float = Field(1e-4, gt=0)
@@ -99,6 +109,11 @@ class Settings(BaseSettings):
     lora_alpha: int = Field(32, ge=1)
     micro_batch_tokens: int = Field(8192, ge=64)
     max_staleness: int = Field(4, ge=0)
+    # Top-K OPD: distil over the policy's K most likely tokens at each response position, each
+    # advantage clipped to ±opd_clip nats (trainer/config.py); 0 = token-level OPD on the sampled token.
+    opd_top_k: int = Field(4, ge=0, le=20)
+    opd_clip: float = Field(1.0, gt=0)
+    kl_coef: float = Field(0.0, ge=0)  # KL-to-base anchor per token (trainer/config.py), logged per step as "kl"
     keep_versions: int = Field(5, ge=1)  # retention: the newest K good versions, plus pinned and live
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
     layout: Layout = Field(default_factory=Layout)  # [layout]: where engine, judge and trainer run (daemon/layout.py)

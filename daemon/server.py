@@ -37,7 +37,7 @@ def build_state(settings: Settings) -> AppState:
     model_dir = resolve_model(settings.model, settings.models_dir)
     engine = build_engine(settings, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    store = Store(settings.db_path, queue_size=settings.store_queue_size)
+    store = Store(settings.db_path, queue_size=settings.store_queue_size, memory_max_notes=settings.memory_max_notes)
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
     state = AppState(settings, engine, ChatRenderer(tokenizer), store, capture, resolve_api_key(settings))
     state.pipeline = _sample_pipeline(settings, state, tokenizer)
@@ -60,13 +60,21 @@ def _ray_placement(settings: Settings) -> RayPlacement | None:
     return placement
 
 
+def train_config(settings: Settings, preset: str | None = None, **overrides: Any) -> Any:
+    """The trainer's config from the settings (on a named preset's other values when given)."""
+    from clawback.trainer.config import preset as named
+
+    values = dict(method=settings.method, lr=settings.lr, lora_rank=settings.lora_rank,
+                  lora_alpha=settings.lora_alpha, batch_size=settings.batch_size,
+                  micro_batch_tokens=settings.micro_batch_tokens, max_staleness=settings.max_staleness,
+                  opd_top_k=settings.opd_top_k, opd_clip=settings.opd_clip, kl_coef=settings.kl_coef)
+    return named(preset or settings.method, **{**values, **overrides})
+
+
 def _training_loop(settings: Settings, state: AppState, model_dir: str, placement: RayPlacement) -> Any:
-    from clawback.trainer.config import TrainConfig
     from clawback.trainer.loop import TrainingLoop
 
-    cfg = TrainConfig(method=settings.method, lr=settings.lr, lora_rank=settings.lora_rank,
-                      lora_alpha=settings.lora_alpha, batch_size=settings.batch_size,
-                      micro_batch_tokens=settings.micro_batch_tokens, max_staleness=settings.max_staleness)
+    cfg = train_config(settings)
 
     def start_worker() -> Any:  # blocking (Ray start-up): the loop runs it in a thread
         import ray
@@ -109,7 +117,8 @@ def _sample_pipeline(settings: Settings, state: AppState, tokenizer: Any) -> Any
                        judge_temperature=settings.judge_temperature, judge_max_tokens=settings.judge_max_tokens,
                        judge_timeout_s=settings.judge_timeout_s, judge_retries=settings.judge_retries,
                        concurrency=settings.judge_concurrency, judge_context=settings.judge_context,
-                       count_zero_signal=settings.count_zero_signal)
+                       count_zero_signal=settings.count_zero_signal, hint_template=settings.hint_template,
+                       hint_placement=settings.hint_placement)
 
     def on_ready(sample: dict[str, Any]) -> None:
         state.hub.broadcast({"type": "sample_ready", **sample})

@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterator, TextIO
 
 import numpy as np
 
+from . import memory
+
 log = logging.getLogger(__name__)
 
 _STOP = object()
@@ -54,6 +56,17 @@ def blob_ids(blob: bytes) -> list[int]:
 
 def blob_logprobs(blob: bytes) -> list[float]:
     return np.frombuffer(blob, dtype="<f4").tolist()
+
+
+def blob_rows(decode: Callable[[bytes], list], blob: bytes, rows: int) -> list[list]:
+    """A T x K matrix stored row-major as one blob."""
+    flat = decode(blob)
+    k = len(flat) // rows if rows else 0
+    return [flat[i * k:(i + 1) * k] for i in range(rows)]
+
+
+def _opt(decode: Callable[[bytes], list], blob: bytes | None) -> list | None:
+    return None if blob is None else decode(blob)
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -136,11 +149,15 @@ class CallRecord:
     tool_calls: list[dict[str, Any]] | None
     finish_reason: str
     timings: dict[str, float] = field(default_factory=dict)
+    sampling_logprobs: list[float] | None = None  # None: greedy, or the engine cannot report them
+    top_ids: list[list[int]] | None = None  # T x K: the policy's K most likely tokens per position
+    top_logprobs: list[list[float]] | None = None  # T x K, temperature 1
 
 
 class Store:
-    def __init__(self, db_path: Path, queue_size: int = 10_000) -> None:
+    def __init__(self, db_path: Path, queue_size: int = 10_000, memory_max_notes: int = 8) -> None:
         self.db_path = Path(db_path)
+        self.memory_max_notes = memory_max_notes
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self.db_path)
         self.schema_version = migrate(self._conn)
@@ -296,7 +313,10 @@ class Store:
             (c.session_id, c.created_at, c.finished_at),
         )
         self._conn.execute(
-            "INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO calls(call_id, session_id, turn_id, request_id, turn_type, state, created_at, finished_at, "
+            "model, adapter_version, request_json, prompt_text, prompt_ids, response_ids, behaviour_logprobs, "
+            "response_text, tool_calls_json, finish_reason, timings_json, sampling_logprobs, top_ids, top_logprobs) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 c.call_id, c.session_id, c.turn_id, c.request_id, c.turn_type, c.state,
                 c.created_at, c.finished_at, c.model, c.adapter_version,
@@ -304,6 +324,8 @@ class Store:
                 ids_blob(c.prompt_ids), ids_blob(c.response_ids), logprobs_blob(c.behaviour_logprobs),
                 c.response_text, json.dumps(c.tool_calls) if c.tool_calls else None,
                 c.finish_reason, json.dumps(c.timings),
+                None if c.sampling_logprobs is None else logprobs_blob(c.sampling_logprobs),
+                None if not c.top_ids else ids_blob(c.top_ids), None if not c.top_logprobs else logprobs_blob(c.top_logprobs),
             ),
         )
         self._event(f"call.{c.state}", c.call_id, {"session_id": c.session_id, "turn_type": c.turn_type})
@@ -392,9 +414,60 @@ class Store:
              ev.get("ts"), received_at, state, call_id, reason, json.dumps(ev, ensure_ascii=False)),
         )
         self._event(f"feedback.{state}", ev["event_id"], {"kind": kind, "call_id": call_id, "reason": reason})
+        if kind in ("correction", "thumbs_down") and (ev.get("text") or "").strip():
+            self._remember(ev["text"], kind, call_id, received_at)
         if call_id is not None and kind in SIGNAL_KINDS:
             self._want_sample(call_id, kind)
         return {"status": state, "call_id": call_id, "reason": reason}
+
+    # ---- preference notes (daemon/memory.py) ----
+
+    def _remember(self, text: str, source: str, call_id: str | None, now: float) -> None:
+        for note in memory.notes_from(text):
+            self._put_note(note, source, call_id, now)
+        # Bounded: the least recently confirmed notes go first.
+        self._conn.execute(
+            "DELETE FROM memory_notes WHERE note_id NOT IN "
+            "(SELECT note_id FROM memory_notes ORDER BY updated_at DESC, note_id DESC LIMIT ?)",
+            (self.memory_max_notes,))
+
+    def _put_note(self, text: str, source: str, call_id: str | None, now: float, replace_id: int | None = None) -> int:
+        """Insert a note; one on the same topic is replaced (newest wins). Returns its id."""
+        t = memory.topic(text)
+        if replace_id is not None:  # an edit: its new topic may now collide with another note
+            self._conn.execute("DELETE FROM memory_notes WHERE topic = ? AND note_id != ?", (t, replace_id))
+            self._conn.execute("UPDATE memory_notes SET text = ?, topic = ?, source = ?, updated_at = ? "
+                               "WHERE note_id = ?", (text, t, source, now, replace_id))
+            note_id = replace_id
+        else:
+            note_id = self._conn.execute(
+                "INSERT INTO memory_notes(text, topic, source, call_id, created_at, updated_at) VALUES (?,?,?,?,?,?) "
+                "ON CONFLICT(topic) DO UPDATE SET text = excluded.text, source = excluded.source, "
+                "call_id = excluded.call_id, updated_at = excluded.updated_at RETURNING note_id",
+                (text, t, source, call_id, now, now)).fetchone()[0]
+        self._event("memory.noted", str(note_id), {"source": source, "call_id": call_id})
+        return note_id
+
+    def _op_memory_edit(self, note_id: int, text: str) -> bool:
+        if self._conn.execute("SELECT 1 FROM memory_notes WHERE note_id = ?", (note_id,)).fetchone() is None:
+            return False
+        self._put_note(" ".join(text.split())[: memory.MAX_NOTE_CHARS], "edit", None, time.time(), note_id)
+        return True
+
+    def _op_memory_forget(self, note_id: int | None) -> int:
+        """Delete one note, or every note (None); returns how many went."""
+        if note_id is None:
+            n = self._conn.execute("DELETE FROM memory_notes").rowcount
+        else:
+            n = self._conn.execute("DELETE FROM memory_notes WHERE note_id = ?", (note_id,)).rowcount
+        self._event("memory.forgotten", None if note_id is None else str(note_id), {"notes": n})
+        return n
+
+    def memory_notes(self) -> list[dict[str, Any]]:
+        """The person's preference notes, oldest first (the order they are injected in)."""
+        return self.read(lambda c: [dict(r) for r in c.execute(
+            "SELECT note_id, text, source, call_id, created_at, updated_at FROM memory_notes "
+            "ORDER BY created_at, note_id")])
 
     def _session_known(self, session_id: str) -> bool:
         return self._conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is not None
@@ -459,7 +532,8 @@ class Store:
                 (call_id, v["kind"], v["backend"], v["prompt_version"], v.get("score"), v.get("hint"),
                  v.get("raw"), v.get("error"), now),
             )
-        blobs = {"teacher_prompt_ids": ids_blob, "teacher_logprobs": logprobs_blob}
+        blobs = {"teacher_prompt_ids": ids_blob, "teacher_logprobs": logprobs_blob,
+                 "teacher_top_logprobs": logprobs_blob}
         values = {k: (blobs[k](v) if k in blobs and v is not None else v) for k, v in fields.items()}
         if isinstance(values.get("teacher_messages"), list):
             values["teacher_messages"] = json.dumps(values["teacher_messages"], ensure_ascii=False)
@@ -579,15 +653,26 @@ class Store:
 
         def q(c: sqlite3.Connection) -> list[dict[str, Any]]:
             rows = c.execute(
-                "SELECT s.call_id, s.reward, s.teacher_logprobs, c.prompt_ids, c.response_ids, "
-                "c.behaviour_logprobs, c.adapter_version FROM samples s JOIN calls c USING (call_id) "
+                "SELECT s.call_id, s.reward, s.teacher_logprobs, s.teacher_top_logprobs, c.prompt_ids, c.response_ids, "
+                "c.behaviour_logprobs, c.sampling_logprobs, c.top_ids, c.top_logprobs, c.adapter_version "
+                "FROM samples s JOIN calls c USING (call_id) "
                 "WHERE s.state = 'ready' ORDER BY s.updated_at LIMIT ?", (limit,)).fetchall()
-            return [{
-                "call_id": r["call_id"], "reward": r["reward"] or 0.0, "adapter_version": r["adapter_version"],
-                "prompt_ids": blob_ids(r["prompt_ids"]), "response_ids": blob_ids(r["response_ids"]),
-                "behaviour_logprobs": blob_logprobs(r["behaviour_logprobs"]),
-                "teacher_logprobs": blob_logprobs(r["teacher_logprobs"]) if r["teacher_logprobs"] is not None else None,
-            } for r in rows]
+            out = []
+            for r in rows:
+                T = len(r["response_ids"]) // 4
+                topk = r["teacher_top_logprobs"] is not None and r["top_ids"] is not None
+                out.append({
+                    "call_id": r["call_id"], "reward": r["reward"] or 0.0, "adapter_version": r["adapter_version"],
+                    "prompt_ids": blob_ids(r["prompt_ids"]), "response_ids": blob_ids(r["response_ids"]),
+                    "behaviour_logprobs": blob_logprobs(r["behaviour_logprobs"]),
+                    "sampling_logprobs": _opt(blob_logprobs, r["sampling_logprobs"]),
+                    "teacher_logprobs": _opt(blob_logprobs, r["teacher_logprobs"]),
+                    # Top-K OPD needs all three; without the teacher's view the sample is token-level.
+                    "top_ids": blob_rows(blob_ids, r["top_ids"], T) if topk else None,
+                    "top_logprobs": blob_rows(blob_logprobs, r["top_logprobs"], T) if topk else None,
+                    "teacher_top_logprobs": blob_rows(blob_logprobs, r["teacher_top_logprobs"], T) if topk else None,
+                })
+            return out
 
         return self.read(q)
 
@@ -635,6 +720,9 @@ class Store:
                 "prompt_ids": blob_ids(call["prompt_ids"]),
                 "response_ids": blob_ids(call["response_ids"]),
                 "behaviour_logprobs": blob_logprobs(call["behaviour_logprobs"]),
+                "top_ids": None if call["top_ids"] is None else blob_rows(
+                    blob_ids, call["top_ids"], len(call["response_ids"]) // 4),
+                "finish_reason": call["finish_reason"],
                 "response_text": call["response_text"],
                 "next_state": json.loads(nxt[0]) if nxt else None,
                 "feedback": [dict(f) for f in feedback],

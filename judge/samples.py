@@ -19,21 +19,28 @@ It runs as a bounded pool of asyncio tasks beside the server, never on the servi
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
-from clawback.daemon.engines.base import Engine
+from clawback.daemon.chat import ChatRenderer, ChatRequest, append_text
+from clawback.daemon.engines.base import Engine, EngineError
 from clawback.daemon.store import Store
 
 from .prm import judge_hint, judge_prm
 
 log = logging.getLogger(__name__)
 
-# Appended to the last user message of the request to build the teacher context.
-HINT_FORMAT = "\n\n[Hint for a better reply] {hint}"
+# How the hint reaches the teacher. "instruction" states the person's correction as an
+# instruction about the reply to write, so the teacher writes that reply instead of answering a
+# complaint about an earlier one; "hint" is the OpenClaw-RL wording. Placement: appended to the
+# last user message ("user") or to the system prompt ("system"). bench/in_context_following.py
+# measures every combination per scenario (bench/README.md, "In-context following").
+HINT_TEMPLATES = {
+    "instruction": "When you write your reply, follow this instruction from the user about it: {hint}",
+    "hint": "[Hint for a better reply] {hint}",
+}
+HINT_FORMAT = "\n\n" + HINT_TEMPLATES["hint"]
 MAX_RAW_HINT_CHARS = 1000
 MAX_ATTEMPTS = 3
 
@@ -54,6 +61,8 @@ class SignalConfig:
     # reward 0 so that it counts toward the batch (True: the original project's Binary RL, which
     # submitted such samples with a zero loss mask). It then only dilutes the batch mean.
     count_zero_signal: bool = False
+    hint_template: Literal["instruction", "hint"] = "instruction"
+    hint_placement: Literal["user", "system"] = "user"
 
 
 def explicit_reward(feedback: list[dict[str, Any]]) -> float | None:
@@ -69,19 +78,26 @@ def latest_correction(feedback: list[dict[str, Any]]) -> str | None:
     return texts[-1].strip() if texts else None
 
 
-def teacher_messages(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
-    """The request with the hint appended to its last user message (a new one if there is none)."""
-    out = copy.deepcopy(messages)
-    suffix = HINT_FORMAT.format(hint=hint)
-    for m in reversed(out):
-        if m.get("role") == "user":
-            if isinstance(m.get("content"), list):
-                m["content"].append({"type": "text", "text": suffix.lstrip("\n")})
-            else:
-                m["content"] = (m.get("content") or "") + suffix
-            return out
-    out.append({"role": "user", "content": suffix.lstrip("\n")})
-    return out
+def teacher_messages(messages: list[dict[str, Any]], hint: str, template: str = "hint",
+                     placement: str = "user") -> list[dict[str, Any]]:
+    """The request with the hint, worded by `template`, in the last user message or the system prompt."""
+    return append_text(messages, placement, HINT_TEMPLATES[template].format(hint=hint))
+
+
+def degenerate(response_ids: list[int], finish_reason: str | None, ngram: int = 6, repeats: int = 3) -> str | None:
+    """Why a reply cannot be trained on, or None: empty, cut off by the token budget (no finished
+    answer), or a repetition loop (some `ngram`-token run occurring `repeats` or more times)."""
+    if not response_ids:
+        return "empty_response"
+    if finish_reason == "length":
+        return "cut_off"
+    counts: dict[tuple[int, ...], int] = {}
+    for i in range(len(response_ids) - ngram + 1):
+        key = tuple(response_ids[i:i + ngram])
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] >= repeats:
+            return "repetition_loop"
+    return None
 
 
 def _vote_rows(kind: str, backend_name: str, votes: Any) -> list[dict[str, Any]]:
@@ -152,6 +168,10 @@ class SamplePipeline:
         messages, response, next_state = inp["request"]["messages"], inp["response_text"], inp["next_state"]
         votes: list[dict[str, Any]] = []
         fields: dict[str, Any] = {"method": cfg.method, "teacher": cfg.teacher}
+        why = degenerate(inp["response_ids"], inp.get("finish_reason"))
+        if why is not None:
+            await self._commit(call_id, revision, {**fields, "state": "dropped", "reason": why}, votes)
+            return
         judge_kw = dict(m=cfg.judge_votes, temperature=cfg.judge_temperature, max_tokens=cfg.judge_max_tokens,
                         timeout_s=cfg.judge_timeout_s, retries=cfg.judge_retries, context=cfg.judge_context)
 
@@ -193,17 +213,31 @@ class SamplePipeline:
                            "reward_source": fields["reward_source"], "hint": fields.get("hint") is not None})
 
     async def _teacher(self, inp: dict[str, Any], hint: str, fields: dict[str, Any]) -> list[float] | None:
-        """Teacher logprobs of the exact stored response ids under the hinted context."""
-        msgs = teacher_messages(inp["request"]["messages"], hint)
+        """Teacher logprobs of the exact stored response ids under the hinted context, and of the
+        policy's recorded top-K at each position (top-K OPD) where the engine can score them.
+
+        The self-teacher is the adapter version that served the call, so the teacher differs from
+        the behaviour policy by the hint alone; if that version is no longer loaded the sample has
+        no teacher (reason teacher_version_unloaded)."""
+        msgs = teacher_messages(inp["request"]["messages"], hint, self.cfg.hint_template, self.cfg.hint_placement)
         req = ChatRequest.model_validate({**inp["request"], "messages": msgs})
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         if len(prompt_ids) + len(inp["response_ids"]) > self.engine.info.context_length:
             fields["reason"] = "teacher_context_too_long"
             return None
-        adapter = self.engine.active_version() if self.cfg.teacher == "self" else None
+        adapter = inp["adapter_version"] if self.cfg.teacher == "self" else None
+        if adapter is not None and adapter not in self.engine.loaded_versions():
+            fields["reason"] = "teacher_version_unloaded"
+            return None
         logprobs = await self.engine.score(prompt_ids, inp["response_ids"], adapter)
         fields.update(teacher_adapter=adapter, teacher_messages=msgs, teacher_prompt_ids=prompt_ids,
                       teacher_logprobs=logprobs)
+        if inp.get("top_ids"):
+            try:
+                fields["teacher_top_logprobs"] = await self.engine.score_candidates(
+                    prompt_ids, inp["response_ids"], inp["top_ids"], adapter)
+            except EngineError as e:  # e.g. a model server: the sample trains token-level OPD
+                log.debug("no top-K teacher for %s: %s", inp["call_id"], e)
         return logprobs
 
     async def _commit(self, call_id: str, revision: int, fields: dict[str, Any], votes: list[dict[str, Any]]) -> bool:

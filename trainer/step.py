@@ -1,7 +1,6 @@
 """One training step: samples -> micro-batches -> accumulated gradients -> one AdamW step.
 
-A sample is any object with `prompt_ids`, `response_ids`, `behaviour_logprobs`, `reward` and
-`teacher_logprobs` (None when there is no teacher); `Sample` is the plain one.
+A sample is any object with the fields of `Sample` (the plain one).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from .config import TrainConfig
-from .losses import advantages, policy_loss
+from .losses import advantages, policy_loss, topk_advantages, topk_policy_term
 
 
 @dataclass(frozen=True)
@@ -23,6 +22,13 @@ class Sample:
     behaviour_logprobs: Sequence[float]  # temperature-1 logprobs of the policy that served them
     reward: float
     teacher_logprobs: Sequence[float] | None = None
+    # Logprobs under the distribution actually sampled from (temperature, top-p): the TIS reference.
+    sampling_logprobs: Sequence[float] | None = None
+    # Top-K OPD, T x K each: the policy's K most likely ids at serve time, their behaviour
+    # (temperature-1) logprobs, and the teacher's logprobs of the same ids. All three or none.
+    top_ids: Sequence[Sequence[int]] | None = None
+    top_logprobs: Sequence[Sequence[float]] | None = None
+    teacher_top_logprobs: Sequence[Sequence[float]] | None = None
 
 
 def make_lora_model(base_model: torch.nn.Module, cfg: TrainConfig) -> Any:
@@ -88,7 +94,14 @@ def micro_batches(samples: Sequence[Any], token_budget: int) -> list[list[Any]]:
     return out
 
 
-def collate(samples: Sequence[Any], device: torch.device) -> dict[str, torch.Tensor]:
+def has_topk(s: Any, k: int) -> bool:
+    """The sample carries at least k recorded top tokens per position, with the teacher's view."""
+    rows = getattr(s, "top_ids", None)
+    return bool(k and rows and getattr(s, "teacher_top_logprobs", None) and getattr(s, "top_logprobs", None)
+                and len(rows) == len(s.response_ids) and all(len(r) >= k for r in rows))
+
+
+def collate(samples: Sequence[Any], device: torch.device, top_k: int = 0) -> dict[str, torch.Tensor]:
     """Prompts right-aligned at column C, responses left-aligned from C:
 
         [pad pad p p p | r r r pad]
@@ -104,16 +117,30 @@ def collate(samples: Sequence[Any], device: torch.device) -> dict[str, torch.Ten
     ids_B_L = torch.zeros(B, C + T, dtype=torch.long)
     attn_B_L = torch.zeros(B, C + T, dtype=torch.long)
     behaviour_B_T = torch.zeros(B, T)
+    sampling_B_T = torch.zeros(B, T)
     teacher_B_T = torch.zeros(B, T)
+    K = max(top_k, 1)
+    top_ids_B_T_K = torch.zeros(B, T, K, dtype=torch.long)
+    top_behaviour_B_T_K = torch.zeros(B, T, K)
+    top_teacher_B_T_K = torch.zeros(B, T, K)
+    topk_B = torch.zeros(B)
     for i, s in enumerate(samples):
         P, R = len(s.prompt_ids), len(s.response_ids)
         ids_B_L[i, C - P : C] = torch.tensor(list(s.prompt_ids))
         ids_B_L[i, C : C + R] = torch.tensor(list(s.response_ids))
         attn_B_L[i, C - P : C + R] = 1
         behaviour_B_T[i, :R] = torch.tensor(list(s.behaviour_logprobs))
-        # No teacher: teacher = behaviour, so the OPD term of the advantage is exactly 0.
-        teacher = s.teacher_logprobs if s.teacher_logprobs is not None else s.behaviour_logprobs
+        sampled = getattr(s, "sampling_logprobs", None)
+        sampling_B_T[i, :R] = torch.tensor(list(sampled if sampled is not None else s.behaviour_logprobs))
+        # No teacher, or a top-K teacher: the sampled-token OPD term is exactly 0 (teacher = behaviour).
+        use_topk = has_topk(s, top_k)
+        teacher = s.teacher_logprobs if s.teacher_logprobs is not None and not use_topk else s.behaviour_logprobs
         teacher_B_T[i, :R] = torch.tensor(list(teacher))
+        if use_topk:
+            topk_B[i] = 1.0
+            top_ids_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.top_ids])
+            top_behaviour_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.top_logprobs])
+            top_teacher_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.teacher_top_logprobs])
     pos_B_L = (attn_B_L.cumsum(-1) - 1).clamp(min=0)
     batch = {
         "input_ids": ids_B_L,
@@ -122,16 +149,22 @@ def collate(samples: Sequence[Any], device: torch.device) -> dict[str, torch.Ten
         "target_B_T": ids_B_L[:, C:],
         "mask_B_T": attn_B_L[:, C:].float(),
         "behaviour_B_T": behaviour_B_T,
+        "sampling_B_T": sampling_B_T,
         "teacher_B_T": teacher_B_T,
+        "top_ids_B_T_K": top_ids_B_T_K,
+        "top_behaviour_B_T_K": top_behaviour_B_T_K,
+        "top_teacher_B_T_K": top_teacher_B_T_K,
+        "topk_B": topk_B,
         "reward_B": torch.tensor([float(s.reward) for s in samples]),
     }
     return {k: v.to(device) for k, v in batch.items()}
 
 
 def response_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], entropy_grad: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """logp_B_T of the response tokens and the full-vocabulary entropy_B_T at those positions.
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], entropy_grad: bool = False, top_k: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """logp_B_T of the response tokens, the full-vocabulary entropy_B_T at those positions and,
+    with `top_k`, the logprobs of batch["top_ids_B_T_K"] (else None).
 
     Only the T response positions get logits; logp = logit[target] − logsumexp(logits), which
     avoids materialising a second B×T×V log_softmax tensor for autograd. The entropy carries a
@@ -149,10 +182,11 @@ def response_logprobs(
     logits_B_T_V = out.logits[:, :-1].float()  # column C−1+t predicts response token t
     lse_B_T = torch.logsumexp(logits_B_T_V, dim=-1)
     logp_B_T = logits_B_T_V.gather(-1, target_B_T.unsqueeze(-1)).squeeze(-1) - lse_B_T
+    top_B_T_K = logits_B_T_V.gather(-1, batch["top_ids_B_T_K"]) - lse_B_T[..., None] if top_k else None
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         probs_B_T_V = torch.softmax(logits_B_T_V, dim=-1)
         ent_B_T = lse_B_T - (probs_B_T_V * logits_B_T_V).sum(-1)
-    return logp_B_T, ent_B_T
+    return logp_B_T, ent_B_T, top_B_T_K
 
 
 def _check(samples: Sequence[Any], cfg: TrainConfig) -> None:
@@ -169,6 +203,19 @@ def _check(samples: Sequence[Any], cfg: TrainConfig) -> None:
                 raise ValueError("method 'opd' needs teacher_logprobs on every sample")
         elif len(s.teacher_logprobs) != R:
             raise ValueError("teacher_logprobs must have one value per response token")
+
+
+def _abs_mean(x_B_T_K: torch.Tensor, rows_B_T: torch.Tensor) -> torch.Tensor:
+    """Mean |x| over the K tokens of the positions in rows (0 when there are none)."""
+    m = rows_B_T.bool()
+    return x_B_T_K.abs().mean(-1)[m].sum() / m.sum().clamp(min=1)
+
+
+def _clip_frac(batch: dict[str, torch.Tensor], rows_B_T: torch.Tensor, clip: float) -> torch.Tensor:
+    """Share of top-K advantages the ±clip bound changed."""
+    gap = (batch["top_teacher_B_T_K"] - batch["top_behaviour_B_T_K"]).abs() > clip
+    m = rows_B_T.bool()
+    return gap.float().mean(-1)[m].sum() / m.sum().clamp(min=1)
 
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Any], cfg: TrainConfig) -> dict[str, float]:
@@ -198,20 +245,33 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[A
     optimizer.zero_grad(set_to_none=True)
     try:
         for group in groups:
-            batch = collate(group, device)
+            batch = collate(group, device, cfg.opd_top_k if w_opd else 0)
             ref_B_T = None
             if cfg.kl_coef:
                 with torch.no_grad(), model.disable_adapter():
-                    ref_B_T, _ = response_logprobs(model, batch)
-            logp_B_T, ent_B_T = response_logprobs(model, batch, entropy_grad=bool(cfg.entropy_coef))
+                    ref_B_T, _, _ = response_logprobs(model, batch)
+            use_topk = bool(batch["topk_B"].any())
+            logp_B_T, ent_B_T, top_B_T_K = response_logprobs(
+                model, batch, entropy_grad=bool(cfg.entropy_coef), top_k=use_topk)
             adv_B_T = advantages(
                 batch["reward_B"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
                 w_binary=w_binary, w_opd=w_opd,
             )
+            topk_B_T = None
+            if use_topk:
+                rows_B_T = batch["mask_B_T"] * batch["topk_B"][:, None]
+                top_adv_B_T_K = topk_advantages(batch["top_teacher_B_T_K"], batch["top_behaviour_B_T_K"], rows_B_T,
+                                                w_opd=w_opd, clip=cfg.opd_clip)
+                topk_B_T = topk_policy_term(top_B_T_K, top_adv_B_T_K)
+                k = sum(len(s.response_ids) for s in group)
+                for name, v in {"topk_adv": _abs_mean(top_adv_B_T_K, rows_B_T),
+                                "topk_clip": _clip_frac(batch, rows_B_T, cfg.opd_clip)}.items():
+                    metric_sums[name] = metric_sums.get(name, 0.0) + v * k
             loss, m = policy_loss(
                 logp_B_T, logp_B_T.detach(), batch["behaviour_B_T"], adv_B_T, batch["mask_B_T"],
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
                 ref_logp_B_T=ref_B_T, kl_coef=cfg.kl_coef, entropy_B_T=ent_B_T, entropy_coef=cfg.entropy_coef,
+                topk_B_T=topk_B_T, sampling_logp_B_T=batch["sampling_B_T"],
             )
             # The loss is a mean over this micro-batch; weight it by its share of the whole batch.
             share = len(group) / n

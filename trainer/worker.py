@@ -117,7 +117,9 @@ class TrainerWorker:
         t0 = time.time()
         batch = [Sample(prompt_ids=s["prompt_ids"], response_ids=s["response_ids"],
                         behaviour_logprobs=s["behaviour_logprobs"], reward=s["reward"],
-                        teacher_logprobs=s.get("teacher_logprobs")) for s in samples]
+                        teacher_logprobs=s.get("teacher_logprobs"), sampling_logprobs=s.get("sampling_logprobs"),
+                        top_ids=s.get("top_ids"), top_logprobs=s.get("top_logprobs"),
+                        teacher_top_logprobs=s.get("teacher_top_logprobs")) for s in samples]
         metrics = train_step(self.model, self.optimizer, batch, self.cfg)
         parent, node = self.version, ray_node_id()
         target = version_dir(self.root, version)  # the daemon numbers versions: a leftover here is not it

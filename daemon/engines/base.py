@@ -21,12 +21,19 @@ class Sampling:
     max_tokens: int = 256
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # end the generation after emitting one of these
+    top_logprobs: int = 0  # also report the K most likely tokens at each position (Token.top)
 
 
 @dataclass(frozen=True)
 class Token:
     id: int
-    logprob: float
+    logprob: float  # under the unscaled (temperature-1) distribution
+    # The K most likely tokens at this position, (id, temperature-1 logprob), most likely first;
+    # empty unless Sampling.top_logprobs asked for them.
+    top: tuple[tuple[int, float], ...] = ()
+    # Logprob under the distribution the token was actually drawn from (temperature and top-p
+    # applied); None for greedy decoding or an engine that cannot report it.
+    sampling_logprob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,13 @@ class Engine(Protocol):
     ) -> list[float]:
         """Logprob of each response token given the prompt and the tokens before it."""
 
+    async def score_candidates(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int], candidates: Sequence[Sequence[int]],
+        adapter: str | None = None,
+    ) -> list[list[float]]:
+        """Logprob of each candidate token id at each response position (candidates[t] at position
+        t, given the prompt and response_ids[:t]): a teacher's view of the student's top-K."""
+
     async def load_adapter(self, version: str, path: str) -> None: ...
 
     async def activate(self, version: str | None) -> None:
@@ -64,6 +78,9 @@ class Engine(Protocol):
     async def unload(self, version: str) -> None: ...
 
     def active_version(self) -> str | None: ...
+
+    def loaded_versions(self) -> list[str]:
+        """Versions loaded and not being unloaded."""
 
     async def close(self) -> None: ...
 

@@ -154,6 +154,14 @@ class RemoteEngine(abc.ABC):
             raise EngineError(f"server returned {len(out)} logprobs for {len(response_ids)} tokens")
         return out
 
+    async def score_candidates(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int], candidates: Sequence[Sequence[int]],
+        adapter: str | None = None,
+    ) -> list[list[float]]:
+        # Neither server scores arbitrary token ids per position through its public API; a
+        # sample then trains token-level OPD (judge/samples.py records why).
+        raise EngineError(f"the {self.kind} engine cannot score candidate tokens")
+
     async def load_adapter(self, version: str, path: str) -> None:
         v = self._versions.get(version)
         if v is not None:

@@ -15,8 +15,9 @@ import pytest
 
 from clawback.daemon.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.daemon.engines.base import Token
 from clawback.daemon.store import CallRecord, Store, blob_logprobs
-from clawback.judge.samples import HINT_FORMAT, SamplePipeline, SignalConfig, explicit_reward, teacher_messages
+from clawback.judge.samples import SamplePipeline, SignalConfig, degenerate, explicit_reward, teacher_messages
 
 
 class ScriptedJudge:
@@ -57,23 +58,29 @@ REQUEST = {"model": "clawback", "messages": [{"role": "system", "content": "Be b
                                              {"role": "user", "content": "Explain rain."}]}
 
 
-def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None) -> str:
-    """A main call as capture stores it, with real sampled ids and behaviour logprobs."""
+def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None,
+                finish_reason: str = "stop", adapter_version: str | None = None,
+                response_ids: list[int] | None = None) -> str:
+    """A main call as capture stores it, with real sampled ids, behaviour logprobs and top-4."""
     from clawback.daemon.engines.base import Sampling
 
     _, prompt_ids = renderer.render(ChatRequest.model_validate(REQUEST))
 
     async def sample():
-        return [t async for t in engine.generate(prompt_ids, Sampling(temperature=1.0, max_tokens=12, seed=1))]
+        sampling = Sampling(temperature=1.0, max_tokens=12, seed=1, top_logprobs=4)
+        return [t async for t in engine.generate(prompt_ids, sampling)]
 
     toks = asyncio.run(sample())
+    if response_ids is not None:
+        toks = [Token(i, -1.0, tuple((i + j, -1.0 - j) for j in range(4))) for i in response_ids]
     call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
     store.submit("call", CallRecord(
         call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
-        state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
+        state="awaiting_next_state", created_at=now, finished_at=now, model="tiny",
         request=REQUEST, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
         behaviour_logprobs=[t.logprob for t in toks], response_text="Rain is water.", tool_calls=None,
-        finish_reason="length"))
+        finish_reason=finish_reason, adapter_version=adapter_version,
+        top_ids=[[i for i, _ in t.top] for t in toks], top_logprobs=[[lp for _, lp in t.top] for t in toks]))
     if next_state is not None:
         store.submit("next_state", call_id, "next", next_state, True, now)
     store.flush()
@@ -182,8 +189,49 @@ def test_correction_is_distilled_into_a_hint_with_teacher_logprobs(store, engine
     assert len(teacher) == len(behaviour) == 12
     assert teacher != pytest.approx(behaviour, abs=1e-4), "the hint changes the context, so the logprobs differ"
     msgs = json.loads(row["teacher_messages"])
-    assert msgs[-1]["content"] == "Explain rain." + HINT_FORMAT.format(hint=row["hint"])
+    assert msgs[-1]["content"] == ("Explain rain.\n\nWhen you write your reply, follow this instruction from the user "
+                                   "about it: Answer in one plain short sentence.")
     assert [v[0] for v in votes(store, call_id)] == ["hint"] * 3
+
+    # Top-K OPD: the teacher scored the policy's recorded top-4 at every position, without
+    # regenerating; where the sampled token is among them the two views agree.
+    ready, = store.ready_samples(10)
+    assert len(ready["top_ids"]) == 12 and all(len(r) == 4 for r in ready["top_ids"])
+    _, teacher_prompt = renderer.render(ChatRequest.model_validate({**REQUEST, "messages": msgs}))
+    expected = asyncio.run(engine.score_candidates(teacher_prompt, ready["response_ids"], ready["top_ids"]))
+    flat = [x for row in ready["teacher_top_logprobs"] for x in row]
+    assert flat == pytest.approx([x for row in expected for x in row], abs=1e-4)
+    for t, (tok, ids) in enumerate(zip(ready["response_ids"], ready["top_ids"])):
+        if tok in ids:
+            assert ready["teacher_top_logprobs"][t][ids.index(tok)] == pytest.approx(teacher[t], abs=1e-4)
+
+
+def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, renderer):
+    """v9 served the call but is not loaded any more: the sample gets no teacher (recorded), rather
+    than being scored by whichever version is live."""
+    call_id = served_call(store, renderer, engine, None, adapter_version="v9")
+    feedback(store, "correction", "Shorter please.")
+    drain(pipe(store, engine, renderer, None, method="opd"))
+    row = sample_row(store, call_id)
+    assert (row["state"], row["reason"], row["teacher_logprobs"]) == ("dropped", "teacher_version_unloaded", None)
+
+
+@pytest.mark.parametrize("finish_reason, ids, reason", [
+    ("length", None, "cut_off"),
+    ("stop", [], "empty_response"),
+    ("stop", [5, 6, 7, 8, 9, 10] * 3 + [11], "repetition_loop"),
+])
+def test_degenerate_replies_are_dropped_with_a_reason(store, engine, renderer, finish_reason, ids, reason):
+    call_id = served_call(store, renderer, engine, None, finish_reason=finish_reason, response_ids=ids)
+    feedback(store, "thumbs_down")
+    drain(pipe(store, engine, renderer, None, method="binary"))
+    assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == ("dropped", reason)
+
+
+def test_degenerate():
+    assert degenerate([1, 2, 3, 4, 5, 6, 7], "stop") is None
+    assert degenerate([1, 2, 3] * 6, "stop") == "repetition_loop"
+    assert degenerate([1, 2, 3], "tool_calls") is None
 
 
 def test_without_a_judge_the_raw_correction_is_the_hint(store, engine, renderer):
@@ -231,6 +279,10 @@ def test_teacher_context_building():
     assert out[2]["content"][-1] == {"type": "text", "text": "[Hint for a better reply] be kind"}
     assert out[0] == msgs[0] and msgs[2]["content"] == [{"type": "text", "text": "c"}], "input untouched"
     assert teacher_messages([{"role": "system", "content": "x"}], "h")[-1] == {"role": "user", "content": "[Hint for a better reply] h"}
+    in_system = teacher_messages(msgs, "be kind", "instruction", "system")
+    assert in_system[0] == {"role": "system", "content": "When you write your reply, follow this instruction from "
+                                                         "the user about it: be kind"}
+    assert in_system[1:] == msgs
     assert explicit_reward([{"kind": "thumbs_up"}, {"kind": "comment"}, {"kind": "thumbs_down"}]) == -1.0
     assert explicit_reward([{"kind": "correction"}]) is None
 

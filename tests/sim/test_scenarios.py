@@ -31,6 +31,33 @@ def test_teacher_rules():
     assert "specific step or number" in TEACHER.correction(TEACHER.rate(cold, task))
 
 
+def test_specific_means_a_number_the_student_worked_out():
+    task = TEACHER.train[3]  # "A box holds 24 pencils. How many pencils are in 7 boxes?" / "24 x 7 = 148 pencils."
+    assert task.numbers == ("148",)  # 24 and 7 are the problem's own numbers
+    echo = "Great job! The box holds 24 pencils and there are 7 boxes, so keep practicing your multiplication."
+    assert [c.name for c in TEACHER.rate(echo, task).failed] == ["specific"]
+    for t in TEACHER.train + TEACHER.eval:
+        assert t.numbers, f"every answer has a number of the student's own: {t.prompt}"
+
+
+def test_a_cut_reply_fails_every_check():
+    good = "Great effort! You set up 24 x 7 correctly, but check the multiplication: 24 x 7 is 168, not 148."
+    rating = TEACHER.rate(good, TEACHER.train[3], complete=False)
+    assert rating.score == 0 and rating.gate == "cut" and len(rating.failed) == len(TEACHER.checks)
+    assert "It was cut off." in TEACHER.correction(rating)
+
+
+@pytest.mark.parametrize("reply", [
+    "I'm glad you're happy with your student's answer. I'll make sure to provide a more accurate comment, 148 is great.",
+    "Sorry about that! Great work, the answer 148 is close but 24 x 7 is 168, keep practicing every day please.",
+    "Thank you for the feedback. Great job on 148, but check the multiplication again, it should be 168 here.",
+])
+def test_talking_about_the_feedback_fails_every_check(reply):
+    rating = TEACHER.rate(reply, TEACHER.train[3])
+    assert rating.score == 0 and rating.gate == "meta"
+    assert "don't talk about my feedback" in TEACHER.correction(rating)
+
+
 def test_correction_names_only_what_failed():
     rating = STUDENT.rate("**Sure** Mia has 12 apples, gives 5 away and buys 8 more, so 15 apples.", MATH)
     assert STUDENT.correction(rating) == "That looks AI-written. Please don't use bold."
@@ -38,7 +65,7 @@ def test_correction_names_only_what_failed():
 
 def test_train_and_eval_tasks_are_disjoint():
     for s in SCENARIOS.values():
-        assert s.train and 6 <= len(s.eval) <= 8
+        assert len(s.train) >= 16 and len(s.eval) >= 16
         assert not {t.prompt for t in s.train} & {t.prompt for t in s.eval}
 
 

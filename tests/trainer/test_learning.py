@@ -75,7 +75,7 @@ def test_batched_logprobs_equal_one_sample_at_a_time():
     samples = random_samples(6, seed=1)
     batch = collate(samples, torch.device("cpu"))
     with torch.no_grad():
-        logp_B_T, ent_B_T = response_logprobs(model, batch)
+        logp_B_T, ent_B_T, _ = response_logprobs(model, batch)
         for i, s in enumerate(samples):
             P, R = len(s.prompt_ids), len(s.response_ids)
             logits = model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0, P - 1 : P - 1 + R]
