@@ -182,6 +182,49 @@ def test_kl_is_measured_against_the_base_model():
     assert kls[2] > 1e-4  # after two updates the adapted policy has moved away from the base
 
 
+def test_topk_opd_raises_a_token_the_student_did_not_sample():
+    """The teacher prefers each prompt's 4th most likely first token, which the student did not
+    sample (it sampled its top token, which the teacher rates as the student does). Token-level
+    OPD then has no signal at all; top-K OPD raises the wanted token."""
+    P = prompts()
+    moved = {}
+    for top_k in (4, 0):
+        cfg = TrainConfig(method="opd", lora_rank=8, lora_alpha=16, lr=1e-2, opd_top_k=top_k)
+        model, opt = tiny_policy(cfg)
+        with torch.no_grad():
+            logp_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+        top_B_K, ids_B_K = logp_B_V.topk(4)
+        wanted_B = ids_B_K[:, 3]
+        teacher_B_K = top_B_K + torch.tensor([0.0, 0.0, 0.0, 2.0])
+        samples = [Sample(P[i].tolist(), [int(ids_B_K[i, 0])], [float(top_B_K[i, 0])], 0.0, [float(top_B_K[i, 0])],
+                          top_ids=[ids_B_K[i].tolist()], top_logprobs=[top_B_K[i].tolist()],
+                          teacher_top_logprobs=[teacher_B_K[i].tolist()]) for i in range(N)]
+        start = logp_B_V.gather(-1, wanted_B[:, None]).mean()
+        for _ in range(5):
+            m = train_step(model, opt, samples, cfg)
+        with torch.no_grad():
+            end = model(input_ids=P).logits[:, -1].float().log_softmax(-1).gather(-1, wanted_B[:, None]).mean()
+        moved[top_k] = float(end - start)
+        assert ("topk_adv" in m) == bool(top_k)
+    assert moved[4] > 0.5 and abs(moved[0]) < 1e-3, moved
+
+
+def test_kl_anchor_from_clawback_toml_is_logged_and_non_zero(tmp_path):
+    """kl_coef set in clawback.toml reaches the trainer, and every step logs the KL to the base
+    model: non-zero once the adapter has moved."""
+    from clawback.daemon.config import load_settings
+    from clawback.daemon.server import train_config
+
+    (tmp_path / "clawback.toml").write_text("kl_coef = 0.1\nmethod = \"binary\"\n")
+    settings = load_settings(data_dir=tmp_path)
+    cfg = train_config(settings, lora_rank=4, lora_alpha=8, lr=5e-2)
+    assert (cfg.kl_coef, cfg.method) == (0.1, "binary")
+    model, opt = tiny_policy(cfg)
+    samples = random_samples(8, seed=4)
+    kls = [train_step(model, opt, samples, cfg)["kl"] for _ in range(3)]
+    assert kls[2] > 1e-4, kls
+
+
 def test_opd_without_a_teacher_is_an_error():
     cfg = TrainConfig(method="opd", lora_rank=4, lora_alpha=8)
     model, opt = tiny_policy(cfg)
