@@ -204,7 +204,7 @@ def wrap_async(obj, name, phase, only=None):
             rec(phase, t0, str(a[1]) if len(a) > 1 else None)
     setattr(obj, name, w)
 
-import clawback.trainer.adapters as files
+import clawback.adapter_format as files
 from clawback.daemon import adapters, store
 from clawback.daemon.engines import embedded
 wrap_async(adapters.AdapterManager, "go_live", "go_live (swap_s)")
@@ -590,7 +590,7 @@ def engine_breakdown(model_dir: Path, paths: dict[str, str], threads: int, devic
     import torch
 
     from clawback.daemon.engines.embedded import EmbeddedEngine
-    from clawback.trainer.adapters import validate
+    from clawback.adapter_format import validate
 
     torch.set_num_threads(threads)
     engine = EmbeddedEngine(model_dir, device=device, torch_threads=threads)

@@ -4,7 +4,7 @@ OPD's teacher is the model given the user's correction as a hint, so OPD can onl
 model already does when told. For each scenario and candidate preference this generates greedy
 replies to the same train tasks untold and told, where "told" is the person's full correction (the
 scenario's complaint and every ask, as the simulated user writes it) given to the teacher in each
-wording and placement of `judge.samples.teacher_messages` (template x user/system). It reports the
+wording and placement of `daemon.samples.teacher_messages` (template x user/system). It reports the
 share of replies that meet the preference (every check passed, after the cut/meta gates of
 sim/scenarios.py), the mean rating, and how many replies the token budget cut.
 
@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
-from clawback.daemon.engines.base import Sampling
+from clawback.chat import ChatRenderer, ChatRequest
+from clawback.engine import Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.judge.samples import teacher_messages
+from clawback.daemon.samples import teacher_messages
 from clawback.sim.scenarios import CANDIDATE_CHECKS, STUDENT, SURE, TEACHER, Check, Rating, Scenario
 
 # The OpenClaw-RL wording where it put it, and the instruction wording in both places.

@@ -129,7 +129,7 @@ async def run_judge(name: str, backend: Any, cases: list[dict[str, Any]], args: 
 def embedded_backend(args: argparse.Namespace):
     from transformers import AutoTokenizer
 
-    from clawback.daemon.chat import ChatRenderer
+    from clawback.chat import ChatRenderer
     from clawback.daemon.engines.embedded import EmbeddedEngine
     from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
     from clawback.judge.backends import EngineBackend

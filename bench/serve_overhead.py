@@ -200,7 +200,7 @@ class Direct:
         import torch
         from transformers import AutoTokenizer
 
-        from clawback.daemon.chat import ChatRenderer
+        from clawback.chat import ChatRenderer
         from clawback.daemon.engines.embedded import EmbeddedEngine
 
         torch.set_num_threads(threads)
@@ -219,7 +219,7 @@ class Direct:
         return out
 
     async def _generate(self, req: Any, max_tokens: int, t0: int) -> dict[str, Any]:
-        from clawback.daemon.engines.base import Sampling
+        from clawback.engine import Sampling
 
         _, prompt_ids = self.renderer.render(req)
         rendered = time.perf_counter_ns()
@@ -338,7 +338,7 @@ class Http:
 
 
 def pick_prompts(direct: Direct, longest: int) -> list[list[dict]]:
-    from clawback.daemon.chat import ChatRequest
+    from clawback.chat import ChatRequest
 
     chosen = []
     for p in PROMPTS:
@@ -384,7 +384,7 @@ class LoadMeter:
 
 def run_setting(direct: Direct, http: Http, daemon: Daemon, prompts: list[list[dict]], max_tokens: int,
                 stream: bool, pairs: int, warmup: int, gap_s: float, quiet_wait_s: float) -> list[dict[str, Any]]:
-    from clawback.daemon.chat import ChatRequest
+    from clawback.chat import ChatRequest
 
     reqs = [ChatRequest.model_validate({"model": "clawback", "messages": m}) for m in prompts]
     rows: list[dict[str, Any]] = []
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-data", action="store_true", help="keep the daemon's temp data dir (its log and store)")
     args = ap.parse_args(argv)
 
-    from clawback.daemon.chat import ChatRequest
+    from clawback.chat import ChatRequest
     from clawback.daemon.models import ensure_embedded_model
 
     if args.model in (None, "tiny"):

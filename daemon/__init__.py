@@ -1,1 +1,2 @@
-"""clawback daemon: OpenAI-compatible serving, exact call capture, durable store."""
+"""clawback daemon: the orchestrator. Serving, capture, the store, the sample pipeline, the
+training loop and the adapter swap; the only package that composes the others."""

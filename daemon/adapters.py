@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .engines.base import Engine
+from clawback.adapter_format import AdapterError as FileError, install, read_files, validate, version_dir
+from clawback.engine import Engine
+
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -65,8 +67,6 @@ class AdapterManager:
 
     async def receive(self, version: int, files: dict[str, bytes]) -> str:
         """Commit a version the trainer sent as bytes into this host's adapters dir; its path."""
-        from clawback.trainer.adapters import AdapterError as FileError, install
-
         try:
             return str(await asyncio.to_thread(install, self.root, version, files))
         except FileError as e:
@@ -74,14 +74,10 @@ class AdapterManager:
 
     async def files(self, version: int | None) -> dict[str, bytes] | None:
         """A version's files as bytes, for a trainer that must resume from it (None = base)."""
-        from clawback.trainer.adapters import read_files, version_dir
-
         return None if version is None else await asyncio.to_thread(read_files, version_dir(self.root, version))
 
     async def load(self, version: int, path: str) -> None:
         """Validate and load a version without routing anything to it."""
-        from clawback.trainer.adapters import AdapterError as FileError, validate
-
         name = engine_name(version)
         if name in getattr(self.engine, "loaded_versions", lambda: [])():
             return

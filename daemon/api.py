@@ -25,11 +25,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import ValidationError
 
+from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
+from clawback.engine import Engine, EngineError, Sampling
+
 from .capture import Capture, CallMeta, MetaError, parse_meta
-from .feedback import Hub, add_feedback_routes
-from .chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from .config import Settings
-from .engines.base import Engine, EngineError, Sampling
+from .feedback import Hub, add_feedback_routes
 from .memory import inject
 from .store import CallRecord, Store
 
@@ -113,9 +114,9 @@ class AppState:
     capture: Capture
     api_key: str | None
     hub: Hub = field(default_factory=Hub)
-    pipeline: Any = None  # clawback.judge.samples.SamplePipeline, started by the lifespan
+    pipeline: Any = None  # clawback.daemon.samples.SamplePipeline, started by the lifespan
     adapters: Any = None  # clawback.daemon.adapters.AdapterManager
-    trainer: Any = None  # clawback.trainer.loop.TrainingLoop, started by the lifespan when training is on
+    trainer: Any = None  # clawback.daemon.training.TrainingLoop, started by the lifespan when training is on
     judge_name: str = "off"
     started_at: float = field(default_factory=time.time)
     running: int = 0

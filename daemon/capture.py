@@ -23,7 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .chat import ChatRequest, Message, parse_tool_calls
+from clawback.chat import ChatRequest, Message, parse_tool_calls
+
 from .store import CallRecord, Store
 
 log = logging.getLogger(__name__)

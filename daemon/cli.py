@@ -1,4 +1,7 @@
-"""The `clawback` command: init, serve, status, adapters, export, simulate."""
+"""The daemon's commands: init, serve, status, adapters, export.
+
+`clawback.cli` adds `simulate` (from `clawback.sim`) and is the installed `clawback` command;
+`python -m clawback.daemon.cli` runs the daemon's commands alone."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import json
 import logging
 import sys
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from .config import Settings, load_settings
 
@@ -184,8 +187,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="clawback", description=__doc__)
+def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]] = ()) -> int:
+    """Parse and run; each of `commands` adds its subcommand to the subparsers it is given."""
+    parser = argparse.ArgumentParser(prog="clawback", description="Serve, capture, judge, train.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("init", help="prepare the model and create the API key")
@@ -223,9 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="output file (default stdout)")
     p.set_defaults(fn=cmd_export)
 
-    from clawback.sim.cli import add_parser as add_simulate
-
-    add_simulate(sub)  # clawback.sim: the real loop against a simulated user
+    for add in commands:
+        add(sub)
 
     args = parser.parse_args(argv)
     try:

@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     # original project's Binary RL did); by default they are dropped with reason no_signal.
     count_zero_signal: bool = False
 
-    # How the person's correction reaches the teacher (judge/samples.py HINT_TEMPLATES): its wording,
+    # How the person's correction reaches the teacher (daemon/samples.py HINT_TEMPLATES): its wording,
     # and whether it goes into the last user message or the system prompt. Chosen by measurement
     # (bench/README.md, "In-context following").
     hint_template: Literal["instruction", "hint"] = "instruction"

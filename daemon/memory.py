@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .chat import append_text
+from clawback.chat import append_text
 
 MAX_NOTE_CHARS = 300
 HEADER = "What this user has told you they want (follow it in every reply):"

@@ -15,13 +15,18 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from clawback.chat import ChatRenderer
+from clawback.judge.backends import EngineBackend, OpenAIBackend
+from clawback.trainer.config import TrainConfig, preset
+
 from .adapters import AdapterManager
 from .api import AppState, create_app, resolve_api_key
 from .capture import Capture
-from .chat import ChatRenderer
 from .config import Settings
 from .layout import RayPlacement
+from .samples import SamplePipeline, SignalConfig
 from .store import Store
+from .training import TrainingLoop
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +65,16 @@ def _ray_placement(settings: Settings) -> RayPlacement | None:
     return placement
 
 
-def train_config(settings: Settings, preset: str | None = None, **overrides: Any) -> Any:
+def train_config(settings: Settings, preset_name: str | None = None, **overrides: Any) -> TrainConfig:
     """The trainer's config from the settings (on a named preset's other values when given)."""
-    from clawback.trainer.config import preset as named
-
     values = dict(method=settings.method, lr=settings.lr, lora_rank=settings.lora_rank,
                   lora_alpha=settings.lora_alpha, batch_size=settings.batch_size,
                   micro_batch_tokens=settings.micro_batch_tokens, max_staleness=settings.max_staleness,
                   opd_top_k=settings.opd_top_k, opd_clip=settings.opd_clip, kl_coef=settings.kl_coef)
-    return named(preset or settings.method, **{**values, **overrides})
+    return preset(preset_name or settings.method, **{**values, **overrides})
 
 
 def _training_loop(settings: Settings, state: AppState, model_dir: str, placement: RayPlacement) -> Any:
-    from clawback.trainer.loop import TrainingLoop
-
     cfg = train_config(settings)
 
     def start_worker() -> Any:  # blocking (Ray start-up): the loop runs it in a thread
@@ -97,9 +98,6 @@ AUTO_JUDGE_MIN_PARAMS = 1_000_000_000
 
 
 def _sample_pipeline(settings: Settings, state: AppState, tokenizer: Any) -> Any:
-    from clawback.judge.backends import EngineBackend, OpenAIBackend
-    from clawback.judge.samples import SamplePipeline, SignalConfig
-
     judge = settings.judge
     if judge == "auto":  # small models judge near chance (bench/README.md): rely on explicit feedback
         big_enough = state.engine.info.n_params >= AUTO_JUDGE_MIN_PARAMS

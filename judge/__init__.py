@@ -1,1 +1,1 @@
-"""clawback judge: next states to rewards and hints (built in the signals issue)."""
+"""clawback judge: the PRM and hint judges (prompts, votes, backends) the daemon's sample pipeline calls."""

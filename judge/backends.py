@@ -12,8 +12,8 @@ from typing import Any, Protocol, Sequence
 import httpx
 from pydantic import ValidationError
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
-from clawback.daemon.engines.base import Engine, Sampling
+from clawback.chat import ChatRenderer, ChatRequest
+from clawback.engine import Engine, Sampling
 
 # A judge needs room for a little reasoning and the \boxed{} answer; a prompt leaving less than
 # this many tokens of context is refused up front instead of producing a truncated, useless vote.

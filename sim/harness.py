@@ -33,7 +33,7 @@ import httpx
 from clawback import __version__
 from clawback.daemon.config import Settings
 from clawback.daemon.server import build_state, daemon_app
-from clawback.trainer.loop import TrainingLoop
+from clawback.daemon.training import TrainingLoop
 
 from .config import METHODS, SimConfig
 from .local_worker import local_worker_starter

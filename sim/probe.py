@@ -14,8 +14,8 @@ import asyncio
 import math
 from typing import Any
 
-from clawback.daemon.chat import ChatRequest
-from clawback.daemon.engines.base import Sampling
+from clawback.chat import ChatRequest
+from clawback.engine import Sampling
 from clawback.daemon.memory import inject
 
 from .scenarios import Scenario, Task

@@ -1,1 +1,1 @@
-"""clawback trainer: background LoRA training (built in the trainer issue)."""
+"""clawback trainer: the LoRA training library (losses, one step, the worker the daemon drives)."""

@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from clawback.adapter_format import ALL_LINEAR
+
 Method = Literal["binary", "opd", "combined"]
 
 
@@ -53,7 +55,7 @@ class TrainConfig:
     # adapter trained with either would be served wrong or not at all.
     lora_rank: int = 16
     lora_alpha: int = 32
-    target_modules: str | tuple[str, ...] = "all-linear"  # every linear projection except lm_head
+    target_modules: str | tuple[str, ...] = ALL_LINEAR  # every linear projection except lm_head
 
     # AdamW, one optimizer step per batch.
     lr: float = 1e-4

@@ -11,6 +11,8 @@ from typing import Any, Sequence
 
 import torch
 
+from clawback.adapter_format import lora_targets
+
 from .config import TrainConfig
 from .losses import advantages, policy_loss, topk_advantages, topk_policy_term
 
@@ -35,19 +37,10 @@ def make_lora_model(base_model: torch.nn.Module, cfg: TrainConfig) -> Any:
     """Wrap a HF causal LM with a fresh LoRA adapter ("default"); the base is modified in place."""
     from peft import LoraConfig, get_peft_model
 
-    targets = cfg.target_modules
-    if targets == "all-linear":
-        # Resolved here to short names (q_proj, ...): PEFT would save full module paths, which
-        # some SGLang releases do not map onto their fused qkv/gate_up layers.
-        head = base_model.get_output_embeddings()
-        targets = sorted({
-            name.rsplit(".", 1)[-1] for name, mod in base_model.named_modules()
-            if isinstance(mod, torch.nn.Linear) and mod is not head
-        })
     lora = LoraConfig(
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
-        target_modules=list(targets) if isinstance(targets, (tuple, list)) else targets,  # a str is a regex
+        target_modules=lora_targets(base_model, cfg.target_modules),
         lora_dropout=0.0,  # dropout would make logp_old differ from the logp being trained
         bias="none",
         task_type="CAUSAL_LM",

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from .adapters import install, list_versions, publish, read_files, resume, version_dir
+from clawback.adapter_format import install, list_versions, publish, read_files, resume, version_dir
+
 from .config import TrainConfig
 from .step import Sample, make_lora_model, make_optimizer, train_step
 

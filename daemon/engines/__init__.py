@@ -15,7 +15,7 @@ def build_engine(settings: Any, model_dir: str) -> Any:
 
         return EmbeddedEngine(model_dir, device=settings.device, dtype=settings.dtype, name=name,
                               torch_threads=settings.torch_threads)
-    from .base import read_model_info
+    from clawback.engine import read_model_info
 
     info = read_model_info(model_dir, name)
     if settings.engine == "vllm":

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 import torch
 
-from .base import EngineError, Sampling, Token, read_model_info
+from clawback.engine import EngineError, Sampling, Token, read_model_info
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ from typing import Any, AsyncIterator, Sequence
 
 import httpx
 
-from .base import EngineError, ModelInfo, Sampling, Token
+from clawback.engine import EngineError, ModelInfo, Sampling, Token
+
 from .supervisor import ServerProcess, healthy
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class RemoteEngine(abc.ABC):
         adapter: str | None = None,
     ) -> list[list[float]]:
         # Neither server scores arbitrary token ids per position through its public API; a
-        # sample then trains token-level OPD (judge/samples.py records why).
+        # sample then trains token-level OPD (daemon/samples.py records why).
         raise EngineError(f"the {self.kind} engine cannot score candidate tokens")
 
     async def load_adapter(self, version: str, path: str) -> None:
@@ -351,22 +352,3 @@ def _error_text(r: httpx.Response) -> str:
         if isinstance(err, dict) and err.get("message"):
             return str(err["message"])
     return json.dumps(body)[:500]
-
-
-def lora_target_modules(model_dir: str | Path, targets: str | Sequence[str]) -> list[str]:
-    """The short module names the trainer's LoRA targets, for servers that size their LoRA
-    buffers up front (SGLang). "all-linear" resolves exactly as the trainer resolves it
-    (trainer/step.py): every nn.Linear but the output head, built on the meta device."""
-    if not isinstance(targets, str):
-        return sorted(targets)
-    if targets != "all-linear":
-        return [targets]
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(str(model_dir))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    head = model.get_output_embeddings()
-    return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
-                   if isinstance(mod, torch.nn.Linear) and mod is not head})

@@ -26,8 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from .base import EngineError, ModelInfo, Sampling, Token
-from .remote import Endpoint, RemoteEngine, lora_target_modules
+from clawback.adapter_format import lora_target_modules
+from clawback.engine import EngineError, ModelInfo, Sampling, Token
+
+from .remote import Endpoint, RemoteEngine
 from .supervisor import ServerProcess, free_port
 
 DEFAULT_SGLANG_VENV = Path.home() / ".cache" / "clawback" / "sglang-venv"  # install.sh --gpu
@@ -95,9 +97,7 @@ def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo) -> SGLan
     python = settings.engine_python or (str(venv_python) if venv_python.exists() else sys.executable)
     command = shlex.split(settings.engine_command) if settings.engine_command else \
         [python, "-m", "sglang.launch_server"]
-    from clawback.trainer.config import TrainConfig
-
-    targets = lora_target_modules(model_dir, TrainConfig.target_modules)  # what the trainer adapts
+    targets = lora_target_modules(model_dir)  # what the trainer adapts (its default targets)
     command += [
         "--model-path", model_dir, "--served-model-name", settings.served_model_name,
         "--host", "127.0.0.1", "--port", str(port),

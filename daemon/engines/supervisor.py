@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from .base import EngineError
+from clawback.engine import EngineError
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ import shlex
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from .base import EngineError, ModelInfo, Sampling, Token
+from clawback.engine import EngineError, ModelInfo, Sampling, Token
+
 from .remote import Endpoint, RemoteEngine
 from .supervisor import ServerProcess, free_port
 

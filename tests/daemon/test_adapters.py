@@ -12,7 +12,7 @@ import torch
 from clawback.daemon.adapters import AdapterError, AdapterManager
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import Store
-from clawback.trainer.adapters import publish
+from clawback.adapter_format import publish
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import make_lora_model, make_optimizer
 

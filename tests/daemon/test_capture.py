@@ -11,7 +11,7 @@ import pytest
 from starlette.datastructures import Headers
 
 from clawback.daemon.capture import Capture, CallMeta, MetaError, next_state_messages, parse_meta
-from clawback.daemon.chat import ChatRequest, Message
+from clawback.chat import ChatRequest, Message
 from clawback.daemon.store import CallRecord, Store
 
 TIMEOUT = 60.0

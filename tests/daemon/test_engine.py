@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clawback.daemon.engines.base import EngineError, Sampling
+from clawback.engine import EngineError, Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
 
 PROMPT = [1, 520, 33, 4481, 28, 2, 198, 77, 9000]

@@ -41,9 +41,9 @@ def make_adapters(model_dir: Path, out_root: Path, n: int = 2, rank: int = 4) ->
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from clawback.daemon.engines.remote import lora_target_modules
+    from clawback.adapter_format import lora_target_modules
 
-    targets = lora_target_modules(model_dir, "all-linear")
+    targets = lora_target_modules(model_dir)
 
     out = {}
     for i in range(n):

@@ -21,7 +21,7 @@ import pytest
 
 from clawback.daemon.config import Settings
 from clawback.daemon.engines import build_engine
-from clawback.daemon.engines.base import EngineError, Sampling
+from clawback.engine import EngineError, Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.engines.sglang import SGLangEngine
 

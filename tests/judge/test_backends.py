@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
-from clawback.daemon.engines.base import Sampling
+from clawback.chat import ChatRenderer, ChatRequest
+from clawback.engine import Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.judge.backends import EngineBackend, JudgeBackendError, OpenAIBackend, PromptTooLongError
 from clawback.judge.prm import judge_prm

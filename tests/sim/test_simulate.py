@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clawback.daemon.cli import main
+from clawback.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

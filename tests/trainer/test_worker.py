@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from clawback.trainer.adapters import WEIGHTS, install, list_versions, validate
+from clawback.adapter_format import WEIGHTS, install, list_versions, validate
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.worker import TrainerWorker
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from clawback.trainer import adapters
-from clawback.trainer.adapters import (AdapterError, install, list_versions, next_version, publish, read_files, resume,
+from clawback import adapter_format as adapters
+from clawback.adapter_format import (AdapterError, install, list_versions, next_version, publish, read_files, resume,
                                        validate)
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step

@@ -22,10 +22,10 @@ import logging
 import time
 from typing import Any, Callable
 
-from clawback.daemon.adapters import AdapterManager, version_of
-from clawback.daemon.store import Store
+from clawback.trainer.config import TrainConfig
 
-from .config import TrainConfig
+from .adapters import AdapterManager, version_of
+from .store import Store
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest, append_text
-from clawback.daemon.engines.base import Engine, EngineError
-from clawback.daemon.store import Store
+from clawback.chat import ChatRenderer, ChatRequest, append_text
+from clawback.engine import Engine, EngineError
+from clawback.judge.prm import judge_hint, judge_prm
 
-from .prm import judge_hint, judge_prm
+from .store import Store
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from clawback.daemon.chat import ChatRenderer, ChatRequest
+from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.engines.base import Token
+from clawback.engine import Token
 from clawback.daemon.store import CallRecord, Store, blob_logprobs
-from clawback.judge.samples import SamplePipeline, SignalConfig, degenerate, explicit_reward, teacher_messages
+from clawback.daemon.samples import SamplePipeline, SignalConfig, degenerate, explicit_reward, teacher_messages
 
 
 class ScriptedJudge:
@@ -62,7 +62,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
                 finish_reason: str = "stop", adapter_version: str | None = None,
                 response_ids: list[int] | None = None) -> str:
     """A main call as capture stores it, with real sampled ids, behaviour logprobs and top-4."""
-    from clawback.daemon.engines.base import Sampling
+    from clawback.engine import Sampling
 
     _, prompt_ids = renderer.render(ChatRequest.model_validate(REQUEST))
 

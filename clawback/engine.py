@@ -1,6 +1,7 @@
-"""The engine interface the rest of the daemon uses.
+"""The engine interface: what the daemon serves with and the judge votes with.
 
-Every engine (embedded transformers+PEFT now; SGLang and vLLM later) generates from exact prompt
+Implementations live in `clawback.daemon.engines` (embedded transformers+PEFT; vLLM and SGLang
+over HTTP). Every engine generates from exact prompt
 token ids and reports, for each sampled token, its id and its logprob under the *unscaled*
 (temperature 1, no top-p) distribution of the model that served it. Those logprobs are the
 behaviour logprobs that training uses, so `score()` on the same ids must reproduce them.

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from clawback.daemon.chat import (
+from clawback.chat import (
     ChatRenderer,
     ChatRequest,
     IncrementalDetokenizer,

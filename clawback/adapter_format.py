@@ -12,6 +12,10 @@ A version is written into a hidden temp dir beside its target, fsynced, checked,
 The trainer and the engine may run on different nodes with no shared filesystem: `read_files`
 turns a version into bytes (they travel through Ray's object store) and `install` commits them
 on the other side with the same atomic commit and checks as `publish`.
+
+Trainer, daemon and engines all import this module: it is the one definition of what a version
+is, including which modules its LoRA adapts (`lora_targets`), which servers that size their LoRA
+buffers up front (SGLang) must know before the first version exists.
 """
 
 from __future__ import annotations
@@ -25,19 +29,52 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import torch
+if TYPE_CHECKING:  # torch loads with the first function that needs it: TrainConfig imports ALL_LINEAR
+    import torch
 
 log = logging.getLogger(__name__)
 
 CONFIG, WEIGHTS, OPTIMIZER, META = "adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "clawback.json"
 FILES = (CONFIG, WEIGHTS, OPTIMIZER, META)  # a version is exactly these (PEFT's README.md is not needed)
 _VERSION_DIR = re.compile(r"v(\d+)")
+# Every linear projection except the output head; resolved by `lora_targets` to short names.
+ALL_LINEAR = "all-linear"
 
 
 class AdapterError(Exception):
     """A version dir that must not be served or resumed from."""
+
+
+def lora_targets(model: torch.nn.Module, targets: str | Sequence[str] = ALL_LINEAR) -> list[str] | str:
+    """The modules a LoRA on `model` adapts: a list of short names (q_proj, ...), or a regex str.
+
+    "all-linear" is resolved here to the short names of every nn.Linear but the output head:
+    PEFT would save full module paths, which some SGLang releases do not map onto their fused
+    qkv/gate_up layers."""
+    import torch
+
+    if not isinstance(targets, str):
+        return sorted(targets)
+    if targets != ALL_LINEAR:
+        return targets
+    head = model.get_output_embeddings()
+    return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
+                   if isinstance(mod, torch.nn.Linear) and mod is not head})
+
+
+def lora_target_modules(model_dir: str | Path, targets: str | Sequence[str] = ALL_LINEAR) -> list[str]:
+    """`lora_targets` for a model on disk, without loading its weights (built on the meta device)."""
+    if targets != ALL_LINEAR:
+        return [targets] if isinstance(targets, str) else sorted(targets)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return list(lora_targets(model, targets))
 
 
 def version_dir(root: str | Path, version: int) -> Path:
@@ -66,6 +103,8 @@ def publish(
     `meta` is the caller's record (parent, samples used, method, loss, reward stats, timings...);
     version, creation time and file hashes are added here. Returns the committed dir.
     """
+
+    import torch
 
     def write(tmp: Path) -> None:
         model.save_pretrained(str(tmp))
@@ -140,6 +179,7 @@ def resume(model: Any, optimizer: torch.optim.Optimizer, root: str | Path, versi
     warning). Returns its metadata, or None when there is nothing to resume from. Leftover temp
     dirs of interrupted publishes are deleted.
     """
+    import torch
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -169,6 +209,7 @@ def resume(model: Any, optimizer: torch.optim.Optimizer, root: str | Path, versi
 
 
 def _check(path: Path, version: int) -> dict[str, Any]:
+    import torch
     from safetensors.torch import load_file
 
     for name in FILES:
