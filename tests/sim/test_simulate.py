@@ -1,5 +1,6 @@
-"""`clawback simulate` end to end on the tiny random model: the real daemon loop, 2 training steps,
-scores, cell JSON, summary and plot; a second run skips the finished cells."""
+"""`clawback simulate` end to end on a tiny random model: the real daemon loop with preference
+notes, 2 top-K training steps, the probe on every version, greedy scores, sessions until
+adaptation, cell JSON with its code stamp, summary and plot; a second run skips finished cells."""
 
 from __future__ import annotations
 
@@ -9,45 +10,74 @@ from pathlib import Path
 import pytest
 
 from clawback.cli import main
+from clawback.engine import read_model_info
+from tests.conftest import make_tiny_llama
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(scope="module")
+def ending_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama made to end its replies after a token or two: a random model never
+    samples its end token by chance, and a reply cut by the token budget is not trained on. A
+    large constant in one residual dimension (an attention output bias) meets a matching weight in
+    the end token's (tied) embedding row, so that token's logit is about 8 nats above the rest."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    out = make_tiny_llama(embedded_model_dir, tmp_path_factory.mktemp("ending-llama"), hidden_size=32,
+                          intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, attention_bias=True)
+    model = LlamaForCausalLM.from_pretrained(str(out))
+    with torch.no_grad():
+        model.model.layers[-1].self_attn.o_proj.bias.zero_()[0] = 100.0
+        model.model.norm.weight[0] = 1.0
+        for eos in read_model_info(out).eos_token_ids:
+            model.model.embed_tokens.weight[eos, 0] = 1.5
+    model.save_pretrained(str(out))
+    return out
+
+
 def simulate(model: Path, out: Path, *extra: str) -> int:
-    return main(["simulate", "--model", str(model), "--scenario", "student", "--interactions", "4",
+    return main(["simulate", "--model", str(model), "--scenario", "sure", "--interactions", "4",
                  "--batch-size", "2", "--seeds", "1", "--max-tokens", "12", "--eval-tasks", "2",
                  "--out", str(out), *extra])
 
 
-def test_simulate_trains_scores_and_resumes(tiny_model_dir: Path, tmp_path: Path, capsys):
+def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Path, capsys):
     out = tmp_path / "sim"
-    assert simulate(tiny_model_dir, out, "--method", "none,combined") == 0
+    assert simulate(ending_model_dir, out, "--method", "none,default") == 0
 
-    cell = json.loads((out / "cells/student/combined/seed1.json").read_text())
+    cell = json.loads((out / "cells/sure/default/seed1.json").read_text())
     committed = [s for s in cell["steps"] if s["outcome"] == "committed"]
-    assert len(committed) == 2  # 4 interactions with a signal each, batch 2
-    assert [p["version"] for p in cell["curve"]] == [None, 1, 2]  # base, then after every version
-    assert all(0 <= p["score"] <= 1 and set(p["checks"]) >= {"no_bold", "shows_work"} for p in cell["curve"])
-    assert sum(cell["reactions"].values()) == 4 and len(cell["interactions"]) == 4
+    assert len(committed) == 2, cell["samples"]  # 4 interactions with a signal each, batch 2
+    assert [p["interaction"] for p in cell["curve"]] == [0, 2, 4]  # greedy: before, then eval_points = 2
+    assert [p["version"] for p in cell["probe"]] == [None, 1, 2]  # the probe: base, then every version
+    assert all(0 <= p["mass"] <= 1 for p in cell["probe"])
+    assert all(0 <= p["score"] <= 1 and set(p["checks"]) == {"starts_with_sure", "shows_work"} for p in cell["curve"])
+    assert sum(cell["reactions"].values()) == 4 and [r["meets"] for r in cell["interactions"]] == [False] * 4
     assert cell["samples"].get("consumed") == 4
-    assert {"drift", "entropy", "loss"} <= set(committed[0]["metrics"])
-    assert cell["wall_s"] > 0 and cell["train_config"]["method"] == "combined"
+    assert {"drift", "entropy", "loss", "topk_adv"} <= set(committed[0]["metrics"])  # top-K OPD trained
+    assert cell["train_config"]["method"] == "combined" and cell["train_config"]["opd_top_k"] == 4
+    assert cell["settings"]["memory"] and cell["memory_notes"] == ["Please start your reply with 'Sure!' and "
+                                                                    "write the work out in plain sentences with the numbers."]
+    assert cell["code"]["stamp"] and cell["clawback_version"] and cell["wall_s"] > 0
 
     summary = json.loads((out / "summary.json").read_text())
-    combined = summary["scenarios"]["student"]["combined"]
-    assert combined["seeds"] == [1] and len(combined["mean"]) == 5 and combined["steps_per_seed"] == [2]
-    assert summary["scenarios"]["student"]["none"]["steps_per_seed"] == [0]
-    assert summary["missing"] == []
-    assert (out / "student.png").read_bytes()[:8] == PNG_MAGIC
+    default = summary["scenarios"]["sure"]["default"]
+    assert default["seeds"] == [1] and len(default["mean"]) == 5 and default["steps_per_seed"] == [2]
+    assert default["sessions_to_adapt"] == {"1": None} and default["adapted"] == "0/1"  # capped: not adapted
+    assert summary["scenarios"]["sure"]["none"]["steps_per_seed"] == [0]
+    assert summary["missing"] == [] and summary["code_stamp"] == cell["code"]["stamp"]
+    assert (out / "sure.png").read_bytes()[:8] == PNG_MAGIC
 
     # Resumable: finished cells are skipped, a new method runs, the plot names what is missing.
-    before = (out / "cells/student/combined/seed1.json").read_bytes()
+    before = (out / "cells/sure/default/seed1.json").read_bytes()
     capsys.readouterr()
-    assert simulate(tiny_model_dir, out, "--method", "combined,binary", "--plot-only") == 0
-    assert "missing cells: student/binary/seed1" in capsys.readouterr().err
-    assert simulate(tiny_model_dir, out, "--method", "combined") == 0
+    assert simulate(ending_model_dir, out, "--method", "default,binary", "--plot-only") == 0
+    assert "missing cells: sure/binary/seed1" in capsys.readouterr().err
+    assert simulate(ending_model_dir, out, "--method", "default") == 0
     assert "1 already finished, 0 to run" in capsys.readouterr().err
-    assert (out / "cells/student/combined/seed1.json").read_bytes() == before
+    assert (out / "cells/sure/default/seed1.json").read_bytes() == before
 
 
 def test_bad_input_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path, capsys):
