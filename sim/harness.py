@@ -13,9 +13,10 @@ reproducible and its curve does not depend on machine speed.
 Each interaction is one session: a task, the policy's first reply, the user's reaction. Whether
 that reply meets the preference, session by session, gives sessions until adaptation
 (results.py). The generation-free probe (probe.py) runs on the base model and on every new
-version; the held-out tasks are answered greedily (main calls in one-call sessions that end at
-once, so they see the preference notes like any main call and are never trained) before the
-first interaction and at `eval_points` evenly spaced points after it.
+version, over all held-out tasks; the held-out tasks (`eval_tasks` of them) are answered greedily
+(main calls in one-call sessions that end at once, so they see the preference notes like any
+main call and are never trained) before the first interaction and at `eval_points` evenly spaced
+points after it.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
             transport=transport, base_url="http://clawback.sim", timeout=3600) as client:
 
         async def probe_now(i: int) -> None:
-            mass = await opener_mass(state, scen, eval_tasks)
+            mass = await opener_mass(state, scen, scen.eval)  # one forward pass a task: all of them
             probes.append({"interaction": i, "version": state.adapters.live(), "mass": mass})
 
         async def score_now(i: int) -> None:
