@@ -226,6 +226,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     async def status() -> dict:
         counts = await asyncio.to_thread(state.store.counts)
         last_step = await asyncio.to_thread(state.store.last_train_step)
+        notes = await asyncio.to_thread(state.store.memory_notes)
         return {
             "version": _version(),
             "model": state.engine.info.name,
@@ -246,6 +247,9 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
                 "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step
                 "last_step": last_step,
             },
+            # The preference notes main calls get in their system prompt (the extension's /clawback).
+            "memory": {"enabled": state.settings.memory, "notes": [{"note_id": n["note_id"], "text": n["text"]}
+                                                                   for n in notes]},
             "store": {
                 "path": str(state.store.db_path),
                 "schema_version": state.store.schema_version,

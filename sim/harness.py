@@ -158,7 +158,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
     """Run one cell in a fresh data dir; returns its result record (see results.py).
 
     `rater` judges replies for the user and for the score (default: the scenario's rules)."""
-    started = time.time()
+    started, code = time.time(), code_stamp()  # the code this process imported, before anything runs
     scen, method = scenario(cell.scenario), METHODS[cell.method]
     rater = rater or RuleRater(scen)
     eval_tasks = scen.eval[: cfg.eval_tasks] if cfg.eval_tasks else scen.eval
@@ -226,7 +226,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
         notes = await asyncio.to_thread(state.store.memory_notes)
     return {
         "cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": rater.name,
-        "code": code_stamp(), "clawback_version": __version__,
+        "code": code, "clawback_version": __version__,
         "settings": settings.model_dump(mode="json", exclude={"data_dir", "model", "config_file"}),
         "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
         "eval_tasks": len(eval_tasks), "curve": curve, "probe": probes, "final_score": curve[-1]["score"],
