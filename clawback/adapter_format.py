@@ -90,11 +90,6 @@ def list_versions(root: str | Path) -> list[int]:
     return sorted(int(m[1]) for m in found if m)
 
 
-def next_version(root: str | Path) -> int:
-    versions = list_versions(root)
-    return versions[-1] + 1 if versions else 1
-
-
 def publish(
     root: str | Path, version: int, model: Any, optimizer: torch.optim.Optimizer, meta: dict[str, Any]
 ) -> Path:

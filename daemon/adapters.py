@@ -18,18 +18,11 @@ from typing import Any
 
 from clawback.adapter_format import AdapterError as FileError, install, read_files, validate, version_dir
 from clawback.engine import Engine
+from clawback.records import parse_version, version_name
 
 from .store import Store
 
 log = logging.getLogger(__name__)
-
-
-def engine_name(version: int | None) -> str | None:
-    return None if version is None else f"v{version}"
-
-
-def version_of(name: str | None) -> int | None:
-    return None if name is None else int(name.removeprefix("v"))
 
 
 class AdapterError(RuntimeError):
@@ -44,7 +37,7 @@ class AdapterManager:
         self.last_swap_s: float | None = None
 
     def live(self) -> int | None:
-        return version_of(self.engine.active_version())
+        return parse_version(self.engine.active_version())
 
     def next_version(self) -> int:
         known = [a["version"] for a in self.store.adapters()]
@@ -78,7 +71,7 @@ class AdapterManager:
 
     async def load(self, version: int, path: str) -> None:
         """Validate and load a version without routing anything to it."""
-        name = engine_name(version)
+        name = version_name(version)
         if name in getattr(self.engine, "loaded_versions", lambda: [])():
             return
         try:
@@ -96,9 +89,9 @@ class AdapterManager:
                 if path is None:
                     raise AdapterError(f"v{version}: no path")
                 await self.load(version, path)
-            await self.engine.activate(engine_name(version))
-            await self.store.commit("adapter_live", version)
-            if previous is not None and previous != engine_name(version):
+            await self.engine.activate(version_name(version))
+            await self.store.set_live(version)
+            if previous is not None and previous != version_name(version):
                 await self.engine.unload(previous)  # deferred by the engine until its generations end
             self.last_swap_s = time.perf_counter() - t0
         self.on_live(version)
@@ -114,7 +107,7 @@ class AdapterManager:
 
     async def pin(self, version: int, pinned: bool = True) -> None:
         self._row(version)
-        await self.store.commit("adapter_update", version, {"pinned": int(pinned)})
+        await self.store.update_adapter(version, pinned=pinned)
 
     async def prune(self) -> list[int]:
         """Keep the newest `keep` good versions, pinned ones and the live one; delete the rest."""
@@ -126,7 +119,7 @@ class AdapterManager:
         doomed = [a for a in rows if a["version"] not in keep and a["state"] != "pruned"]
         for a in doomed:
             await asyncio.to_thread(shutil.rmtree, a["path"], True)
-            await self.store.commit("adapter_update", a["version"], {"state": "pruned"})
+            await self.store.update_adapter(a["version"], state="pruned")
         return [a["version"] for a in doomed]
 
     def _row(self, version: int) -> dict[str, Any]:

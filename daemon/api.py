@@ -27,12 +27,13 @@ from pydantic import ValidationError
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import Engine, EngineError, Sampling
+from clawback.records import Call, parse_version
 
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
 from .feedback import Hub, add_feedback_routes
 from .memory import inject
-from .store import CallRecord, Store
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -288,19 +289,19 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         text = raw.get("text") if isinstance(raw, dict) else None
         if not isinstance(text, str) or not text.strip():
             raise ApiError(400, 'body must be {"text": "<the note>"} with a non-empty text', param="text")
-        if not await state.store.commit("memory_edit", note_id, text):
+        if not await state.store.edit_note(note_id, text):
             raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
         return await notes()
 
     @app.delete("/v1/memory/{note_id}")
     async def forget_note(note_id: int) -> dict:
-        if not await state.store.commit("memory_forget", note_id):
+        if not await state.store.forget_notes(note_id):
             raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
         return await notes()
 
     @app.delete("/v1/memory")
     async def forget_all() -> dict:
-        await state.store.commit("memory_forget", None)
+        await state.store.forget_notes()
         return await notes()
 
 
@@ -506,14 +507,14 @@ class _Run:
         n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
-    def record(self) -> CallRecord:
+    def record(self) -> Call:
         p, now = self.p, time.time()
         ttft = (self.first_token_at or now) - p.arrived
-        return CallRecord(
+        return Call(
             call_id=p.call_id, session_id=p.meta.session_id, turn_id=p.meta.turn_id,
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
-            adapter_version=p.adapter, request=p.served.openai_body(), prompt_text=p.prompt_text,
+            adapter_version=parse_version(p.adapter), request=p.served.openai_body(), prompt_text=p.prompt_text,
             prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
             sampling_logprobs=None if None in self.sampling_logprobs else list(self.sampling_logprobs),
             top_ids=_top_matrix(self.top, 0), top_logprobs=_top_matrix(self.top, 1),

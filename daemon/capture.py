@@ -20,12 +20,13 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from clawback.chat import ChatRequest, Message, parse_tool_calls
+from clawback.records import Call
 
-from .store import CallRecord, Store
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class Capture:
         s.last_seen = now
         if s.closed:
             s.closed = False
-            self.store.submit("reopen_session", meta.session_id, now)
+            self.store.reopen_session(meta.session_id, now)
         s.latest_main = call_id
         if s.awaiting is None:
             return
@@ -168,12 +169,12 @@ class Capture:
         digest = messages_digest(req.messages)
         if digest == s.awaiting_digest:
             # The same request again: the client retried or regenerated, so nobody answered ours.
-            self.store.submit("close_call", previous, "retried")
+            self.store.close_call(previous, "retried")
             self._count("calls_closed_retried")
             return
         tail = next_state_messages(req.messages)
         if not tail:
-            self.store.submit("close_call", previous, "no_new_messages")
+            self.store.close_call(previous, "no_new_messages")
             self._count("calls_closed_no_new_messages")
             return
         last_assistant = next((m for m in reversed(req.messages) if m.role == "assistant"), None)
@@ -182,20 +183,18 @@ class Capture:
             [{"function": {"name": c.function.name}} for c in last_assistant.tool_calls or []],
         )
         messages = [m.model_dump(exclude_none=True) for m in tail]
-        self.store.submit("next_state", previous, call_id, messages, matched, now)
+        self.store.add_next_state(previous, call_id, messages, matched, now)
         self._count("next_states")
 
-    def finish(self, meta: CallMeta, record: CallRecord, req: ChatRequest) -> None:
+    def finish(self, meta: CallMeta, record: Call, req: ChatRequest) -> None:
         """The call was served: store it and, for a main call, wait for its next state.
 
         Synchronous on purpose: it also runs in the cleanup of a stream whose client went away.
         """
         if meta.turn_type != "main":
-            record.state = "served"
-            self.store.submit("call", record)
+            self.store.add_call(replace(record, state="served"))
             return
-        record.state = "awaiting_next_state"
-        self.store.submit("call", record)
+        self.store.add_call(replace(record, state="awaiting_next_state"))
         s = self._sessions.get(meta.session_id)
         if s is None:  # evicted while the call ran (cache full): its pairing state starts afresh,
             # with this call as the session's newest main call (not as superseded by nothing)
@@ -205,10 +204,10 @@ class Capture:
         if s.latest_main != record.call_id:
             # A newer main call of this session started while this one ran; it already took the
             # pairing slot, so this reply can never be followed by its own next state.
-            self.store.submit("close_call", record.call_id, "superseded")
+            self.store.close_call(record.call_id, "superseded")
             self._count("calls_closed_superseded")
         elif meta.session_done:
-            self.store.submit("close_session", meta.session_id, "session_done", s.last_seen)
+            self.store.close_session(meta.session_id, "session_done", s.last_seen)
             s.closed, s.awaiting = True, None
         else:
             s.awaiting = record.call_id
@@ -242,7 +241,7 @@ class Capture:
         for sid, s in list(self._sessions.items()):
             if s.last_seen < cutoff:
                 if not s.closed:
-                    self.store.submit("close_session", sid, "idle_timeout", now)
+                    self.store.close_session(sid, "idle_timeout", now)
                     closed += 1
                 del self._sessions[sid]
         return closed
@@ -253,7 +252,7 @@ class Capture:
         stale = await asyncio.to_thread(self.store.stale_open_sessions, cutoff)
         stale = [sid for sid in stale if sid not in self._sessions]
         for sid in stale:
-            self.store.submit("close_session", sid, "idle_timeout", self.clock())
+            self.store.close_session(sid, "idle_timeout", self.clock())
         return len(stale)
 
     def open_sessions(self) -> int:

@@ -122,7 +122,7 @@ async def apply_event(state: Any, raw: Any) -> tuple[int, dict[str, Any]]:
     elif event.kind == "session_link":
         state.capture.link(event.from_, event.to)
     try:
-        result = await state.store.commit("feedback", event.record(), time.time())
+        result = await state.store.apply_feedback(event.record(), time.time())
     except StoreBusy as e:
         return 503, _error(str(e), "busy", event.event_id)
     except Exception as e:  # the write failed: not acked, so the client keeps it and resends

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Literal, Sequence
 
 from clawback.chat import ChatRenderer, ChatRequest, append_text
 from clawback.engine import Engine, EngineError
-from clawback.judge.prm import judge_hint, judge_prm
+from clawback.judge.backends import JudgeBackend
+from clawback.judge.prm import Vote, judge_hint, judge_prm
+from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, version_name
 
 from .store import Store
 
@@ -65,16 +67,16 @@ class SignalConfig:
     hint_placement: Literal["user", "system"] = "user"
 
 
-def explicit_reward(feedback: list[dict[str, Any]]) -> float | None:
+def explicit_reward(feedback: Sequence[Feedback]) -> float | None:
     """The last thumbs event wins (a person may change their mind)."""
-    thumbs = [f["kind"] for f in feedback if f["kind"] in ("thumbs_up", "thumbs_down")]
+    thumbs = [f.kind for f in feedback if f.kind in ("thumbs_up", "thumbs_down")]
     if not thumbs:
         return None
     return 1.0 if thumbs[-1] == "thumbs_up" else -1.0
 
 
-def latest_correction(feedback: list[dict[str, Any]]) -> str | None:
-    texts = [f["text"] for f in feedback if f["kind"] == "correction" and (f.get("text") or "").strip()]
+def latest_correction(feedback: Sequence[Feedback]) -> str | None:
+    texts = [f.text for f in feedback if f.kind == "correction" and f.text and f.text.strip()]
     return texts[-1].strip() if texts else None
 
 
@@ -100,13 +102,13 @@ def degenerate(response_ids: list[int], finish_reason: str | None, ngram: int = 
     return None
 
 
-def _vote_rows(kind: str, backend_name: str, votes: Any) -> list[dict[str, Any]]:
-    return [{"kind": kind, "backend": backend_name, "prompt_version": v.prompt_version, "score": v.score,
-             "hint": getattr(v, "hint", None), "raw": v.raw, "error": v.error} for v in votes]
+def _vote_records(kind: Literal["prm", "hint"], backend_name: str, votes: Sequence[Vote]) -> list[VoteRecord]:
+    return [VoteRecord(kind=kind, backend=backend_name, prompt_version=v.prompt_version, score=v.score,
+                       hint=v.hint, raw=v.raw, error=v.error) for v in votes]
 
 
 class SamplePipeline:
-    def __init__(self, store: Store, engine: Engine, renderer: ChatRenderer, backend: Any | None,
+    def __init__(self, store: Store, engine: Engine, renderer: ChatRenderer, backend: JudgeBackend | None,
                  cfg: SignalConfig, on_ready: Callable[[dict[str, Any]], None] = lambda _: None) -> None:
         self.store, self.engine, self.renderer, self.backend, self.cfg = store, engine, renderer, backend, cfg
         self.on_ready = on_ready
@@ -115,7 +117,6 @@ class SamplePipeline:
         self._inflight: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._sem = asyncio.Semaphore(cfg.concurrency)
-        self.processed = 0
 
     def wake(self) -> None:
         """Thread-safe: new work may be waiting (called from the store's writer thread)."""
@@ -124,7 +125,7 @@ class SamplePipeline:
 
     async def run(self, poll_s: float = 5.0) -> None:
         self._loop = asyncio.get_running_loop()
-        tasks: set[asyncio.Task] = set()
+        tasks: set[asyncio.Task[None]] = set()
         try:
             while True:
                 self._wake.clear()
@@ -154,91 +155,88 @@ class SamplePipeline:
             log.exception("building the sample for %s failed (attempt %d)", call_id, n)
             if n >= MAX_ATTEMPTS:  # give up with a recorded reason rather than retry forever
                 self._attempts.pop(call_id, None)
-                await self.store.commit("sample", call_id, revision,
-                                        {"state": "dropped", "reason": f"processing_failed: {e}"[:500]}, [])
+                await self.store.write_sample(JudgedSample(call_id=call_id, revision=revision, state="dropped",
+                                                           reason=f"processing_failed: {e}"[:500]))
         finally:
             self._inflight.discard(call_id)
-            self.processed += 1
 
     async def process(self, call_id: str, revision: int) -> None:
         inp = await asyncio.to_thread(self.store.sample_inputs, call_id)
-        if inp is None or inp["state"] != "pending_judge" or inp["revision"] != revision:
+        if inp is None or inp.state != "pending_judge" or inp.revision != revision:
             return  # already handled, or a newer signal re-queued it
         cfg, backend = self.cfg, self.backend
-        messages, response, next_state = inp["request"]["messages"], inp["response_text"], inp["next_state"]
-        votes: list[dict[str, Any]] = []
-        fields: dict[str, Any] = {"method": cfg.method, "teacher": cfg.teacher}
-        why = degenerate(inp["response_ids"], inp.get("finish_reason"))
+        messages, response, next_state = inp.request["messages"], inp.response_text, inp.next_state
+        votes: list[VoteRecord] = []
+        sample = JudgedSample(call_id=call_id, revision=revision, state="dropped", method=cfg.method,
+                              teacher=cfg.teacher)
+        why = degenerate(inp.response_ids, inp.finish_reason)
         if why is not None:
-            await self._commit(call_id, revision, {**fields, "state": "dropped", "reason": why}, votes)
+            await self._write(replace(sample, reason=why), votes)
             return
         judge_kw = dict(m=cfg.judge_votes, temperature=cfg.judge_temperature, max_tokens=cfg.judge_max_tokens,
                         timeout_s=cfg.judge_timeout_s, retries=cfg.judge_retries, context=cfg.judge_context)
 
-        reward = explicit_reward(inp["feedback"])
-        fields["reward_source"] = "explicit" if reward is not None else "none"
+        reward = explicit_reward(inp.feedback)
+        reward_source = "explicit" if reward is not None else "none"
         if reward is None and next_state and backend is not None:
             verdict = await judge_prm(backend, messages, response, next_state, **judge_kw)
-            votes += _vote_rows("prm", backend.name, verdict.votes)
+            votes += _vote_records("prm", backend.name, verdict.votes)
             if verdict.score is None:  # every vote failed
-                await self._commit(call_id, revision, {**fields, "state": "dropped", "reason": "judge_failed"}, votes)
+                await self._write(replace(sample, reward_source=reward_source, reason="judge_failed"), votes)
                 return
-            fields["judge_score"] = verdict.score
-            reward, fields["reward_source"] = float(verdict.score), "judge"
-        fields["reward"] = reward = reward or 0.0
+            sample = replace(sample, judge_score=verdict.score)
+            reward, reward_source = float(verdict.score), "judge"
+        reward = reward or 0.0
+        correction = latest_correction(inp.feedback)
+        sample = replace(sample, reward=reward, reward_source=reward_source, correction=correction)
 
-        correction = latest_correction(inp["feedback"])
-        fields["correction"] = correction
-        teacher_logprobs = None
         if cfg.method in ("opd", "combined"):
             hint, source = None, None
             hint_evidence = [{"role": "user", "content": correction}] if correction else next_state
             if hint_evidence and backend is not None:
                 hv = await judge_hint(backend, messages, response, hint_evidence, **judge_kw)
-                votes += _vote_rows("hint", backend.name, hv.votes)
+                votes += _vote_records("hint", backend.name, hv.votes)
                 hint, source = hv.hint, ("correction" if correction else "next_state")
             if hint is None and correction:  # the person's own words are the best hint we have
                 hint, source = correction[:MAX_RAW_HINT_CHARS], "correction_raw"
             if hint is not None:
-                fields.update(hint=hint, hint_source=source)
-                teacher_logprobs = await self._teacher(inp, hint, fields)
+                sample = await self._teacher(inp, replace(sample, hint=hint, hint_source=source))
 
-        has_signal = {"binary": reward != 0, "opd": teacher_logprobs is not None,
-                      "combined": reward != 0 or teacher_logprobs is not None}[cfg.method]
+        has_teacher = sample.teacher_logprobs is not None
+        has_signal = {"binary": reward != 0, "opd": has_teacher, "combined": reward != 0 or has_teacher}[cfg.method]
         keep = has_signal or cfg.count_zero_signal
-        fields.update(state="ready" if keep else "dropped",
-                      reason=None if keep else fields.get("reason") or "no_signal")
-        if await self._commit(call_id, revision, fields, votes) and keep:
-            self.on_ready({"call_id": call_id, "session_id": inp["session_id"], "reward": reward,
-                           "reward_source": fields["reward_source"], "hint": fields.get("hint") is not None})
+        sample = replace(sample, state="ready" if keep else "dropped",
+                         reason=None if keep else sample.reason or "no_signal")
+        if await self._write(sample, votes) and keep:
+            self.on_ready({"call_id": call_id, "session_id": inp.session_id, "reward": reward,
+                           "reward_source": reward_source, "hint": sample.hint is not None})
 
-    async def _teacher(self, inp: dict[str, Any], hint: str, fields: dict[str, Any]) -> list[float] | None:
-        """Teacher logprobs of the exact stored response ids under the hinted context, and of the
-        policy's recorded top-K at each position (top-K OPD) where the engine can score them.
+    async def _teacher(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
+        """The sample with the teacher logprobs of the exact stored response ids under the hinted
+        context and, where the engine can score them, of the policy's recorded top-K at each
+        position (top-K OPD); or with the reason there are none.
 
         The self-teacher is the adapter version that served the call, so the teacher differs from
         the behaviour policy by the hint alone; if that version is no longer loaded the sample has
         no teacher (reason teacher_version_unloaded)."""
-        msgs = teacher_messages(inp["request"]["messages"], hint, self.cfg.hint_template, self.cfg.hint_placement)
-        req = ChatRequest.model_validate({**inp["request"], "messages": msgs})
+        assert sample.hint is not None
+        msgs = teacher_messages(inp.request["messages"], sample.hint, self.cfg.hint_template, self.cfg.hint_placement)
+        req = ChatRequest.model_validate({**inp.request, "messages": msgs})
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
-        if len(prompt_ids) + len(inp["response_ids"]) > self.engine.info.context_length:
-            fields["reason"] = "teacher_context_too_long"
-            return None
-        adapter = inp["adapter_version"] if self.cfg.teacher == "self" else None
+        if len(prompt_ids) + len(inp.response_ids) > self.engine.info.context_length:
+            return replace(sample, reason="teacher_context_too_long")
+        adapter = version_name(inp.adapter_version) if self.cfg.teacher == "self" else None
         if adapter is not None and adapter not in self.engine.loaded_versions():
-            fields["reason"] = "teacher_version_unloaded"
-            return None
-        logprobs = await self.engine.score(prompt_ids, inp["response_ids"], adapter)
-        fields.update(teacher_adapter=adapter, teacher_messages=msgs, teacher_prompt_ids=prompt_ids,
-                      teacher_logprobs=logprobs)
-        if inp.get("top_ids"):
+            return replace(sample, reason="teacher_version_unloaded")
+        logprobs = await self.engine.score(prompt_ids, inp.response_ids, adapter)
+        top = None
+        if inp.top_ids:
             try:
-                fields["teacher_top_logprobs"] = await self.engine.score_candidates(
-                    prompt_ids, inp["response_ids"], inp["top_ids"], adapter)
+                top = await self.engine.score_candidates(prompt_ids, inp.response_ids, inp.top_ids, adapter)
             except EngineError as e:  # e.g. a model server: the sample trains token-level OPD
-                log.debug("no top-K teacher for %s: %s", inp["call_id"], e)
-        return logprobs
+                log.debug("no top-K teacher for %s: %s", inp.call_id, e)
+        return replace(sample, teacher_adapter=inp.adapter_version if adapter else None, teacher_messages=msgs,
+                       teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top)
 
-    async def _commit(self, call_id: str, revision: int, fields: dict[str, Any], votes: list[dict[str, Any]]) -> bool:
-        return await self.store.commit("sample", call_id, revision, fields, votes)
+    async def _write(self, sample: JudgedSample, votes: list[VoteRecord]) -> bool:
+        return await self.store.write_sample(replace(sample, votes=tuple(votes)))

@@ -1,7 +1,9 @@
 """Durable store: SQLite in WAL mode, versioned migrations, one background writer.
 
-The serving path never touches the disk: it hands write operations to `Store.submit`, which puts
-them on a bounded queue; a writer thread applies them in order, many per transaction. If the
+The serving path never touches the disk: each write is a typed method (`add_call`, `close_session`,
+...) that puts it on a bounded queue; a writer thread applies them in order, many per transaction.
+Writes whose caller must know the outcome (`apply_feedback`, `write_sample`, `record_step`, ...)
+are awaited until committed. If the
 queue is ever full the write is counted as dropped (with its kind) and the count is exposed in
 /metrics and `clawback status`, and written to the event log once there is room again.
 
@@ -17,12 +19,15 @@ import queue
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
+from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 import numpy as np
+
+from clawback.records import Call, Feedback, JudgedSample, ReadySample, SampleInputs, StepRecord, parse_version, version_name
 
 from . import memory
 
@@ -128,30 +133,37 @@ def _split_sql(sql: str) -> list[str]:
     return statements
 
 
-@dataclass
-class CallRecord:
-    call_id: str
-    session_id: str
-    turn_id: str | None
-    request_id: str
-    turn_type: str
-    state: str
-    created_at: float
-    finished_at: float
-    model: str
-    adapter_version: str | None
-    request: dict[str, Any]
-    prompt_text: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    behaviour_logprobs: list[float]
-    response_text: str
-    tool_calls: list[dict[str, Any]] | None
-    finish_reason: str
-    timings: dict[str, float] = field(default_factory=dict)
-    sampling_logprobs: list[float] | None = None  # None: greedy, or the engine cannot report them
-    top_ids: list[list[int]] | None = None  # T x K: the policy's K most likely tokens per position
-    top_logprobs: list[list[float]] | None = None  # T x K, temperature 1
+# The columns each write sets, declared once; tests/daemon/test_store.py checks them against the
+# migrations (every column exists, every NOT NULL column without a default is set).
+CALL_COLUMNS = (
+    "call_id", "session_id", "turn_id", "request_id", "turn_type", "state", "created_at", "finished_at", "model",
+    "adapter_version", "request_json", "prompt_text", "prompt_ids", "response_ids", "behaviour_logprobs",
+    "response_text", "tool_calls_json", "finish_reason", "timings_json", "sampling_logprobs", "top_ids",
+    "top_logprobs")
+NEXT_STATE_COLUMNS = ("call_id", "next_call_id", "messages_json", "roles", "reply_matched", "created_at")
+FEEDBACK_COLUMNS = ("event_id", "kind", "session_id", "target", "text", "source", "ts", "received_at", "state",
+                    "call_id", "reason", "payload")
+VOTE_COLUMNS = ("call_id", "kind", "backend", "prompt_version", "score", "hint", "raw", "error", "created_at")
+# What the sample pipeline sets on its sample: the verdict's fields, by name.
+SAMPLE_VERDICT_COLUMNS = tuple(f.name for f in fields(JudgedSample) if f.name not in ("call_id", "revision", "votes"))
+TRAIN_STEP_COLUMNS = ("version", "parent", "started_at", "finished_at", "samples", "outcome", "error", "metrics")
+ADAPTER_COLUMNS = ("version", "parent", "path", "state", "reason", "method", "samples", "metrics", "created_at",
+                   "updated_at")
+ADAPTER_STATES = ("committed", "live", "retired", "failed", "pruned")
+
+Reply = Callable[[Any, "BaseException | None"], None]
+
+
+@dataclass(frozen=True)
+class _Write:
+    kind: str  # what a drop is counted as
+    apply: Callable[[], Any]  # runs on the writer thread, inside a transaction
+    reply: Reply | None = None  # gets (result, error) once committed
+
+
+@dataclass(frozen=True)
+class _Flush:
+    done: threading.Event
 
 
 class Store:
@@ -161,7 +173,7 @@ class Store:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self.db_path)
         self.schema_version = migrate(self._conn)
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[_Write | _Flush | object] = queue.Queue(maxsize=queue_size)
         self.dropped: dict[str, int] = {}
         self._dropped_logged: dict[str, int] = {}
         self.written = 0
@@ -170,26 +182,90 @@ class Store:
         self._thread = threading.Thread(target=self._write_loop, name="clawback-store", daemon=True)
         self._thread.start()
 
-    # ---- writes (any thread; never block) ----
+    # ---- writes from the serving path: queued, never block; False = dropped (counted) ----
 
-    def submit(self, op: str, *args: Any, reply: Callable[[Any, BaseException | None], None] | None = None) -> bool:
-        """Queue a write. `reply(result, error)` runs on the writer thread once it is committed."""
+    def add_call(self, call: Call) -> bool:
+        return self._submit(_Write("call", partial(self._write_call, call)))
+
+    def add_next_state(self, call_id: str, next_call_id: str, messages: list[dict[str, Any]], matched: bool,
+                       ts: float) -> bool:
+        """`next_call_id` brought `messages`, the next state of `call_id`; queues its sample."""
+        return self._submit(_Write("next_state", partial(self._write_next_state, call_id, next_call_id, messages,
+                                                         matched, ts)))
+
+    def close_call(self, call_id: str, reason: str) -> bool:
+        return self._submit(_Write("close_call", partial(self._set_call_state, call_id, "closed_without_next_state",
+                                                         {"reason": reason})))
+
+    def close_session(self, session_id: str, reason: str, ts: float) -> bool:
+        return self._submit(_Write("close_session", partial(self._write_close_session, session_id, reason, ts)))
+
+    def reopen_session(self, session_id: str, ts: float) -> bool:
+        return self._submit(_Write("reopen_session", partial(self._write_reopen_session, session_id, ts)))
+
+    def add_event(self, kind: str, subject: str | None, payload: dict[str, Any]) -> bool:
+        return self._submit(_Write("event", partial(self._event, kind, subject, payload)))
+
+    # ---- writes that are awaited until committed; StoreBusy when the queue is full ----
+
+    async def apply_feedback(self, event: dict[str, Any], received_at: float) -> dict[str, Any]:
+        """Apply one feedback event (the validated wire record) exactly once; what happened, for the ack."""
+        return await self._commit(_Write("feedback", partial(self._write_feedback, event, received_at)))
+
+    async def write_sample(self, sample: JudgedSample) -> bool:
+        """Store a judged sample; False when a newer signal re-queued it meanwhile (it is judged again)."""
+        return await self._commit(_Write("sample", partial(self._write_sample, sample)))
+
+    async def drop_samples(self, call_ids: Sequence[str], reason: str) -> None:
+        """Drop ready samples the trainer cannot use, with the reason."""
+        await self._commit(_Write("drop_samples", partial(self._write_drop_samples, list(call_ids), reason)))
+
+    async def record_step(self, step: StepRecord) -> int:
+        """Record a training step; a committed one also records its adapter version and marks its
+        samples consumed, in one transaction (so a crash never leaves half of that). Returns the
+        number of samples consumed."""
+        return await self._commit(_Write("train_step", partial(self._write_train_step, step)))
+
+    async def set_live(self, version: int | None) -> None:
+        """`version` (None = base) serves now; the version live before is retired."""
+        await self._commit(_Write("adapter_live", partial(self._write_adapter_live, version)))
+
+    async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None) -> None:
+        changes: dict[str, Any] = {}
+        if pinned is not None:
+            changes["pinned"] = int(pinned)
+        if state is not None:
+            if state not in ADAPTER_STATES:
+                raise ValueError(f"unknown adapter state {state!r}")
+            changes["state"] = state
+        await self._commit(_Write("adapter_update", partial(self._write_adapter_update, version, changes)))
+
+    async def edit_note(self, note_id: int, text: str) -> bool:
+        """Replace a preference note's text (False: no such note)."""
+        return await self._commit(_Write("memory_edit", partial(self._write_note_edit, note_id, text)))
+
+    async def forget_notes(self, note_id: int | None = None) -> int:
+        """Delete one preference note, or all of them (None); returns how many went."""
+        return await self._commit(_Write("memory_forget", partial(self._write_forget_notes, note_id)))
+
+    def _submit(self, write: _Write) -> bool:
         try:
-            self._queue.put_nowait((op, args, reply))
+            self._queue.put_nowait(write)
             return True
         except queue.Full:
-            self.dropped[op] = self.dropped.get(op, 0) + 1
-            log.error("store queue full: dropped a %s write (%d so far)", op, self.dropped[op])
+            self.dropped[write.kind] = self.dropped.get(write.kind, 0) + 1
+            log.error("store queue full: dropped a %s write (%d so far)", write.kind, self.dropped[write.kind])
             return False
 
-    async def commit(self, op: str, *args: Any) -> Any:
-        """Queue a write and wait until it is committed; returns the op's result.
+    async def _commit(self, write: _Write) -> Any:
+        """Queue a write and wait until it is committed; returns its result.
 
-        For writes that are acknowledged to a client (feedback events): raises StoreBusy instead
-        of dropping when the queue is full, so the client keeps the event and sends it again.
+        For writes that are acknowledged to a client (feedback events) or that the caller must know
+        landed: raises StoreBusy instead of dropping when the queue is full, so the client keeps
+        the event and sends it again.
         """
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
 
         def reply(result: Any, error: BaseException | None) -> None:
             def settle() -> None:
@@ -199,7 +275,7 @@ class Store:
             loop.call_soon_threadsafe(settle)
 
         try:
-            self._queue.put_nowait((op, args, reply))
+            self._queue.put_nowait(replace(write, reply=reply))
         except queue.Full:
             raise StoreBusy("the store is busy; send the event again") from None
         return await fut
@@ -210,13 +286,13 @@ class Store:
     def flush(self, timeout: float = 30.0) -> None:
         """Block until everything submitted so far is committed (tests, shutdown, export)."""
         done = threading.Event()
-        self._queue.put(("_flush", (done,), None), timeout=timeout)
+        self._queue.put(_Flush(done), timeout=timeout)
         if not done.wait(timeout):
             raise TimeoutError("store writer did not drain in time")
 
     def close(self) -> None:
         if self._thread.is_alive():
-            self._queue.put((_STOP, (), None))
+            self._queue.put(_STOP)
             self._thread.join(60)
         self._conn.close()
 
@@ -230,51 +306,47 @@ class Store:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = any(op is _STOP for op, _, _ in batch)
-            waiters = [args[0] for op, args, _ in batch if op == "_flush"]
-            ops = [item for item in batch if item[0] not in (_STOP, "_flush")]
-            self._apply(ops)
-            for w in waiters:
-                w.set()
-            if stop:
+            self._apply([w for w in batch if isinstance(w, _Write)])
+            for item in batch:
+                if isinstance(item, _Flush):
+                    item.done.set()
+            if any(item is _STOP for item in batch):
                 return
 
-    def _run_op(self, op: str, args: tuple) -> Any:
-        return getattr(self, f"_op_{op}")(*args)
-
-    def _apply(self, ops: list[tuple[str, tuple, Any]]) -> None:
-        if not ops and self.dropped == self._dropped_logged:
+    def _apply(self, writes: list[_Write]) -> None:
+        if not writes and self.dropped == self._dropped_logged:
             return
         self._notes = []
+        outcomes: list[tuple[Any, BaseException | None]]
         try:
             self._conn.execute("BEGIN IMMEDIATE")
-            results = [self._run_op(op, args) for op, args, _ in ops]
+            results = [w.apply() for w in writes]
             self._log_drops()
             self._conn.execute("COMMIT")
-            self.written += len(ops)
+            self.written += len(writes)
             outcomes = [(r, None) for r in results]
         except Exception:
             log.exception("store batch failed; retrying its writes one by one")
             self._rollback()
             self._notes = []
             outcomes = []
-            for op, args, _ in ops:  # isolate the bad write so the others still land
+            for w in writes:  # isolate the bad write so the others still land
                 n_notes = len(self._notes)
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
-                    result = self._run_op(op, args)
+                    result = w.apply()
                     self._conn.execute("COMMIT")
                     self.written += 1
                     outcomes.append((result, None))
                 except Exception as e:
                     self._rollback()
                     del self._notes[n_notes:]
-                    self.dropped[f"{op}:error"] = self.dropped.get(f"{op}:error", 0) + 1
-                    log.error("store write %s failed and was dropped: %s", op, e)
+                    self.dropped[f"{w.kind}:error"] = self.dropped.get(f"{w.kind}:error", 0) + 1
+                    log.error("store write %s failed and was dropped: %s", w.kind, e)
                     outcomes.append((None, e))
-        for (_, _, reply), (result, error) in zip(ops, outcomes):
-            if reply is not None:
-                reply(result, error)
+        for w, (result, error) in zip(writes, outcomes):
+            if w.reply is not None:
+                w.reply(result, error)
         for note in self._notes:
             for listener in self.listeners:
                 try:
@@ -297,52 +369,50 @@ class Store:
             self._event("store.dropped", None, {"dropped_total": dict(self.dropped)})
             self._dropped_logged = dict(self.dropped)
 
+    def _insert(self, table: str, columns: tuple[str, ...], row: dict[str, Any], or_ignore: bool = False) -> None:
+        """INSERT the named columns; `row` must give exactly these (a missing or extra one is a bug)."""
+        if set(row) != set(columns):
+            raise ValueError(f"{table}: expected columns {sorted(columns)}, got {sorted(row)}")
+        self._conn.execute(
+            f"INSERT {'OR IGNORE ' if or_ignore else ''}INTO {table} ({', '.join(columns)}) VALUES ({_marks(columns)})",
+            [row[c] for c in columns])
+
     def _event(self, kind: str, subject: str | None, payload: dict[str, Any] | None = None) -> None:
         self._conn.execute(
             "INSERT INTO events(ts, kind, subject_id, payload) VALUES (?, ?, ?, ?)",
             (time.time(), kind, subject, json.dumps(payload or {})),
         )
 
-    def _op_event(self, kind: str, subject: str | None, payload: dict[str, Any]) -> None:
-        self._event(kind, subject, payload)
-
-    def _op_call(self, c: CallRecord) -> None:
+    def _write_call(self, c: Call) -> None:
         self._conn.execute(
             "INSERT INTO sessions(session_id, created_at, last_seen_at) VALUES (?, ?, ?) "
             "ON CONFLICT(session_id) DO UPDATE SET last_seen_at = max(last_seen_at, excluded.last_seen_at)",
             (c.session_id, c.created_at, c.finished_at),
         )
-        self._conn.execute(
-            "INSERT INTO calls(call_id, session_id, turn_id, request_id, turn_type, state, created_at, finished_at, "
-            "model, adapter_version, request_json, prompt_text, prompt_ids, response_ids, behaviour_logprobs, "
-            "response_text, tool_calls_json, finish_reason, timings_json, sampling_logprobs, top_ids, top_logprobs) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                c.call_id, c.session_id, c.turn_id, c.request_id, c.turn_type, c.state,
-                c.created_at, c.finished_at, c.model, c.adapter_version,
-                json.dumps(c.request, ensure_ascii=False), c.prompt_text,
-                ids_blob(c.prompt_ids), ids_blob(c.response_ids), logprobs_blob(c.behaviour_logprobs),
-                c.response_text, json.dumps(c.tool_calls) if c.tool_calls else None,
-                c.finish_reason, json.dumps(c.timings),
-                None if c.sampling_logprobs is None else logprobs_blob(c.sampling_logprobs),
-                None if not c.top_ids else ids_blob(c.top_ids), None if not c.top_logprobs else logprobs_blob(c.top_logprobs),
-            ),
-        )
+        self._insert("calls", CALL_COLUMNS, {
+            "call_id": c.call_id, "session_id": c.session_id, "turn_id": c.turn_id, "request_id": c.request_id,
+            "turn_type": c.turn_type, "state": c.state, "created_at": c.created_at, "finished_at": c.finished_at,
+            "model": c.model, "adapter_version": version_name(c.adapter_version),
+            "request_json": json.dumps(c.request, ensure_ascii=False), "prompt_text": c.prompt_text,
+            "prompt_ids": ids_blob(c.prompt_ids), "response_ids": ids_blob(c.response_ids),
+            "behaviour_logprobs": logprobs_blob(c.behaviour_logprobs), "response_text": c.response_text,
+            "tool_calls_json": json.dumps(c.tool_calls) if c.tool_calls else None,
+            "finish_reason": c.finish_reason, "timings_json": json.dumps(c.timings),
+            "sampling_logprobs": None if c.sampling_logprobs is None else logprobs_blob(c.sampling_logprobs),
+            "top_ids": ids_blob(c.top_ids) if c.top_ids else None,
+            "top_logprobs": logprobs_blob(c.top_logprobs) if c.top_logprobs else None})
         self._event(f"call.{c.state}", c.call_id, {"session_id": c.session_id, "turn_type": c.turn_type})
         if c.turn_type == "main":
             self._resolve_orphans(c)
 
-    def _op_next_state(self, call_id: str, next_call_id: str, messages: list[dict], matched: bool, ts: float) -> None:
+    def _write_next_state(self, call_id: str, next_call_id: str, messages: list[dict[str, Any]], matched: bool,
+                          ts: float) -> None:
         roles = ",".join(m.get("role", "?") for m in messages)
-        self._conn.execute(
-            "INSERT INTO next_states VALUES (?, ?, ?, ?, ?, ?)",
-            (call_id, next_call_id, json.dumps(messages, ensure_ascii=False), roles, int(matched), ts),
-        )
+        self._insert("next_states", NEXT_STATE_COLUMNS, {
+            "call_id": call_id, "next_call_id": next_call_id, "messages_json": json.dumps(messages, ensure_ascii=False),
+            "roles": roles, "reply_matched": int(matched), "created_at": ts})
         self._set_call_state(call_id, "paired", {"next_call_id": next_call_id, "roles": roles})
         self._want_sample(call_id, "next_state")
-
-    def _op_close_call(self, call_id: str, reason: str) -> None:
-        self._set_call_state(call_id, "closed_without_next_state", {"reason": reason})
 
     def _set_call_state(self, call_id: str, state: str, payload: dict[str, Any]) -> None:
         cur = self._conn.execute(
@@ -352,7 +422,7 @@ class Store:
             raise ValueError(f"call {call_id} is not awaiting a next state")
         self._event(f"call.{state}", call_id, payload)
 
-    def _op_close_session(self, session_id: str, reason: str, ts: float) -> None:
+    def _write_close_session(self, session_id: str, reason: str, ts: float) -> None:
         sessions = self._linked_sessions(session_id)  # a linked-in session's waiting call ends here too
         waiting = self._conn.execute(
             f"SELECT call_id FROM calls WHERE session_id IN ({_marks(sessions)}) AND state = 'awaiting_next_state'",
@@ -366,7 +436,7 @@ class Store:
         )
         self._event("session.closed", session_id, {"reason": reason})
 
-    def _op_reopen_session(self, session_id: str, ts: float) -> None:
+    def _write_reopen_session(self, session_id: str, ts: float) -> None:
         self._conn.execute(
             "UPDATE sessions SET state = 'open', closed_at = NULL, closed_reason = NULL, last_seen_at = ? "
             "WHERE session_id = ?",
@@ -376,8 +446,7 @@ class Store:
 
     # ---- signals: feedback events, samples, votes ----
 
-    def _op_feedback(self, ev: dict[str, Any], received_at: float) -> dict[str, Any]:
-        """Apply one feedback event exactly once; returns what happened (for the ack)."""
+    def _write_feedback(self, ev: dict[str, Any], received_at: float) -> dict[str, Any]:
         row = self._conn.execute(
             "SELECT state, call_id, reason FROM feedback_events WHERE event_id = ?", (ev["event_id"],)
         ).fetchone()
@@ -402,17 +471,17 @@ class Store:
         elif not known:
             reason = "unknown_session"
         elif kind == "session_end":
-            self._op_close_session(sid, "session_end", received_at)
+            self._write_close_session(sid, "session_end", received_at)
         else:
             call_id = self._resolve_target(sessions, ev.get("target") or "last")
             if call_id is None:
                 reason = "unknown_target"
         state = "orphan" if reason else "applied"
-        self._conn.execute(
-            "INSERT INTO feedback_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (ev["event_id"], kind, sid, ev.get("target"), ev.get("text"), ev.get("source") or "unknown",
-             ev.get("ts"), received_at, state, call_id, reason, json.dumps(ev, ensure_ascii=False)),
-        )
+        self._insert("feedback_events", FEEDBACK_COLUMNS, {
+            "event_id": ev["event_id"], "kind": kind, "session_id": sid, "target": ev.get("target"),
+            "text": ev.get("text"), "source": ev.get("source") or "unknown", "ts": ev.get("ts"),
+            "received_at": received_at, "state": state, "call_id": call_id, "reason": reason,
+            "payload": json.dumps(ev, ensure_ascii=False)})
         self._event(f"feedback.{state}", ev["event_id"], {"kind": kind, "call_id": call_id, "reason": reason})
         if kind in ("correction", "thumbs_down") and (ev.get("text") or "").strip():
             self._remember(ev["text"], kind, call_id, received_at)
@@ -448,13 +517,13 @@ class Store:
         self._event("memory.noted", str(note_id), {"source": source, "call_id": call_id})
         return note_id
 
-    def _op_memory_edit(self, note_id: int, text: str) -> bool:
+    def _write_note_edit(self, note_id: int, text: str) -> bool:
         if self._conn.execute("SELECT 1 FROM memory_notes WHERE note_id = ?", (note_id,)).fetchone() is None:
             return False
         self._put_note(" ".join(text.split())[: memory.MAX_NOTE_CHARS], "edit", None, time.time(), note_id)
         return True
 
-    def _op_memory_forget(self, note_id: int | None) -> int:
+    def _write_forget_notes(self, note_id: int | None) -> int:
         """Delete one note, or every note (None); returns how many went."""
         if note_id is None:
             n = self._conn.execute("DELETE FROM memory_notes").rowcount
@@ -489,7 +558,7 @@ class Store:
             ).fetchone()
         return row[0] if row else None
 
-    def _resolve_orphans(self, c: CallRecord) -> None:
+    def _resolve_orphans(self, c: Call) -> None:
         """Feedback that arrived before the call it names was stored is applied now."""
         targets = [t for t in (c.turn_id, c.request_id) if t]
         rows = self._conn.execute(
@@ -522,67 +591,68 @@ class Store:
         self._event("sample.pending_judge", call_id, {"signal": why})
         self._notify("sample.pending", call_id)
 
-    def _op_sample(self, call_id: str, revision: int, fields: dict[str, Any], votes: list[dict[str, Any]]) -> bool:
-        """Store a judged sample unless a newer signal arrived meanwhile (then it is judged again)."""
+    def _write_sample(self, sample: JudgedSample) -> bool:
         now = time.time()
-        for v in votes:  # every vote is kept, also when the sample itself went stale
-            self._conn.execute(
-                "INSERT INTO votes(call_id, kind, backend, prompt_version, score, hint, raw, error, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (call_id, v["kind"], v["backend"], v["prompt_version"], v.get("score"), v.get("hint"),
-                 v.get("raw"), v.get("error"), now),
-            )
-        blobs = {"teacher_prompt_ids": ids_blob, "teacher_logprobs": logprobs_blob,
-                 "teacher_top_logprobs": logprobs_blob}
-        values = {k: (blobs[k](v) if k in blobs and v is not None else v) for k, v in fields.items()}
-        if isinstance(values.get("teacher_messages"), list):
-            values["teacher_messages"] = json.dumps(values["teacher_messages"], ensure_ascii=False)
+        for v in sample.votes:  # every vote is kept, also when the sample itself went stale
+            self._insert("votes", VOTE_COLUMNS, {
+                "call_id": sample.call_id, "kind": v.kind, "backend": v.backend, "prompt_version": v.prompt_version,
+                "score": v.score, "hint": v.hint, "raw": v.raw, "error": v.error, "created_at": now})
+        values = {name: getattr(sample, name) for name in SAMPLE_VERDICT_COLUMNS}
+        values["teacher_adapter"] = version_name(sample.teacher_adapter)
+        if sample.teacher_messages is not None:
+            values["teacher_messages"] = json.dumps(sample.teacher_messages, ensure_ascii=False)
+        if sample.teacher_prompt_ids is not None:
+            values["teacher_prompt_ids"] = ids_blob(sample.teacher_prompt_ids)
+        if sample.teacher_logprobs is not None:
+            values["teacher_logprobs"] = logprobs_blob(sample.teacher_logprobs)
+        if sample.teacher_top_logprobs is not None:
+            values["teacher_top_logprobs"] = logprobs_blob(sample.teacher_top_logprobs)
         assignments = ", ".join(f"{k} = ?" for k in values)
         cur = self._conn.execute(
             f"UPDATE samples SET {assignments}, updated_at = ? "
             "WHERE call_id = ? AND revision = ? AND state = 'pending_judge'",
-            (*values.values(), now, call_id, revision),
+            (*values.values(), now, sample.call_id, sample.revision),
         )
         if cur.rowcount != 1:
             return False
-        self._event(f"sample.{fields['state']}", call_id, {
-            "reason": fields.get("reason"), "reward": fields.get("reward"), "reward_source": fields.get("reward_source"),
-            "hint": fields.get("hint") is not None})
-        if fields["state"] == "ready":
-            self._notify("sample.ready", call_id)
+        self._event(f"sample.{sample.state}", sample.call_id, {
+            "reason": sample.reason, "reward": sample.reward, "reward_source": sample.reward_source,
+            "hint": sample.hint is not None})
+        if sample.state == "ready":
+            self._notify("sample.ready", sample.call_id)
         return True
+
+    def _write_drop_samples(self, call_ids: list[str], reason: str) -> None:
+        n = self._conn.execute(
+            f"UPDATE samples SET state = 'dropped', reason = ?, updated_at = ? WHERE state = 'ready' "
+            f"AND call_id IN ({_marks(call_ids)})", (reason, time.time(), *call_ids)).rowcount
+        self._event("samples.dropped", None, {"reason": reason, "samples": n})
 
     # ---- adapters and training steps ----
 
-    def _op_train_step(self, step: dict[str, Any], call_ids: list[str]) -> int:
-        """Record a training step; a committed one also records its adapter version and marks its
-        samples consumed, in one transaction (so a crash never leaves half of that)."""
+    def _write_train_step(self, step: StepRecord) -> int:
         now = time.time()
-        self._conn.execute(
-            "INSERT INTO train_steps(version, parent, started_at, finished_at, samples, outcome, error, metrics) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (step.get("version"), step.get("parent"), step["started_at"], now, len(call_ids), step["outcome"],
-             step.get("error"), json.dumps(step.get("metrics") or {})),
-        )
-        if step.get("path") is not None:
-            self._conn.execute(
-                "INSERT INTO adapters(version, parent, path, state, reason, method, samples, metrics, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (step["version"], step.get("parent"), step["path"], step["outcome"], step.get("error"),
-                 step.get("method"), len(call_ids), json.dumps(step.get("metrics") or {}), now, now),
-            )
-            self._event(f"adapter.{step['outcome']}", str(step["version"]), {"parent": step.get("parent"), "error": step.get("error")})
-        if step["outcome"] != "committed":
+        metrics = json.dumps(step.metrics)
+        self._insert("train_steps", TRAIN_STEP_COLUMNS, {
+            "version": step.version, "parent": step.parent, "started_at": step.started_at, "finished_at": now,
+            "samples": len(step.call_ids), "outcome": step.outcome, "error": step.error, "metrics": metrics})
+        if step.path is not None:
+            self._insert("adapters", ADAPTER_COLUMNS, {
+                "version": step.version, "parent": step.parent, "path": step.path, "state": step.outcome,
+                "reason": step.error, "method": step.method, "samples": len(step.call_ids), "metrics": metrics,
+                "created_at": now, "updated_at": now})
+            self._event(f"adapter.{step.outcome}", str(step.version), {"parent": step.parent, "error": step.error})
+        if step.outcome != "committed":
             return 0
         consumed = self._conn.execute(
             f"UPDATE samples SET state = 'consumed', consumed_version = ?, updated_at = ? "
-            f"WHERE state = 'ready' AND call_id IN ({_marks(call_ids)})",
-            (f"v{step['version']}", now, *call_ids),
+            f"WHERE state = 'ready' AND call_id IN ({_marks(step.call_ids)})",
+            (version_name(step.version), now, *step.call_ids),
         ).rowcount
-        self._event("samples.consumed", str(step["version"]), {"samples": consumed})
+        self._event("samples.consumed", str(step.version), {"samples": consumed})
         return consumed
 
-    def _op_adapter_live(self, version: int | None) -> None:
+    def _write_adapter_live(self, version: int | None) -> None:
         now = time.time()
         self._conn.execute("UPDATE adapters SET state = 'retired', updated_at = ? WHERE state = 'live'", (now,))
         if version is not None:
@@ -590,17 +660,11 @@ class Store:
                                (now, now, version))
         self._event("adapter.live", None if version is None else str(version), {})
 
-    def _op_adapter_update(self, version: int, fields: dict[str, Any]) -> None:
-        assignments = ", ".join(f"{k} = ?" for k in fields)
+    def _write_adapter_update(self, version: int, changes: dict[str, Any]) -> None:
+        assignments = ", ".join(f"{k} = ?" for k in changes)
         self._conn.execute(f"UPDATE adapters SET {assignments}, updated_at = ? WHERE version = ?",
-                           (*fields.values(), time.time(), version))
-        self._event("adapter.updated", str(version), fields)
-
-    def _op_drop_samples(self, call_ids: list[str], reason: str) -> None:
-        n = self._conn.execute(
-            f"UPDATE samples SET state = 'dropped', reason = ?, updated_at = ? WHERE state = 'ready' "
-            f"AND call_id IN ({_marks(call_ids)})", (reason, time.time(), *call_ids)).rowcount
-        self._event("samples.dropped", None, {"reason": reason, "samples": n})
+                           (*changes.values(), time.time(), version))
+        self._event("adapter.updated", str(version), changes)
 
     # ---- reads (own read-only connection per call; safe from any thread) ----
 
@@ -648,10 +712,10 @@ class Store:
             "SELECT call_id, revision FROM samples WHERE state = 'pending_judge' ORDER BY updated_at LIMIT ?",
             (limit,))])
 
-    def ready_samples(self, limit: int) -> list[dict[str, Any]]:
+    def ready_samples(self, limit: int) -> list[ReadySample]:
         """Ready samples, oldest first, with what the trainer needs (token ids, logprobs, reward)."""
 
-        def q(c: sqlite3.Connection) -> list[dict[str, Any]]:
+        def q(c: sqlite3.Connection) -> list[ReadySample]:
             rows = c.execute(
                 "SELECT s.call_id, s.reward, s.teacher_logprobs, s.teacher_top_logprobs, c.prompt_ids, c.response_ids, "
                 "c.behaviour_logprobs, c.sampling_logprobs, c.top_ids, c.top_logprobs, c.adapter_version "
@@ -661,17 +725,17 @@ class Store:
             for r in rows:
                 T = len(r["response_ids"]) // 4
                 topk = r["teacher_top_logprobs"] is not None and r["top_ids"] is not None
-                out.append({
-                    "call_id": r["call_id"], "reward": r["reward"] or 0.0, "adapter_version": r["adapter_version"],
-                    "prompt_ids": blob_ids(r["prompt_ids"]), "response_ids": blob_ids(r["response_ids"]),
-                    "behaviour_logprobs": blob_logprobs(r["behaviour_logprobs"]),
-                    "sampling_logprobs": _opt(blob_logprobs, r["sampling_logprobs"]),
-                    "teacher_logprobs": _opt(blob_logprobs, r["teacher_logprobs"]),
+                out.append(ReadySample(
+                    call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
+                    prompt_ids=blob_ids(r["prompt_ids"]), response_ids=blob_ids(r["response_ids"]),
+                    behaviour_logprobs=blob_logprobs(r["behaviour_logprobs"]),
+                    teacher_logprobs=_opt(blob_logprobs, r["teacher_logprobs"]),
+                    sampling_logprobs=_opt(blob_logprobs, r["sampling_logprobs"]),
                     # Top-K OPD needs all three; without the teacher's view the sample is token-level.
-                    "top_ids": blob_rows(blob_ids, r["top_ids"], T) if topk else None,
-                    "top_logprobs": blob_rows(blob_logprobs, r["top_logprobs"], T) if topk else None,
-                    "teacher_top_logprobs": blob_rows(blob_logprobs, r["teacher_top_logprobs"], T) if topk else None,
-                })
+                    top_ids=blob_rows(blob_ids, r["top_ids"], T) if topk else None,
+                    top_logprobs=blob_rows(blob_logprobs, r["top_logprobs"], T) if topk else None,
+                    teacher_top_logprobs=blob_rows(blob_logprobs, r["teacher_top_logprobs"], T) if topk else None,
+                ))
             return out
 
         return self.read(q)
@@ -698,10 +762,10 @@ class Store:
 
         return self.read(q)
 
-    def sample_inputs(self, call_id: str) -> dict[str, Any] | None:
+    def sample_inputs(self, call_id: str) -> SampleInputs | None:
         """Everything the judge and the teacher need for one call, decoded."""
 
-        def q(c: sqlite3.Connection) -> dict[str, Any] | None:
+        def q(c: sqlite3.Connection) -> SampleInputs | None:
             sample = c.execute("SELECT revision, state FROM samples WHERE call_id = ?", (call_id,)).fetchone()
             call = c.execute("SELECT * FROM calls WHERE call_id = ?", (call_id,)).fetchone()
             if sample is None or call is None:
@@ -710,23 +774,23 @@ class Store:
             feedback = c.execute(
                 "SELECT kind, text, received_at FROM feedback_events WHERE call_id = ? AND state = 'applied' "
                 "ORDER BY received_at, rowid", (call_id,)).fetchall()
-            return {
-                "call_id": call_id,
-                "revision": sample["revision"],
-                "state": sample["state"],
-                "session_id": call["session_id"],
-                "adapter_version": call["adapter_version"],
-                "request": json.loads(call["request_json"]),
-                "prompt_ids": blob_ids(call["prompt_ids"]),
-                "response_ids": blob_ids(call["response_ids"]),
-                "behaviour_logprobs": blob_logprobs(call["behaviour_logprobs"]),
-                "top_ids": None if call["top_ids"] is None else blob_rows(
+            return SampleInputs(
+                call_id=call_id,
+                revision=sample["revision"],
+                state=sample["state"],
+                session_id=call["session_id"],
+                adapter_version=parse_version(call["adapter_version"]),
+                request=json.loads(call["request_json"]),
+                prompt_ids=blob_ids(call["prompt_ids"]),
+                response_ids=blob_ids(call["response_ids"]),
+                behaviour_logprobs=blob_logprobs(call["behaviour_logprobs"]),
+                response_text=call["response_text"],
+                finish_reason=call["finish_reason"],
+                top_ids=None if call["top_ids"] is None else blob_rows(
                     blob_ids, call["top_ids"], len(call["response_ids"]) // 4),
-                "finish_reason": call["finish_reason"],
-                "response_text": call["response_text"],
-                "next_state": json.loads(nxt[0]) if nxt else None,
-                "feedback": [dict(f) for f in feedback],
-            }
+                next_state=json.loads(nxt[0]) if nxt else None,
+                feedback=tuple(Feedback(f["kind"], f["text"], f["received_at"]) for f in feedback),
+            )
 
         return self.read(q)
 

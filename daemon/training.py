@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
+from clawback.records import ReadySample, StepRecord, TrainResult, version_name
 from clawback.trainer.config import TrainConfig
 
-from .adapters import AdapterManager, version_of
+from .adapters import AdapterManager
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -70,18 +72,18 @@ class TrainingLoop:
             except asyncio.TimeoutError:
                 pass
 
-    async def _next_batch(self) -> list[dict[str, Any]]:
+    async def _next_batch(self) -> list[ReadySample]:
         if await asyncio.to_thread(self.store.ready_count) < self.cfg.batch_size:
             return []
         rows = await asyncio.to_thread(self.store.ready_samples, self.cfg.batch_size * 4)
         live = self.adapters.live() or 0
-        stale = [r["call_id"] for r in rows if live - (version_of(r["adapter_version"]) or 0) > self.cfg.max_staleness]
-        unusable = [r["call_id"] for r in rows if self.cfg.method == "opd" and r["teacher_logprobs"] is None]
+        stale = [r.call_id for r in rows if live - (r.adapter_version or 0) > self.cfg.max_staleness]
+        unusable = [r.call_id for r in rows if self.cfg.method == "opd" and r.teacher_logprobs is None]
         if stale:
-            await self.store.commit("drop_samples", stale, "stale")
+            await self.store.drop_samples(stale, "stale")
         if unusable:
-            await self.store.commit("drop_samples", unusable, "no_teacher_for_opd")
-        usable = [r for r in rows if r["call_id"] not in set(stale) | set(unusable)]
+            await self.store.drop_samples(unusable, "no_teacher_for_opd")
+        usable = [r for r in rows if r.call_id not in set(stale) | set(unusable)]
         return usable[: self.cfg.batch_size] if len(usable) >= self.cfg.batch_size else []
 
     async def _worker(self) -> Any:
@@ -93,44 +95,43 @@ class TrainingLoop:
     async def _resume(self, worker: Any, version: int | None) -> None:
         await worker.resume.remote(version, await self.adapters.files(version))
 
-    async def step(self, batch: list[dict[str, Any]]) -> dict[str, Any] | None:
+    async def step(self, batch: list[ReadySample]) -> dict[str, float] | None:
         self.busy = True
         started = time.time()
         parent = self.adapters.live()
         version = await asyncio.to_thread(self.adapters.next_version)
-        call_ids = [s["call_id"] for s in batch]
-        rewards = [s["reward"] for s in batch]
-        meta = {"method": self.cfg.method, "samples": len(batch), "call_ids": call_ids,
-                "reward_mean": sum(rewards) / len(rewards)}
-        step: dict[str, Any] = {"version": version, "parent": parent, "started_at": started, "method": self.cfg.method}
+        call_ids = tuple(s.call_id for s in batch)
+        reward_mean = sum(s.reward for s in batch) / len(batch)
+        meta = {"method": self.cfg.method, "samples": len(batch), "call_ids": list(call_ids),
+                "reward_mean": reward_mean}
+        step = StepRecord(version=version, parent=parent, started_at=started, method=self.cfg.method,
+                          call_ids=call_ids, outcome="failed")
         try:
             worker = await self._worker()
             if await worker.ping.remote() != parent:  # e.g. after a rollback: train from what serves
                 await self._resume(worker, parent)
-            result = await worker.train.remote(batch, version, meta)
-            self.trainer_node = result["node"]
-            path = await self.adapters.receive(version, result["files"])
-            step.update(path=path, metrics=result["metrics"])
+            result: TrainResult = await worker.train.remote(batch, version, meta)
+            self.trainer_node = result.node
+            path = await self.adapters.receive(version, result.files)
+            step = replace(step, path=path, metrics=result.metrics)
             await self.adapters.load(version, path)
         except Exception as e:
             self.failures += 1
             log.error("training step for v%d failed: %s", version, e)
-            step.update(outcome="failed", error=f"{type(e).__name__}: {e}"[:1000])
-            await self.store.commit("train_step", step, call_ids)
+            await self.store.record_step(replace(step, error=f"{type(e).__name__}: {e}"[:1000]))
             await self._recover(parent, e)
             return None
         finally:
             self.busy = False
-        step["outcome"] = "committed"
-        await self.store.commit("train_step", step, call_ids)
+        await self.store.record_step(replace(step, outcome="committed"))
         swap_s = await self.adapters.go_live(version, path)
         self.steps += 1
         pruned = await self.adapters.prune()  # retention: newest K good versions + pinned + live
         if pruned:
             log.info("pruned adapter versions %s", pruned)
-        metrics = {**result["metrics"], "swap_s": swap_s}
+        metrics = {**result.metrics, "swap_s": swap_s}
         self.last_metrics = metrics
-        self.on_trained({"version": f"v{version}", "samples": len(batch), "mean_reward": meta["reward_mean"],
+        self.on_trained({"version": version_name(version), "samples": len(batch), "mean_reward": reward_mean,
                          "metrics": metrics})
         return metrics
 

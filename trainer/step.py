@@ -1,13 +1,13 @@
 """One training step: samples -> micro-batches -> accumulated gradients -> one AdamW step.
 
-A sample is any object with the fields of `Sample` (the plain one).
+A sample is any `TrainSample`: `Sample` here, or the daemon's `clawback.records.ReadySample`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
@@ -15,6 +15,21 @@ from clawback.adapter_format import lora_targets
 
 from .config import TrainConfig
 from .losses import advantages, policy_loss, topk_advantages, topk_policy_term
+
+
+class TrainSample(Protocol):
+    @property
+    def prompt_ids(self) -> Sequence[int]: ...
+    @property
+    def response_ids(self) -> Sequence[int]: ...
+    @property
+    def behaviour_logprobs(self) -> Sequence[float]: ...
+    @property
+    def reward(self) -> float: ...
+    @property
+    def teacher_logprobs(self) -> Sequence[float] | None: ...  # None: no teacher
+    # Optional (read with getattr): sampling_logprobs, and top_ids / top_logprobs /
+    # teacher_top_logprobs for top-K OPD; see `Sample`.
 
 
 @dataclass(frozen=True)
@@ -65,15 +80,15 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
-def micro_batches(samples: Sequence[Any], token_budget: int) -> list[list[Any]]:
+def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[list[TrainSample]]:
     """Group samples so each padded micro-batch stays within `token_budget` tokens.
 
     Sorted by length so neighbours pad little; a sample longer than the budget goes alone.
     Padded size is rows × (longest prompt + longest response), the layout `collate` builds.
     """
     order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids), reverse=True)
-    out: list[list[Any]] = []
-    cur: list[Any] = []
+    out: list[list[TrainSample]] = []
+    cur: list[TrainSample] = []
     max_p = max_r = 0
     for s in order:
         p, r = max(max_p, len(s.prompt_ids)), max(max_r, len(s.response_ids))
@@ -94,7 +109,7 @@ def has_topk(s: Any, k: int) -> bool:
                 and len(rows) == len(s.response_ids) and all(len(r) >= k for r in rows))
 
 
-def collate(samples: Sequence[Any], device: torch.device, top_k: int = 0) -> dict[str, torch.Tensor]:
+def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0) -> dict[str, torch.Tensor]:
     """Prompts right-aligned at column C, responses left-aligned from C:
 
         [pad pad p p p | r r r pad]
@@ -182,7 +197,7 @@ def response_logprobs(
     return logp_B_T, ent_B_T, top_B_T_K
 
 
-def _check(samples: Sequence[Any], cfg: TrainConfig) -> None:
+def _check(samples: Sequence[TrainSample], cfg: TrainConfig) -> None:
     if not samples:
         raise ValueError("no samples")
     for s in samples:
@@ -211,7 +226,7 @@ def _clip_frac(batch: dict[str, torch.Tensor], rows_B_T: torch.Tensor, clip: flo
     return gap.float().mean(-1)[m].sum() / m.sum().clamp(min=1)
 
 
-def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Any], cfg: TrainConfig) -> dict[str, float]:
+def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig) -> dict[str, float]:
     """One AdamW step on `samples`; gradients accumulate over micro-batches so the update equals
     the one a single batch of all samples would give. Returns the step's metrics.
 

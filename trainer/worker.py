@@ -17,14 +17,15 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from clawback.adapter_format import install, list_versions, publish, read_files, resume, version_dir
+from clawback.records import TrainResult
 
 from .config import TrainConfig
-from .step import Sample, make_lora_model, make_optimizer, train_step
+from .step import TrainSample, make_lora_model, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +114,10 @@ class TrainerWorker:
         self._keep_only(version)
         return version
 
-    def train(self, samples: list[dict[str, Any]], version: int, meta: dict[str, Any]) -> dict[str, Any]:
+    def train(self, samples: Sequence[TrainSample], version: int, meta: dict[str, Any]) -> TrainResult:
         """One optimizer step on `samples`, published as `v{version}` and returned as its files."""
         t0 = time.time()
-        batch = [Sample(prompt_ids=s["prompt_ids"], response_ids=s["response_ids"],
-                        behaviour_logprobs=s["behaviour_logprobs"], reward=s["reward"],
-                        teacher_logprobs=s.get("teacher_logprobs"), sampling_logprobs=s.get("sampling_logprobs"),
-                        top_ids=s.get("top_ids"), top_logprobs=s.get("top_logprobs"),
-                        teacher_top_logprobs=s.get("teacher_top_logprobs")) for s in samples]
-        metrics = train_step(self.model, self.optimizer, batch, self.cfg)
+        metrics = train_step(self.model, self.optimizer, samples, self.cfg)
         parent, node = self.version, ray_node_id()
         target = version_dir(self.root, version)  # the daemon numbers versions: a leftover here is not it
         shutil.rmtree(target, ignore_errors=True)
@@ -136,7 +132,7 @@ class TrainerWorker:
             raise
         self.version = version
         self._keep_only(version)
-        return {"version": version, "parent": parent, "node": node, "metrics": metrics, "files": files}
+        return TrainResult(version=version, parent=parent, node=node, metrics=metrics, files=files)
 
     def ping(self) -> int | None:
         return self.version

@@ -13,6 +13,7 @@ from clawback.daemon.adapters import AdapterError, AdapterManager
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import Store
 from clawback.adapter_format import publish
+from clawback.records import StepRecord
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import make_lora_model, make_optimizer
 
@@ -31,9 +32,8 @@ def setup(tiny_model_dir: Path, tmp_path: Path):
                 if "lora_B" in name:
                     p.normal_(0, 0.1 * v)
         path = publish(root, v, model, make_optimizer(model, cfg), {"method": "binary"})
-        store.submit("train_step", {"version": v, "parent": v - 1 or None, "started_at": time.time(),
-                                    "outcome": "committed", "path": str(path), "method": "binary"}, [])
-    store.flush()
+        asyncio.run(store.record_step(StepRecord(version=v, parent=v - 1 or None, started_at=time.time(),
+                                                 method="binary", call_ids=(), outcome="committed", path=str(path))))
     engine = EmbeddedEngine(tiny_model_dir)
     yield AdapterManager(engine, store, root, keep=2), engine, store, root
     asyncio.run(engine.close())

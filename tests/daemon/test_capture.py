@@ -12,7 +12,8 @@ from starlette.datastructures import Headers
 
 from clawback.daemon.capture import Capture, CallMeta, MetaError, next_state_messages, parse_meta
 from clawback.chat import ChatRequest, Message
-from clawback.daemon.store import CallRecord, Store
+from clawback.daemon.store import Store
+from clawback.records import Call
 
 TIMEOUT = 60.0
 
@@ -102,7 +103,7 @@ class Harness:
         if tool_calls and reply:
             response_text = f"{reply}\n{response_text}"
         now = self.clock()
-        rec = CallRecord(
+        rec = Call(
             call_id=call_id, session_id=meta.session_id, turn_id=meta.turn_id, request_id=meta.request_id,
             turn_type=meta.turn_type, state="served", created_at=now, finished_at=now, model="tiny",
             adapter_version=None, request=req.openai_body(), prompt_text="<prompt>", prompt_ids=[1, 2, 3],

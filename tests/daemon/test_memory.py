@@ -4,6 +4,7 @@ edited and forgotten over HTTP and with `clawback memory` against a real daemon 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -37,8 +38,7 @@ def test_injection_goes_into_the_system_prompt_and_leaves_the_input_alone():
 
 def _feedback(store: Store, kind: str, text: str | None) -> None:
     ev = {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "nobody", "target": "last", "text": text}
-    store.submit("feedback", ev, time.time())
-    store.flush()
+    asyncio.run(store.apply_feedback(ev, time.time()))
 
 
 def test_store_dedupes_replaces_on_conflict_and_stays_bounded(tmp_path: Path):
@@ -56,13 +56,10 @@ def test_store_dedupes_replaces_on_conflict_and_stays_bounded(tmp_path: Path):
         assert len(store.memory_notes()) == 3 and "That looks AI-written." not in [
             n["text"] for n in store.memory_notes()]
         first = store.memory_notes()[0]["note_id"]
-        store.submit("memory_edit", first, "  Keep   it short. ")
-        store.submit("memory_forget", 999)
-        store.flush()
+        assert asyncio.run(store.edit_note(first, "  Keep   it short. "))
+        assert asyncio.run(store.forget_notes(999)) == 0
         assert store.memory_notes()[0]["text"] == "Keep it short." and store.memory_notes()[0]["source"] == "edit"
-        store.submit("memory_forget", None)
-        store.flush()
-        assert store.memory_notes() == []
+        assert asyncio.run(store.forget_notes()) == 3 and store.memory_notes() == []
     finally:
         store.close()
 

@@ -15,9 +15,10 @@ import pytest
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.engine import Token
-from clawback.daemon.store import CallRecord, Store, blob_logprobs
 from clawback.daemon.samples import SamplePipeline, SignalConfig, degenerate, explicit_reward, teacher_messages
+from clawback.daemon.store import Store, blob_logprobs
+from clawback.engine import Token
+from clawback.records import Call, Feedback
 
 
 class ScriptedJudge:
@@ -59,7 +60,7 @@ REQUEST = {"model": "clawback", "messages": [{"role": "system", "content": "Be b
 
 
 def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None,
-                finish_reason: str = "stop", adapter_version: str | None = None,
+                finish_reason: str = "stop", adapter_version: int | None = None,
                 response_ids: list[int] | None = None) -> str:
     """A main call as capture stores it, with real sampled ids, behaviour logprobs and top-4."""
     from clawback.engine import Sampling
@@ -74,7 +75,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
     if response_ids is not None:
         toks = [Token(i, -1.0, tuple((i + j, -1.0 - j) for j in range(4))) for i in response_ids]
     call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
-    store.submit("call", CallRecord(
+    store.add_call(Call(
         call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
         state="awaiting_next_state", created_at=now, finished_at=now, model="tiny",
         request=REQUEST, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
@@ -82,7 +83,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
         finish_reason=finish_reason, adapter_version=adapter_version,
         top_ids=[[i for i, _ in t.top] for t in toks], top_logprobs=[[lp for _, lp in t.top] for t in toks]))
     if next_state is not None:
-        store.submit("next_state", call_id, "next", next_state, True, now)
+        store.add_next_state(call_id, "next", next_state, True, now)
     store.flush()
     return call_id
 
@@ -90,7 +91,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
 def feedback(store: Store, call_kind: str, text: str | None = None) -> None:
     ev = {"event_id": str(uuid.uuid4()), "kind": call_kind, "session_id": "s", "target": "last", "text": text,
           "source": "cli"}
-    store.submit("feedback", ev, time.time())
+    asyncio.run(store.apply_feedback(ev, time.time()))
     store.flush()
 
 
@@ -196,20 +197,20 @@ def test_correction_is_distilled_into_a_hint_with_teacher_logprobs(store, engine
     # Top-K OPD: the teacher scored the policy's recorded top-4 at every position, without
     # regenerating; where the sampled token is among them the two views agree.
     ready, = store.ready_samples(10)
-    assert len(ready["top_ids"]) == 12 and all(len(r) == 4 for r in ready["top_ids"])
+    assert len(ready.top_ids) == 12 and all(len(r) == 4 for r in ready.top_ids)
     _, teacher_prompt = renderer.render(ChatRequest.model_validate({**REQUEST, "messages": msgs}))
-    expected = asyncio.run(engine.score_candidates(teacher_prompt, ready["response_ids"], ready["top_ids"]))
-    flat = [x for row in ready["teacher_top_logprobs"] for x in row]
+    expected = asyncio.run(engine.score_candidates(teacher_prompt, ready.response_ids, ready.top_ids))
+    flat = [x for row in ready.teacher_top_logprobs for x in row]
     assert flat == pytest.approx([x for row in expected for x in row], abs=1e-4)
-    for t, (tok, ids) in enumerate(zip(ready["response_ids"], ready["top_ids"])):
+    for t, (tok, ids) in enumerate(zip(ready.response_ids, ready.top_ids)):
         if tok in ids:
-            assert ready["teacher_top_logprobs"][t][ids.index(tok)] == pytest.approx(teacher[t], abs=1e-4)
+            assert ready.teacher_top_logprobs[t][ids.index(tok)] == pytest.approx(teacher[t], abs=1e-4)
 
 
 def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, renderer):
     """v9 served the call but is not loaded any more: the sample gets no teacher (recorded), rather
     than being scored by whichever version is live."""
-    call_id = served_call(store, renderer, engine, None, adapter_version="v9")
+    call_id = served_call(store, renderer, engine, None, adapter_version=9)
     feedback(store, "correction", "Shorter please.")
     drain(pipe(store, engine, renderer, None, method="opd"))
     row = sample_row(store, call_id)
@@ -283,8 +284,8 @@ def test_teacher_context_building():
     assert in_system[0] == {"role": "system", "content": "When you write your reply, follow this instruction from "
                                                          "the user about it: be kind"}
     assert in_system[1:] == msgs
-    assert explicit_reward([{"kind": "thumbs_up"}, {"kind": "comment"}, {"kind": "thumbs_down"}]) == -1.0
-    assert explicit_reward([{"kind": "correction"}]) is None
+    assert explicit_reward([Feedback(k, None, 0.0) for k in ("thumbs_up", "comment", "thumbs_down")]) == -1.0
+    assert explicit_reward([Feedback("correction", "shorter", 0.0)]) is None
 
 
 def test_zero_signal_samples_count_toward_the_batch_when_asked(store, engine, renderer):

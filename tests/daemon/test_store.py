@@ -14,7 +14,6 @@ import pytest
 
 from clawback.daemon import store as store_mod
 from clawback.daemon.store import (
-    CallRecord,
     Store,
     blob_ids,
     blob_logprobs,
@@ -25,6 +24,7 @@ from clawback.daemon.store import (
     migrate,
     migrations,
 )
+from clawback.records import Call
 
 MIGRATIONS_DIR = Path(store_mod.__file__).parent / "migrations"
 
@@ -32,9 +32,9 @@ MIGRATIONS_DIR = Path(store_mod.__file__).parent / "migrations"
 def record(call_id: str, session_id: str = "s1", *, state: str = "awaiting_next_state", t: float = 100.0,
            prompt_ids: list[int] | None = None, response_ids: list[int] | None = None,
            logprobs: list[float] | None = None, tool_calls: list[dict[str, Any]] | None = None,
-           turn_type: str = "main") -> CallRecord:
+           turn_type: str = "main") -> Call:
     response_ids = [7, 8] if response_ids is None else response_ids
-    return CallRecord(
+    return Call(
         call_id=call_id, session_id=session_id, turn_id="t-1", request_id=f"req-{call_id}",
         turn_type=turn_type, state=state, created_at=t, finished_at=t + 1.0, model="tiny",
         adapter_version=None,
@@ -133,8 +133,8 @@ def test_old_db_is_migrated_forward_and_keeps_its_rows(db_path: Path) -> None:
                     rows(s, "SELECT payload FROM events WHERE kind = 'schema.migrated' ORDER BY id")]
         assert versions == list(range(1, s.schema_version + 1))
         # The migrated store works: the old awaiting call can be paired.
-        s.submit("call", record("c-new", "old", t=3.0))
-        s.submit("next_state", "c-old", "c-new", [{"role": "user", "content": "next"}], True, 3.0)
+        s.add_call(record("c-new", "old", t=3.0))
+        s.add_next_state("c-old", "c-new", [{"role": "user", "content": "next"}], True, 3.0)
         assert rows(s, "SELECT state FROM calls WHERE call_id = 'c-old'")[0][0] == "paired"
         assert s.dropped == {}
     finally:
@@ -143,7 +143,7 @@ def test_old_db_is_migrated_forward_and_keeps_its_rows(db_path: Path) -> None:
 
 def test_opening_twice_is_idempotent(db_path: Path) -> None:
     s = Store(db_path)
-    s.submit("call", record("c1"))
+    s.add_call(record("c1"))
     s.flush()
     first_events = len(rows(s, "SELECT * FROM events"))
     s.close()
@@ -165,7 +165,7 @@ def test_opening_twice_is_idempotent(db_path: Path) -> None:
 
 
 def test_events_are_append_only(store: Store, db_path: Path) -> None:
-    store.submit("event", "test.kind", "subj", {"a": 1})
+    store.add_event("test.kind", "subj", {"a": 1})
     before = rows(store, "SELECT id, ts, kind, subject_id, payload FROM events ORDER BY id")
     conn = connect(db_path)
     try:
@@ -207,8 +207,8 @@ def test_blobs_round_trip_through_the_store(store: Store) -> None:
     prompt = [1, 151643, 2**31 - 1, 0, -5]
     response = [42, 7, 99999]
     lps = [float(np.float32(x)) for x in (-0.1, -2.5e-6, -17.25)]
-    store.submit("call", record("c1", prompt_ids=prompt, response_ids=response, logprobs=lps))
-    store.submit("call", record("c2", prompt_ids=[3], response_ids=[], logprobs=[]))
+    store.add_call(record("c1", prompt_ids=prompt, response_ids=response, logprobs=lps))
+    store.add_call(record("c2", prompt_ids=[3], response_ids=[], logprobs=[]))
     r = {row["call_id"]: row for row in rows(store, "SELECT * FROM calls")}
     assert isinstance(r["c1"]["prompt_ids"], bytes)
     assert blob_ids(r["c1"]["prompt_ids"]) == prompt
@@ -222,13 +222,13 @@ def test_blobs_round_trip_through_the_store(store: Store) -> None:
 
 def test_writer_commits_in_submission_order(store: Store) -> None:
     # Order matters across ops: the pairing needs the call row written before it.
-    store.submit("call", record("a", t=1.0))
-    store.submit("call", record("b", t=2.0))
-    store.submit("next_state", "a", "b", [{"role": "user", "content": "u2"}], True, 2.0)
-    store.submit("close_session", "s1", "session_done", 3.0)
+    store.add_call(record("a", t=1.0))
+    store.add_call(record("b", t=2.0))
+    store.add_next_state("a", "b", [{"role": "user", "content": "u2"}], True, 2.0)
+    store.close_session("s1", "session_done", 3.0)
     n = 700  # more than one writer batch
     for i in range(n):
-        assert store.submit("event", "test.order", None, {"i": i})
+        assert store.add_event("test.order", None, {"i": i})
     store.flush()
     assert store.dropped == {}
     assert store.written == 4 + n
@@ -251,12 +251,12 @@ def test_full_queue_counts_drops_and_logs_them_later(tmp_path: Path) -> None:
     blocker = connect(tmp_path / "q.db")
     try:
         blocker.execute("BEGIN IMMEDIATE")  # the writer cannot start a transaction now
-        assert s.submit("call", record("first"))
+        assert s.add_call(record("first"))
         wait_for(lambda: s.queue_depth() == 0)  # the writer took it and waits on the lock
-        assert s.submit("event", "test.kept", None, {})  # fills the one slot
-        assert not s.submit("call", record("lost"))
-        assert not s.submit("event", "test.lost", None, {})
-        assert not s.submit("event", "test.lost", None, {})
+        assert s.add_event("test.kept", None, {})  # fills the one slot
+        assert not s.add_call(record("lost"))
+        assert not s.add_event("test.lost", None, {})
+        assert not s.add_event("test.lost", None, {})
         assert s.dropped == {"call": 1, "event": 2}
         assert s.queue_depth() == 1
         blocker.execute("COMMIT")
@@ -267,7 +267,7 @@ def test_full_queue_counts_drops_and_logs_them_later(tmp_path: Path) -> None:
         logged = rows(s, "SELECT payload FROM events WHERE kind = 'store.dropped'")
         assert [json.loads(r[0]) for r in logged] == [{"dropped_total": {"call": 1, "event": 2}}]
         # Logged once: later batches without new drops do not repeat it.
-        s.submit("event", "test.after", None, {})
+        s.add_event("test.after", None, {})
         s.flush()
         assert len(rows(s, "SELECT * FROM events WHERE kind = 'store.dropped'")) == 1
     finally:
@@ -281,11 +281,11 @@ def test_writer_survives_a_lock_held_past_busy_timeout(tmp_path: Path) -> None:
     blocker = connect(tmp_path / "lock.db")
     try:
         blocker.execute("BEGIN IMMEDIATE")
-        s.submit("event", "test.locked_out", None, {})
+        s.add_event("test.locked_out", None, {})
         wait_for(lambda: s.dropped.get("event:error") == 1)
         blocker.execute("COMMIT")
         assert s._thread.is_alive()
-        s.submit("event", "test.after_lock", None, {})
+        s.add_event("test.after_lock", None, {})
         s.flush(timeout=10)
         assert len(rows(s, "SELECT * FROM events WHERE kind = 'test.after_lock'")) == 1
         assert rows(s, "SELECT * FROM events WHERE kind = 'test.locked_out'") == []
@@ -302,14 +302,14 @@ def test_bad_write_is_dropped_and_the_rest_of_its_batch_lands(tmp_path: Path) ->
     try:
         # Hold the writer on a first op so that the next ones are applied as one batch.
         blocker.execute("BEGIN IMMEDIATE")
-        s.submit("event", "test.sentinel", None, {})
+        s.add_event("test.sentinel", None, {})
         wait_for(lambda: s.queue_depth() == 0)
-        s.submit("call", record("a", t=1.0))
-        s.submit("next_state", "unknown-call", "a", [{"role": "user", "content": "x"}], True, 1.0)
-        s.submit("call", record("b", t=2.0))
-        s.submit("next_state", "a", "b", [{"role": "user", "content": "u"}], False, 2.0)
-        s.submit("close_call", "a", "retried")  # a is paired by now: not awaiting any more
-        s.submit("event", "test.same_batch", None, {})
+        s.add_call(record("a", t=1.0))
+        s.add_next_state("unknown-call", "a", [{"role": "user", "content": "x"}], True, 1.0)
+        s.add_call(record("b", t=2.0))
+        s.add_next_state("a", "b", [{"role": "user", "content": "u"}], False, 2.0)
+        s.close_call("a", "retried")  # a is paired by now: not awaiting any more
+        s.add_event("test.same_batch", None, {})
         assert s.queue_depth() == 6
         blocker.execute("COMMIT")
         s.flush()
@@ -321,7 +321,7 @@ def test_bad_write_is_dropped_and_the_rest_of_its_batch_lands(tmp_path: Path) ->
         assert len(rows(s, "SELECT * FROM events WHERE kind = 'test.same_batch'")) == 1
         assert rows(s, "SELECT * FROM events WHERE subject_id = 'unknown-call'") == []
         assert s.written == 5  # sentinel, a, b, the pairing, the event
-        s.submit("event", "test.later", None, {})
+        s.add_event("test.later", None, {})
         s.flush()
         logged = rows(s, "SELECT payload FROM events WHERE kind = 'store.dropped'")
         assert [json.loads(r[0]) for r in logged] == [
@@ -332,10 +332,10 @@ def test_bad_write_is_dropped_and_the_rest_of_its_batch_lands(tmp_path: Path) ->
 
 
 def test_close_session_closes_its_waiting_calls_and_reopen(store: Store) -> None:
-    store.submit("call", record("a", "s1", t=1.0))
-    store.submit("call", record("side", "s1", state="served", turn_type="side", t=1.5))
-    store.submit("call", record("z", "s2", t=1.0))
-    store.submit("close_session", "s1", "idle_timeout", 50.0)
+    store.add_call(record("a", "s1", t=1.0))
+    store.add_call(record("side", "s1", state="served", turn_type="side", t=1.5))
+    store.add_call(record("z", "s2", t=1.0))
+    store.close_session("s1", "idle_timeout", 50.0)
     states = {r[0]: r[1] for r in rows(store, "SELECT call_id, state FROM calls")}
     assert states == {"a": "closed_without_next_state", "side": "served", "z": "awaiting_next_state"}
     reason = rows(store, "SELECT payload FROM events WHERE kind = 'call.closed_without_next_state'")
@@ -343,7 +343,7 @@ def test_close_session_closes_its_waiting_calls_and_reopen(store: Store) -> None
     assert store.session_row("s1")["state"] == "closed"
     assert store.stale_open_sessions(1000.0) == ["s2"]
     assert store.last_awaiting_call("s1") is None and store.last_awaiting_call("s2")["call_id"] == "z"
-    store.submit("reopen_session", "s1", 60.0)
+    store.reopen_session("s1", 60.0)
     store.flush()
     row = store.session_row("s1")
     assert (row["state"], row["closed_at"], row["closed_reason"], row["last_seen_at"]) == ("open", None, None, 60.0)
@@ -356,13 +356,13 @@ def test_close_session_closes_its_waiting_calls_and_reopen(store: Store) -> None
 def test_export_jsonl_writes_everything_and_respects_since(store: Store, db_path: Path) -> None:
     tool_calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     lps = [float(np.float32(x)) for x in (-0.25, -3.1)]
-    store.submit("call", record("a", "old", t=100.0, prompt_ids=[1, 2], response_ids=[3, 4], logprobs=lps,
+    store.add_call(record("a", "old", t=100.0, prompt_ids=[1, 2], response_ids=[3, 4], logprobs=lps,
                                 tool_calls=tool_calls))
-    store.submit("call", record("b", "old", t=200.0))
-    store.submit("next_state", "a", "b", [{"role": "tool", "tool_call_id": "call_1", "content": "ok"}], True, 200.0)
-    store.submit("call", record("c", "new", t=300.0, response_ids=[5], logprobs=[-0.5]))
-    store.submit("call", record("d", "new", t=400.0))
-    store.submit("next_state", "c", "d", [{"role": "user", "content": "é"}], False, 400.0)
+    store.add_call(record("b", "old", t=200.0))
+    store.add_next_state("a", "b", [{"role": "tool", "tool_call_id": "call_1", "content": "ok"}], True, 200.0)
+    store.add_call(record("c", "new", t=300.0, response_ids=[5], logprobs=[-0.5]))
+    store.add_call(record("d", "new", t=400.0))
+    store.add_next_state("c", "d", [{"role": "user", "content": "é"}], False, 400.0)
     store.flush()
 
     out = io.StringIO()
@@ -395,3 +395,21 @@ def test_export_jsonl_writes_everything_and_respects_since(store: Store, db_path
     assert [(x["type"], x["session_id"] if x["type"] == "session" else x["call_id"]) for x in lines] == [
         ("session", "new"), ("call", "c"), ("call", "d"), ("next_state", "c")]
     assert export_jsonl(db_path, io.StringIO(), since=10_000.0) == 0
+
+
+def test_declared_write_columns_match_the_migrations(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "cols.db")
+    migrate(conn)
+    declared = {"calls": store_mod.CALL_COLUMNS, "next_states": store_mod.NEXT_STATE_COLUMNS,
+                "feedback_events": store_mod.FEEDBACK_COLUMNS, "votes": store_mod.VOTE_COLUMNS,
+                "samples": store_mod.SAMPLE_VERDICT_COLUMNS, "train_steps": store_mod.TRAIN_STEP_COLUMNS,
+                "adapters": store_mod.ADAPTER_COLUMNS}
+    for table, columns in declared.items():
+        info = conn.execute(f"PRAGMA table_info({table})").fetchall()  # cid, name, type, notnull, default, pk
+        assert len(set(columns)) == len(columns), table
+        assert set(columns) <= {r[1] for r in info}, f"{table}: {set(columns) - {r[1] for r in info}} not in the schema"
+        if table != "samples":  # inserted: every required column must be written
+            required = {r[1] for r in info if r[3] and r[4] is None and not r[5]}
+            assert required <= set(columns), f"{table}: required {required - set(columns)} not written"
+    assert {r[1] for r in conn.execute("PRAGMA table_info(calls)")} == set(store_mod.CALL_COLUMNS)
+    conn.close()

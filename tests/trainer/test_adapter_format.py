@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from clawback import adapter_format as adapters
-from clawback.adapter_format import (AdapterError, install, list_versions, next_version, publish, read_files, resume,
+from clawback.adapter_format import (AdapterError, install, list_versions, publish, read_files, resume,
                                        validate)
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
@@ -67,7 +67,7 @@ def v1(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """A trained model, its optimizer, and its adapter published as <root>/v1."""
     model, opt, metrics = trained(tiny_model_dir)
     root = tmp_path_factory.mktemp("adapters")
-    path = publish(root, next_version(root), model, opt, meta(metrics, parent=None))
+    path = publish(root, 1, model, opt, meta(metrics, parent=None))
     return model, opt, path
 
 
@@ -134,7 +134,7 @@ def test_crash_before_the_rename_leaves_no_version_and_the_previous_one_intact(t
     partial = root / ".v2.x1y2.tmp"
     partial.mkdir()
     (partial / "adapter_model.safetensors").write_bytes(b"\x00" * 10)
-    assert list_versions(root) == [1] and next_version(root) == 2
+    assert list_versions(root) == [1]
     fresh_model, fresh_opt = fresh(tiny_model_dir)
     assert resume(fresh_model, fresh_opt, root)["version"] == 1
     assert not partial.exists()

@@ -15,18 +15,19 @@ from safetensors.torch import load
 
 from clawback.adapter_format import WEIGHTS, install, list_versions, validate
 from clawback.trainer.config import TrainConfig
+from clawback.trainer.step import Sample
 from clawback.trainer.worker import TrainerWorker
 
 CFG = TrainConfig(method="binary", lora_rank=4, lora_alpha=8, lr=1e-2)
 
 
 
-def batch(seed: int) -> list[dict]:
+def batch(seed: int) -> list[Sample]:
     g = torch.Generator().manual_seed(seed)
-    return [{"prompt_ids": torch.randint(3, 49152, (5,), generator=g).tolist(),
-             "response_ids": torch.randint(3, 49152, (4,), generator=g).tolist(),
-             "behaviour_logprobs": (-10 + torch.randn(4, generator=g)).tolist(),
-             "reward": 1.0 if i % 2 else -1.0} for i in range(2)]
+    return [Sample(prompt_ids=torch.randint(3, 49152, (5,), generator=g).tolist(),
+                   response_ids=torch.randint(3, 49152, (4,), generator=g).tolist(),
+                   behaviour_logprobs=(-10 + torch.randn(4, generator=g)).tolist(),
+                   reward=1.0 if i % 2 else -1.0) for i in range(2)]
 
 
 def test_train_returns_the_version_as_files_and_keeps_only_the_current_one(tiny_model_dir: Path):
@@ -34,10 +35,10 @@ def test_train_returns_the_version_as_files_and_keeps_only_the_current_one(tiny_
     assert w.root.is_dir() and list_versions(w.root) == []  # its own private dir
     first = w.train(batch(0), 1, {"samples": 2})
     second = w.train(batch(1), 2, {"samples": 2})
-    assert (first["parent"], second["parent"], second["node"]) == (None, 1, None)  # no Ray: no node
+    assert (first.parent, second.parent, second.node) == (None, 1, None)  # no Ray: no node
     assert list_versions(w.root) == [2]  # the daemon holds v1; the actor needs only where it stands
-    assert second["files"][WEIGHTS] == (w.root / "v2" / WEIGHTS).read_bytes()
-    assert load(second["files"][WEIGHTS]) and second["metrics"]["samples"] == 2
+    assert second.files[WEIGHTS] == (w.root / "v2" / WEIGHTS).read_bytes()
+    assert load(second.files[WEIGHTS]) and second.metrics["samples"] == 2
 
 
 def test_a_fresh_worker_resumes_from_files_it_never_had(tiny_model_dir: Path, tmp_path: Path):
@@ -45,14 +46,14 @@ def test_a_fresh_worker_resumes_from_files_it_never_had(tiny_model_dir: Path, tm
     a = TrainerWorker(str(tiny_model_dir), CFG)
     v1 = a.train(batch(0), 1, {})
     a.train(batch(1), 2, {})
-    a.resume(1, v1["files"])  # back to v1, which a no longer held
+    a.resume(1, v1.files)  # back to v1, which a no longer held
     b = TrainerWorker(str(tiny_model_dir), CFG)
-    assert b.resume(1, v1["files"]) == 1 and validate(b.root / "v1")["version"] == 1
+    assert b.resume(1, v1.files) == 1 and validate(b.root / "v1")["version"] == 1
     next_a, next_b = a.train(batch(2), 3, {}), b.train(batch(2), 3, {})
-    wa, wb = load(next_a["files"][WEIGHTS]), load(next_b["files"][WEIGHTS])
+    wa, wb = load(next_a.files[WEIGHTS]), load(next_b.files[WEIGHTS])
     for k in wa:  # same weights and optimizer state in, same step out
         torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=0)
-    daemon_side = install(tmp_path / "adapters", 3, next_b["files"])
+    daemon_side = install(tmp_path / "adapters", 3, next_b.files)
     assert validate(daemon_side)["parent"] == 1
 
 

@@ -1,0 +1,167 @@
+"""The records that flow between the steps: request → store → judge → sample → trainer → adapter.
+
+Frozen dataclasses, so a step cannot change what the step before it handed on, and Ray can ship
+them to the trainer as they are. Token ids and logprobs are plain lists here; the store keeps
+them as blobs (`clawback.daemon.store`).
+
+An adapter version is an `int` (None = the base model) everywhere inside; `"v{N}"` is its name
+only where it leaves: the engine's adapter names, the HTTP API and status pushes, and the TEXT
+columns that have always stored that name (`calls.adapter_version`, `samples.teacher_adapter`,
+`samples.consumed_version`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def version_name(version: int | None) -> str | None:
+    """`3` → `"v3"`: the name engines, the API and the store's TEXT columns use (None = base)."""
+    return None if version is None else f"v{version}"
+
+
+def parse_version(name: str | None) -> int | None:
+    """`"v3"` → `3` (None = base)."""
+    return None if name is None else int(name.removeprefix("v"))
+
+
+@dataclass(frozen=True)
+class Call:
+    """One served call, exactly as sampled."""
+
+    call_id: str
+    session_id: str
+    turn_id: str | None
+    request_id: str
+    turn_type: str  # main | side
+    state: str  # served | awaiting_next_state
+    created_at: float
+    finished_at: float
+    model: str
+    adapter_version: int | None
+    request: dict[str, Any]  # the OpenAI request body as received
+    prompt_text: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]  # temperature-1 logprobs of response_ids
+    response_text: str
+    tool_calls: list[dict[str, Any]] | None
+    finish_reason: str
+    timings: dict[str, float] = field(default_factory=dict)
+    # Logprob of each token under the distribution it was drawn from (temperature, top-p): the
+    # importance-weight reference. None: greedy, or the engine cannot report it.
+    sampling_logprobs: list[float] | None = None
+    top_ids: list[list[int]] | None = None  # T x K: the policy's K most likely tokens per position
+    top_logprobs: list[list[float]] | None = None  # T x K, temperature 1
+
+
+@dataclass(frozen=True)
+class Feedback:
+    kind: str  # thumbs_up | thumbs_down | correction | comment
+    text: str | None
+    received_at: float
+
+
+@dataclass(frozen=True)
+class SampleInputs:
+    """Everything the judge and the teacher need for one call's sample, read from the store."""
+
+    call_id: str
+    revision: int  # bumped by every new signal; a result for an older revision is not written
+    state: str
+    session_id: str
+    adapter_version: int | None
+    request: dict[str, Any]
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    response_text: str
+    next_state: list[dict[str, Any]] | None
+    feedback: tuple[Feedback, ...]
+    finish_reason: str | None = None
+    top_ids: list[list[int]] | None = None  # recorded at serve time, for the teacher to score (top-K OPD)
+
+
+@dataclass(frozen=True)
+class VoteRecord:
+    """One judge vote, kept whatever became of the sample."""
+
+    kind: Literal["prm", "hint"]
+    backend: str
+    prompt_version: str
+    score: int | None  # None = a failed vote
+    hint: str | None
+    raw: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class JudgedSample:
+    """The sample pipeline's verdict on one sample: `ready` for training or `dropped(reason)`.
+
+    Its fields other than `call_id`, `revision` and `votes` are the `samples` columns it sets."""
+
+    call_id: str
+    revision: int
+    state: Literal["ready", "dropped"]
+    reason: str | None = None
+    method: str | None = None
+    reward: float | None = None
+    reward_source: str | None = None  # explicit | judge | none
+    judge_score: int | None = None
+    hint: str | None = None
+    hint_source: str | None = None  # correction | next_state | correction_raw
+    correction: str | None = None
+    teacher: str | None = None  # self | base
+    teacher_adapter: int | None = None
+    teacher_messages: list[dict[str, Any]] | None = None
+    teacher_prompt_ids: list[int] | None = None
+    teacher_logprobs: list[float] | None = None
+    teacher_top_logprobs: list[list[float]] | None = None  # T x K: the teacher's logprobs of calls.top_ids
+    votes: tuple[VoteRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReadySample:
+    """A sample the trainer can use; the shape `trainer.step.train_step` reads."""
+
+    call_id: str
+    reward: float
+    adapter_version: int | None  # the version that served it (staleness)
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    teacher_logprobs: list[float] | None
+    sampling_logprobs: list[float] | None = None  # the importance-weight reference (see Call)
+    # Top-K OPD, T x K each: the policy's K most likely ids at serve time, their behaviour
+    # (temperature-1) logprobs, and the teacher's logprobs of the same ids. All three or none.
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+    teacher_top_logprobs: list[list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What the trainer worker returns for one step: the new version's files travel as bytes."""
+
+    version: int
+    parent: int | None
+    node: str | None  # the Ray node it trained on (None outside Ray)
+    metrics: dict[str, float]
+    files: dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step as the store records it (`train_steps`, and `adapters` when a version exists)."""
+
+    version: int
+    parent: int | None
+    started_at: float
+    method: str
+    call_ids: tuple[str, ...]
+    outcome: Literal["committed", "failed"]
+    path: str | None = None
+    error: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
