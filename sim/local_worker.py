@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from clawback.trainer.config import TrainConfig
+from clawback.trainer.worker import TrainerWorker  # at import: a cell runs the code its stamp hashed
 
 
 class InThreadActor:
@@ -56,8 +57,6 @@ def _trim() -> None:
 
 def local_worker_starter(model_dir: str, cfg: TrainConfig, threads: int) -> Callable[[], Any]:
     def start() -> InThreadActor:  # blocking (model load): TrainingLoop runs it in a thread
-        from clawback.trainer.worker import TrainerWorker
-
         # No adapters dir, as for the Ray actor: the worker keeps its own and versions reach the
         # daemon's dir as bytes (the same path as with a remote trainer).
         return InThreadActor(TrainerWorker(model_dir, cfg, None, "cpu", threads))
