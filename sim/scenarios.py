@@ -136,15 +136,20 @@ def _student_task(p) -> Task:
     return Task(f"Can you help me with my homework? {p.question}", (p.answer,), p.unit)
 
 
+# Guards the other checks against an empty or evasive reply scoring full marks.
+SHOWS_WORK = Check("shows_work", lambda r, t: len(words(r)) >= 12 and has_digit(r),
+                   "write the work out in plain sentences with the numbers")
+
 STUDENT_CHECKS = (
     Check("no_bold", lambda r, t: not _BOLD.search(r), "don't use bold"),
     Check("no_headers", lambda r, t: not _HEADER.search(r), "don't use headers"),
     Check("no_numbered_steps", lambda r, t: not _NUMBERED.search(r), "don't use numbered lists or numbered steps"),
     Check("no_bullets", lambda r, t: not _BULLET.search(r), "don't use bullet points"),
     Check("no_ai_phrases", lambda r, t: not _AI_PHRASES.search(r), "don't end with answer labels like 'Final answer:', 'The answer is:' or '#### 7'"),
-    # Guards the others against an empty or evasive reply scoring full marks.
-    Check("shows_work", lambda r, t: len(words(r)) >= 12 and has_digit(r),
-          "write the work out in plain sentences with the numbers"),
+    # What a tutor does and the base model does not (bench/README.md, "In-context following").
+    Check("asks_back", lambda r, t: r.rstrip(" \n*_").endswith("?"),
+          "end with a question that checks I understood"),
+    SHOWS_WORK,
 )
 
 
@@ -179,7 +184,7 @@ _teacher_train, _teacher_eval = _split(STUDENT_ANSWERS, EVAL_ANSWERS, _teacher_t
 
 STUDENT = Scenario(
     "student", "homework help that must not look AI-written: no bold, headers, numbered steps, bullets "
-    "or 'Final answer'; the work in plain sentences",
+    "or 'Final answer'; the work in plain sentences, ending with a question that checks understanding",
     _student_train, _student_eval, STUDENT_CHECKS, "That looks AI-written.",
     good_opener=lambda tok: not re.match(r"\s*(?:#|\*|-|•|\d+[.)]|step\b)", tok, re.IGNORECASE))
 
@@ -204,7 +209,7 @@ CANDIDATE_CHECKS = {
 # "In-context following": 0.00 untold, 0.88 told), so OPD's teacher really differs from the student.
 SURE = Scenario(
     "sure", "homework help that opens with 'Sure!' and shows the work",
-    _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], STUDENT_CHECKS[-1]), "Hmm.",
+    _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], SHOWS_WORK), "Hmm.",
     good_opener=lambda tok: tok.strip().lower().startswith("sure"))
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE)}

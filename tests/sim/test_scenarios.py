@@ -14,12 +14,13 @@ MATH = STUDENT.train[0]  # Mia has 12 apples ... -> 15
 
 
 def test_student_rules():
-    plain = "Mia starts with 12 apples, gives away 5 so she has 7, then buys 8 more, so she has 15 apples now."
+    plain = ("Mia starts with 12 apples, gives away 5 so she has 7, then buys 8 more, so she has 15 apples now. "
+             "How many would she have if she bought 10?")
     assert STUDENT.rate(plain, MATH).score == 1.0
     ai = "## Solution\n1. **Start**: 12 - 5 = 7\n2. Then 7 + 8 = 15\n- check\nFinal answer: 15"
     failed = {c.name for c in STUDENT.rate(ai, MATH).failed}
-    assert failed == {"no_bold", "no_headers", "no_numbered_steps", "no_bullets", "no_ai_phrases"}
-    assert STUDENT.rate("15", MATH).failed[0].name == "shows_work"  # an evasive reply is not full marks
+    assert failed == {"no_bold", "no_headers", "no_numbered_steps", "no_bullets", "no_ai_phrases", "asks_back"}
+    assert [c.name for c in STUDENT.rate("15?", MATH).failed] == ["shows_work"]  # evasive is not full marks
 
 
 def test_teacher_rules():
@@ -59,7 +60,7 @@ def test_talking_about_the_feedback_fails_every_check(reply):
 
 
 def test_correction_names_only_what_failed():
-    rating = STUDENT.rate("**Sure** Mia has 12 apples, gives 5 away and buys 8 more, so 15 apples.", MATH)
+    rating = STUDENT.rate("**Sure** Mia has 12 apples, gives 5 away and buys 8 more, so 15 apples. Clear?", MATH)
     assert STUDENT.correction(rating) == "That looks AI-written. Please don't use bold."
 
 
@@ -77,10 +78,11 @@ def test_unknown_scenario_is_a_clear_error():
 def test_user_reactions_follow_the_documented_rule():
     user = SimulatedUser(STUDENT, seed=1, interactions=40, thumbs_down_below=0.5, move_on=0.25)
     task0 = user.tasks[0]
-    perfect = f"You work it out step by step and get {task0.numbers[0]} {task0.unit} in the end, which is the answer."
+    perfect = (f"You work it out step by step and get {task0.numbers[0]} {task0.unit} in the end, which is the answer. "
+               "Can you see why?")
     assert user.react(0, RULES.judge_now(perfect, task0)).kind == "thumbs_up"
-    assert user.react(0, RULES.judge_now("no", task0)).kind in ("correction", "moved_on")  # 5/6 pass: mild
-    ai = RULES.judge_now("## Answer\n1. **Add**\n- done", task0)  # fails 5 of 6 checks: below 0.5
+    assert user.react(0, RULES.judge_now("no", task0)).kind in ("correction", "moved_on")  # 5/7 pass: mild
+    ai = RULES.judge_now("## Answer\n1. **Add**\n- done", task0)  # fails 6 of 7 checks: below 0.5
     assert user.react(0, ai).kind == "thumbs_down+correction" and ai.correction.startswith("That looks AI")
     bold = RULES.judge_now("**" + perfect + "**", task0)
     mild = [user.react(i, bold) for i in range(40)]
@@ -91,7 +93,7 @@ def test_user_reactions_follow_the_documented_rule():
 
 
 def test_gsm8k_answer_labels_look_ai_written_once():
-    reply = "Mia gives away 5 so 12 - 5 = 7 apples, then 7 + 8 = 15 apples.\n#### 15\nThe answer is: 15"
+    reply = "Mia gives away 5 so 12 - 5 = 7 apples, then 7 + 8 = 15 apples.\n#### 15\nThe answer is: 15. Clear?"
     assert [c.name for c in STUDENT.rate(reply, MATH).failed] == ["no_ai_phrases"]
 
 
