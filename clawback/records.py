@@ -119,6 +119,10 @@ class JudgedSample:
     teacher_prompt_ids: list[int] | None = None
     teacher_logprobs: list[float] | None = None
     teacher_top_logprobs: list[list[float]] | None = None  # T x K: the teacher's logprobs of calls.top_ids
+    # Positive evidence: the teacher's own reply under the hint, and the policy's logprobs of it
+    # in the original context (the sample's prompt, no hint).
+    evidence_ids: list[int] | None = None
+    evidence_logprobs: list[float] | None = None
     votes: tuple[VoteRecord, ...] = ()
 
 
@@ -139,6 +143,8 @@ class ReadySample:
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
     teacher_top_logprobs: list[list[float]] | None = None
+    evidence_ids: list[int] | None = None  # see JudgedSample
+    evidence_logprobs: list[float] | None = None
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     opd_top_k: int = Field(4, ge=0, le=20)
     opd_clip: float = Field(1.0, gt=0)
     kl_coef: float = Field(0.0, ge=0)  # KL-to-base anchor per token (trainer/config.py), logged per step as "kl"
+    # Positive evidence (opd, combined): > 0 also distils the teacher's own hinted reply into the
+    # policy with this advantage per token (trainer/config.py evidence_weight); 0 = off.
+    evidence_weight: float = Field(0.0, ge=0)
     keep_versions: int = Field(5, ge=1)  # retention: the newest K good versions, plus pinned and live
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
     layout: Layout = Field(default_factory=Layout)  # [layout]: where engine, judge and trainer run (daemon/layout.py)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
 
 from clawback.chat import ChatRenderer, ChatRequest, append_text
-from clawback.engine import Engine, EngineError
+from clawback.engine import Engine, EngineError, Sampling
 from clawback.judge.backends import JudgeBackend
 from clawback.judge.prm import Vote, judge_hint, judge_prm
 from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, version_name
@@ -65,6 +65,9 @@ class SignalConfig:
     count_zero_signal: bool = False
     hint_template: Literal["instruction", "hint"] = "instruction"
     hint_placement: Literal["user", "system"] = "user"
+    # Positive evidence: also generate the teacher's own (greedy) reply under the hint, so that a
+    # preference the policy never samples can still be learned (trained as weighted distillation).
+    positive_evidence: bool = False
 
 
 def explicit_reward(feedback: Sequence[Feedback]) -> float | None:
@@ -235,8 +238,24 @@ class SamplePipeline:
                 top = await self.engine.score_candidates(prompt_ids, inp.response_ids, inp.top_ids, adapter)
             except EngineError as e:  # e.g. a model server: the sample trains token-level OPD
                 log.debug("no top-K teacher for %s: %s", inp.call_id, e)
-        return replace(sample, teacher_adapter=inp.adapter_version if adapter else None, teacher_messages=msgs,
-                       teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top)
+        sample = replace(sample, teacher_adapter=inp.adapter_version if adapter else None, teacher_messages=msgs,
+                         teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top)
+        return await self._evidence(inp, prompt_ids, adapter, sample) if self.cfg.positive_evidence else sample
+
+    async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], adapter: str | None,
+                        sample: JudgedSample) -> JudgedSample:
+        """The teacher's own greedy reply under the hinted context and the policy's logprobs of it
+        in the original context; none when that reply is degenerate (cut, empty, a loop)."""
+        room = self.engine.info.context_length - max(len(prompt_ids), len(inp.prompt_ids))
+        budget = min(2 * len(inp.response_ids) + 32, room)
+        if budget <= 0:
+            return sample
+        stops = self.engine.info.eos_token_ids
+        sampling = Sampling(temperature=0.0, max_tokens=budget, stop_token_ids=stops)
+        ids = [t.id async for t in self.engine.generate(prompt_ids, sampling, adapter, background=True)]
+        if degenerate(ids, "stop" if ids and ids[-1] in stops else "length") is not None:
+            return sample
+        return replace(sample, evidence_ids=ids, evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, adapter))
 
     async def _write(self, sample: JudgedSample, votes: list[VoteRecord]) -> bool:
         return await self.store.write_sample(replace(sample, votes=tuple(votes)))

@@ -70,7 +70,8 @@ def train_config(settings: Settings, preset_name: str | None = None, **overrides
     values = dict(method=settings.method, lr=settings.lr, lora_rank=settings.lora_rank,
                   lora_alpha=settings.lora_alpha, batch_size=settings.batch_size,
                   micro_batch_tokens=settings.micro_batch_tokens, max_staleness=settings.max_staleness,
-                  opd_top_k=settings.opd_top_k, opd_clip=settings.opd_clip, kl_coef=settings.kl_coef)
+                  opd_top_k=settings.opd_top_k, opd_clip=settings.opd_clip, kl_coef=settings.kl_coef,
+                  evidence_weight=settings.evidence_weight)
     return preset(preset_name or settings.method, **{**values, **overrides})
 
 
@@ -116,7 +117,7 @@ def _sample_pipeline(settings: Settings, state: AppState, tokenizer: Any) -> Any
                        judge_timeout_s=settings.judge_timeout_s, judge_retries=settings.judge_retries,
                        concurrency=settings.judge_concurrency, judge_context=settings.judge_context,
                        count_zero_signal=settings.count_zero_signal, hint_template=settings.hint_template,
-                       hint_placement=settings.hint_placement)
+                       hint_placement=settings.hint_placement, positive_evidence=settings.evidence_weight > 0)
 
     def on_ready(sample: dict[str, Any]) -> None:
         state.hub.broadcast({"type": "sample_ready", **sample})

@@ -607,6 +607,10 @@ class Store:
             values["teacher_logprobs"] = logprobs_blob(sample.teacher_logprobs)
         if sample.teacher_top_logprobs is not None:
             values["teacher_top_logprobs"] = logprobs_blob(sample.teacher_top_logprobs)
+        if sample.evidence_ids is not None:
+            values["evidence_ids"] = ids_blob(sample.evidence_ids)
+        if sample.evidence_logprobs is not None:
+            values["evidence_logprobs"] = logprobs_blob(sample.evidence_logprobs)
         assignments = ", ".join(f"{k} = ?" for k in values)
         cur = self._conn.execute(
             f"UPDATE samples SET {assignments}, updated_at = ? "
@@ -717,7 +721,8 @@ class Store:
 
         def q(c: sqlite3.Connection) -> list[ReadySample]:
             rows = c.execute(
-                "SELECT s.call_id, s.reward, s.teacher_logprobs, s.teacher_top_logprobs, c.prompt_ids, c.response_ids, "
+                "SELECT s.call_id, s.reward, s.teacher_logprobs, s.teacher_top_logprobs, s.evidence_ids, "
+                "s.evidence_logprobs, c.prompt_ids, c.response_ids, "
                 "c.behaviour_logprobs, c.sampling_logprobs, c.top_ids, c.top_logprobs, c.adapter_version "
                 "FROM samples s JOIN calls c USING (call_id) "
                 "WHERE s.state = 'ready' ORDER BY s.updated_at LIMIT ?", (limit,)).fetchall()
@@ -735,6 +740,8 @@ class Store:
                     top_ids=blob_rows(blob_ids, r["top_ids"], T) if topk else None,
                     top_logprobs=blob_rows(blob_logprobs, r["top_logprobs"], T) if topk else None,
                     teacher_top_logprobs=blob_rows(blob_logprobs, r["teacher_top_logprobs"], T) if topk else None,
+                    evidence_ids=_opt(blob_ids, r["evidence_ids"]),
+                    evidence_logprobs=_opt(blob_logprobs, r["evidence_logprobs"]),
                 ))
             return out
 

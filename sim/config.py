@@ -33,6 +33,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("binary", {"method": "binary"}, "binary"),
     Method("opd", {"method": "opd"}, "opd"),  # top-K OPD (opd_top_k = 4)
     Method("opd_token", {"method": "opd", "opd_top_k": 0}, "opd"),  # OPD on the sampled token only
+    # Top-K OPD plus the teacher's own hinted reply as positive evidence (advantage 1 per token).
+    Method("opd_evidence", {"method": "opd", "evidence_weight": 1.0}, "opd"),
     Method("combined", {"method": "combined"}, "combined"),  # top-K, without memory
     # The original OpenClaw-RL recipe (reference seed-openclaw-rl.md §2-§3): combined advantage,
     # teacher = the frozen base model + hint, a judge that sees only the reply and the next state,

@@ -34,6 +34,11 @@ class TrainConfig:
     # 0 = token-level OPD: A_t = w_opd·(teacher_t − behaviour_t) on the sampled token, unclipped.
     opd_top_k: int = 4
     opd_clip: float = 1.0
+    # Positive evidence (opd, combined): a sample that carries the teacher's own reply under the
+    # hint adds that reply as one more row of the batch, in the sample's original context, with
+    # A_t = evidence_weight on every token (weighted distillation of the teacher's reply; its
+    # behaviour logprobs are the policy's own, so the importance weight is 1). 0 = off.
+    evidence_weight: float = 0.0
 
     # PPO clipped surrogate on ratio = exp(logp_new − logp_old), clipped to [1−clip_low, 1+clip_high].
     clip_low: float = 0.2
@@ -81,8 +86,8 @@ class TrainConfig:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
         if self.tis_cap is not None and self.tis_cap < 1:
             raise ValueError("tis_cap must be >= 1 (or None to disable)")
-        if self.opd_top_k < 0 or self.opd_clip <= 0:
-            raise ValueError("need opd_top_k >= 0 and opd_clip > 0")
+        if self.opd_top_k < 0 or self.opd_clip <= 0 or self.evidence_weight < 0:
+            raise ValueError("need opd_top_k >= 0, opd_clip > 0 and evidence_weight >= 0")
         if self.lora_rank < 1 or self.batch_size < 1 or self.micro_batch_tokens < 1:
             raise ValueError("lora_rank, batch_size and micro_batch_tokens must be positive")
 

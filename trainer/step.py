@@ -46,6 +46,23 @@ class Sample:
     top_ids: Sequence[Sequence[int]] | None = None
     top_logprobs: Sequence[Sequence[float]] | None = None
     teacher_top_logprobs: Sequence[Sequence[float]] | None = None
+    # Positive evidence: the teacher's own reply under the hint and the policy's logprobs of it
+    # (no hint); `with_evidence` turns it into a row of its own. `bonus` is that row's advantage.
+    evidence_ids: Sequence[int] | None = None
+    evidence_logprobs: Sequence[float] | None = None
+    bonus: float = 0.0
+
+
+def with_evidence(samples: Sequence[TrainSample], weight: float) -> list[Any]:
+    """The samples plus, for each that carries positive evidence, a row of the teacher's reply in
+    the sample's own context with advantage `weight` on every token (no OPD term, no reward)."""
+    out: list[Any] = list(samples)
+    if weight > 0:
+        for s in samples:
+            ids, lps = getattr(s, "evidence_ids", None), getattr(s, "evidence_logprobs", None)
+            if ids and lps and len(ids) == len(lps):
+                out.append(Sample(s.prompt_ids, ids, lps, 0.0, lps, bonus=weight))
+    return out
 
 
 def make_lora_model(base_model: torch.nn.Module, cfg: TrainConfig) -> Any:
@@ -164,6 +181,7 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
         "top_teacher_B_T_K": top_teacher_B_T_K,
         "topk_B": topk_B,
         "reward_B": torch.tensor([float(s.reward) for s in samples]),
+        "bonus_B": torch.tensor([float(getattr(s, "bonus", 0.0)) for s in samples]),
     }
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -237,13 +255,16 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
 
     Metrics: loss, clip_low, clip_high, clip_frac, ratio, tis, adv, drift, entropy, kl (only when
     kl_coef > 0: it needs a reference pass), grad_norm, response_len, reward_mean, reward_pos,
-    reward_neg, samples, tokens, pad_frac, micro_batches, step_time_s, tokens_per_s.
+    reward_neg, samples, evidence_rows (positive evidence), tokens, pad_frac, micro_batches, step_time_s,
+    tokens_per_s.
     Raises FloatingPointError, with the model and optimizer untouched, if the gradient is not finite.
     """
     _check(samples, cfg)
     t0 = time.perf_counter()
     device = next(p for p in model.parameters() if p.requires_grad).device
     w_binary, w_opd = cfg.advantage_weights
+    given = samples
+    samples = with_evidence(samples, cfg.evidence_weight if w_opd else 0.0)
     n = len(samples)
     groups = micro_batches(samples, cfg.micro_batch_tokens)
     loss_sum = torch.zeros((), device=device)
@@ -263,7 +284,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
                 model, batch, entropy_grad=bool(cfg.entropy_coef), top_k=use_topk)
             adv_B_T = advantages(
                 batch["reward_B"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
-                w_binary=w_binary, w_opd=w_opd,
+                w_binary=w_binary, w_opd=w_opd, bonus_B=batch["bonus_B"] if w_opd else None,
             )
             topk_B_T = None
             if use_topk:
@@ -302,17 +323,18 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     n_resp = sum(len(s.response_ids) for s in samples)
     n_tokens = n_resp + sum(len(s.prompt_ids) for s in samples)
     padded = sum(len(g) * (max(len(s.prompt_ids) for s in g) + max(len(s.response_ids) for s in g)) for g in groups)
-    rewards = [float(s.reward) for s in samples]
+    rewards = [float(s.reward) for s in given]
     metrics = {name: float(v) / n_resp for name, v in metric_sums.items()}  # float() waits for the device
     metrics.update(
         loss=float(loss_sum),
         clip_frac=metrics["clip_low"] + metrics["clip_high"],
         grad_norm=float(grad_norm),
         response_len=n_resp / n,
-        reward_mean=sum(rewards) / n,
-        reward_pos=sum(r > 0 for r in rewards) / n,
-        reward_neg=sum(r < 0 for r in rewards) / n,
-        samples=n,
+        reward_mean=sum(rewards) / len(given),
+        reward_pos=sum(r > 0 for r in rewards) / len(given),
+        reward_neg=sum(r < 0 for r in rewards) / len(given),
+        samples=len(given),
+        evidence_rows=n - len(given),
         tokens=n_tokens,  # real prompt + response tokens, padding excluded
         pad_frac=1.0 - n_tokens / padded,
         micro_batches=len(groups),

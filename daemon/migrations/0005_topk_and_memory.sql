@@ -1,10 +1,12 @@
 -- The policy's top-K tokens per response position (top-K OPD), the sampling distribution's
 -- logprobs (importance weights against what was really sampled), the teacher's logprobs of the
--- top-K, and the person's preference notes.
+-- top-K, the teacher's own hinted reply (positive evidence), and the person's preference notes.
 ALTER TABLE calls ADD COLUMN sampling_logprobs BLOB;     -- float32 per response token: logprob under the distribution it was drawn from (temperature, top-p); NULL = greedy
 ALTER TABLE calls ADD COLUMN top_ids BLOB;               -- int32 T x K: the policy's K most likely tokens at each response position
 ALTER TABLE calls ADD COLUMN top_logprobs BLOB;          -- float32 T x K: their temperature-1 logprobs
 ALTER TABLE samples ADD COLUMN teacher_top_logprobs BLOB; -- float32 T x K: the teacher's logprobs of calls.top_ids
+ALTER TABLE samples ADD COLUMN evidence_ids BLOB;         -- int32: the teacher's own reply under the hint (positive evidence)
+ALTER TABLE samples ADD COLUMN evidence_logprobs BLOB;    -- float32: the policy's logprobs of evidence_ids without the hint
 
 CREATE TABLE memory_notes (
     note_id     INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -207,6 +207,39 @@ def test_correction_is_distilled_into_a_hint_with_teacher_logprobs(store, engine
             assert ready.teacher_top_logprobs[t][ids.index(tok)] == pytest.approx(teacher[t], abs=1e-4)
 
 
+def test_positive_evidence_is_the_teachers_own_reply_scored_without_the_hint(ending_model_dir, tmp_path):
+    """On a model that ends its replies (a random one never does, and a cut reply is no evidence):
+    the teacher's greedy reply under the hint is stored with the policy's logprobs of it in the
+    original context."""
+    from transformers import AutoTokenizer
+
+    from clawback.engine import Sampling
+
+    engine = EmbeddedEngine(ending_model_dir)
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(ending_model_dir)))
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        call_id = served_call(store, renderer, engine, None)
+        feedback(store, "correction", "Shorter please.")
+        drain(pipe(store, engine, renderer, None, method="opd", positive_evidence=True))
+        ready, = store.ready_samples(10)
+        msgs = json.loads(sample_row(store, call_id)["teacher_messages"])
+        _, hinted = renderer.render(ChatRequest.model_validate({**REQUEST, "messages": msgs}))
+        sampling = Sampling(temperature=0.0, max_tokens=2 * len(ready.response_ids) + 32,
+                            stop_token_ids=engine.info.eos_token_ids)
+
+        async def greedy():
+            return [t.id async for t in engine.generate(hinted, sampling)]
+
+        ids = asyncio.run(greedy())
+        assert ids[-1] in engine.info.eos_token_ids and ready.evidence_ids == ids
+        expected = asyncio.run(engine.score(ready.prompt_ids, ids))
+        assert ready.evidence_logprobs == pytest.approx(expected, abs=1e-4)
+    finally:
+        store.close()
+        asyncio.run(engine.close())
+
+
 def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, renderer):
     """v9 served the call but is not loaded any more: the sample gets no teacher (recorded), rather
     than being scored by whichever version is live."""

@@ -24,6 +24,7 @@ def test_seed_is_the_original_recipe_as_settings_values():
     combined = cfg.train_config(METHODS["combined"], seed=2)
     assert (combined.lr, combined.tis_cap, combined.opd_top_k, combined.opd_clip) == (3e-4, 2.0, 4, 1.0)
     assert SimConfig(kl_coef=0.05).train_config(METHODS["binary"], seed=1).kl_coef == 0.05
+    assert cfg.train_config(METHODS["opd_evidence"], seed=1).evidence_weight == 1.0
     assert not METHODS["none"].trains and not METHODS["memory"].trains
     assert Settings(**cfg.settings_for(METHODS["memory"]), no_auth=True).memory
     assert not Settings(**cfg.settings_for(METHODS["combined"]), no_auth=True).memory
@@ -31,7 +32,8 @@ def test_seed_is_the_original_recipe_as_settings_values():
 
 
 def test_method_lists():
-    assert parse_methods("all") == ("none", "default", "memory", "binary", "opd", "opd_token", "combined", "seed")
+    assert parse_methods("all") == ("none", "default", "memory", "binary", "opd", "opd_token", "opd_evidence",
+                                     "combined", "seed")
     assert parse_methods("combined, binary,combined") == ("combined", "binary")
     with pytest.raises(ValueError, match="unknown method"):
         parse_methods("")

@@ -209,6 +209,26 @@ def test_topk_opd_raises_a_token_the_student_did_not_sample():
     assert moved[4] > 0.5 and abs(moved[0]) < 1e-3, moved
 
 
+def test_positive_evidence_teaches_the_teachers_reply():
+    """A sample carrying the teacher's own reply adds it as a row with advantage evidence_weight:
+    its tokens gain; with the weight at 0 the same samples leave them where they were."""
+    P = prompts()
+    moved = {}
+    for weight in (1.0, 0.0):
+        cfg = TrainConfig(method="opd", lora_rank=8, lora_alpha=16, lr=1e-2, opd_top_k=0, evidence_weight=weight)
+        model, opt = tiny_policy(cfg)
+        with torch.no_grad():
+            logp_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+        start = float(logp_B_V[:, TARGET].mean())
+        samples = [Sample(P[i].tolist(), [8], [float(logp_B_V[i, 8])], 0.0, [float(logp_B_V[i, 8])],
+                          evidence_ids=[TARGET], evidence_logprobs=[float(logp_B_V[i, TARGET])]) for i in range(N)]
+        for _ in range(5):
+            m = train_step(model, opt, samples, cfg)
+        moved[weight] = first_token_logp(model, P, TARGET) - start
+        assert m["samples"] == N and m["evidence_rows"] == (N if weight else 0)
+    assert moved[1.0] > 0.5 and abs(moved[0.0]) < 1e-3, moved
+
+
 def test_kl_anchor_from_clawback_toml_is_logged_and_non_zero(tmp_path):
     """kl_coef set in clawback.toml reaches the trainer, and every step logs the KL to the base
     model: non-zero once the adapter has moved."""
