@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
 
 from clawback.chat import ChatRenderer, ChatRequest, append_text
 from clawback.engine import Engine, EngineError, Sampling
 from clawback.judge.backends import JudgeBackend
-from clawback.judge.prm import Vote, judge_hint, judge_prm
+from clawback.judge.prm import Vote, candidate_hints, judge_hint, judge_prm
 from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, version_name
 
 from .store import Store
@@ -200,6 +201,9 @@ class SamplePipeline:
                 hv = await judge_hint(backend, messages, response, hint_evidence, **judge_kw)
                 votes += _vote_records("hint", backend.name, hv.votes)
                 hint, source = hv.hint, ("correction" if correction else "next_state")
+                candidates = candidate_hints(hv.votes)
+                if len(candidates) > 1 and inp.top_ids:
+                    hint = await self._closest_hint(inp, candidates, hint)
             if hint is None and correction:  # the person's own words are the best hint we have
                 hint, source = correction[:MAX_RAW_HINT_CHARS], "correction_raw"
             if hint is not None:
@@ -213,6 +217,24 @@ class SamplePipeline:
         if await self._write(sample, votes) and keep:
             self.on_ready({"call_id": call_id, "session_id": inp.session_id, "reward": reward,
                            "reward_source": reward_source, "hint": sample.hint is not None})
+
+    async def _closest_hint(self, inp: SampleInputs, candidates: list[str], default: str | None) -> str | None:
+        """Of several judge hints, the one under which the teacher puts the most probability on
+        the student's recorded top-K tokens (mean over positions): the hint whose teacher stays
+        closest to what the student does, so the distillation signal stays on the student's support."""
+        adapter = version_name(inp.adapter_version) if self.cfg.teacher == "self" else None
+        best, best_mass = candidates[0], -1.0
+        for hint in candidates:
+            msgs = teacher_messages(inp.request["messages"], hint, self.cfg.hint_template, self.cfg.hint_placement)
+            _, ids = await asyncio.to_thread(self.renderer.render, ChatRequest.model_validate({**inp.request, "messages": msgs}))
+            try:
+                rows = await self.engine.score_candidates(ids, inp.response_ids, inp.top_ids or [], adapter)
+            except EngineError:  # cannot compare (a model server, a version unloaded): the judge's pick
+                return default
+            mass = sum(sum(math.exp(lp) for lp in row) for row in rows) / max(len(rows), 1)
+            if mass > best_mass:
+                best, best_mass = hint, mass
+        return best
 
     async def _teacher(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
         """The sample with the teacher logprobs of the exact stored response ids under the hinted

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sqlite3
 import time
 import uuid
@@ -26,16 +27,18 @@ class ScriptedJudge:
 
     name = "scripted"
 
-    def __init__(self, prm: list[str] | str = "ok \\boxed{1}", hint: str = "\\boxed{-1}", delay: float = 0.0) -> None:
+    def __init__(self, prm: list[str] | str = "ok \\boxed{1}", hint: list[str] | str = "\\boxed{-1}",
+                 delay: float = 0.0) -> None:
         self.prm = [prm] if isinstance(prm, str) else list(prm)
-        self.hint, self.delay = hint, delay
+        self.hints = [hint] if isinstance(hint, str) else list(hint)
+        self.delay = delay
         self.calls = {"prm": 0, "hint": 0}
 
     async def complete(self, messages, *, temperature, max_tokens, seed=None) -> str:
         await asyncio.sleep(self.delay)
         if "[HINT_START]" in messages[0]["content"]:
             self.calls["hint"] += 1
-            return self.hint
+            return self.hints[(self.calls["hint"] - 1) % len(self.hints)]
         i = self.calls["prm"]
         self.calls["prm"] += 1
         return self.prm[i % len(self.prm)]
@@ -238,6 +241,32 @@ def test_positive_evidence_is_the_teachers_own_reply_scored_without_the_hint(end
     finally:
         store.close()
         asyncio.run(engine.close())
+
+
+def test_of_several_judge_hints_the_one_closest_to_the_students_top_k_is_used(store, engine, renderer):
+    """Three judge votes give three hints; the pipeline keeps the one under which the teacher puts
+    the most probability on the student's recorded top-4, which here is not the longest one (the
+    pick without top-K)."""
+    call_id = served_call(store, renderer, engine, None)
+    def mass(hint: str, inp) -> float:
+        msgs = teacher_messages(REQUEST["messages"], hint, "instruction", "user")
+        _, ids = renderer.render(ChatRequest.model_validate({**REQUEST, "messages": msgs}))
+        rows = asyncio.run(engine.score_candidates(ids, inp.response_ids, inp.top_ids))
+        return sum(sum(math.exp(x) for x in r) for r in rows)
+
+    feedback(store, "correction", "Please be brief.")
+    inp = store.sample_inputs(call_id)
+    base = ["Answer in one plain short sentence.", "Mention clouds and rain drops.", "Be friendly, give an example."]
+    for pad in ("", " Thanks.", " Thanks a lot.", " Please do that every time."):
+        hints = [base[0] + pad + " And keep it simple for a child to follow.", *base[1:]]  # hints[0] is the longest
+        masses = {h: mass(h, inp) for h in hints}
+        if max(masses, key=masses.get) != hints[0]:
+            break
+    else:
+        pytest.fail(f"could not build hints whose longest is not the closest: {masses}")
+    judge = ScriptedJudge(hint=[f"\\boxed{{1}} [HINT_START]{h}[HINT_END]" for h in hints])
+    drain(pipe(store, engine, renderer, judge, method="opd"))
+    assert sample_row(store, call_id)["hint"] == max(masses, key=masses.get)
 
 
 def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, renderer):
