@@ -52,6 +52,9 @@ class EngineError(RuntimeError):
 class Engine(Protocol):
     info: ModelInfo
 
+    async def start(self) -> None:
+        """Launch or reach the model server (vLLM, SGLang); the embedded engine has nothing to do."""
+
     def generate(
         self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None, *, background: bool = False
     ) -> AsyncIterator[Token]:
@@ -81,7 +84,10 @@ class Engine(Protocol):
     def active_version(self) -> str | None: ...
 
     def loaded_versions(self) -> list[str]:
-        """Versions loaded and not being unloaded."""
+        """Adapter versions loaded and not being retired."""
+
+    def running(self) -> int:
+        """Generations under way."""
 
     async def close(self) -> None: ...
 

@@ -72,7 +72,7 @@ class AdapterManager:
     async def load(self, version: int, path: str) -> None:
         """Validate and load a version without routing anything to it."""
         name = version_name(version)
-        if name in getattr(self.engine, "loaded_versions", lambda: [])():
+        if name in self.engine.loaded_versions():
             return
         try:
             await asyncio.to_thread(validate, path)

@@ -17,7 +17,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -34,6 +34,11 @@ from .config import Settings
 from .feedback import Hub, add_feedback_routes
 from .memory import inject
 from .store import Store
+
+if TYPE_CHECKING:
+    from .adapters import AdapterManager
+    from .samples import SamplePipeline
+    from .training import TrainingLoop
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +97,9 @@ class _LiveMetrics:
         yield CounterMetricFamily("clawback_status_pushes_dropped", "Status pushes not sent to a stuck feedback client",
                                   s.hub.dropped)
         yield GaugeMetricFamily("clawback_feedback_connections", "Open feedback WebSockets", s.hub.connections())
-        live = s.adapters.live() if s.adapters else None
-        yield GaugeMetricFamily("clawback_adapter_version", "Live adapter version (0 = base model)", live or 0)
-        if s.adapters and s.adapters.last_swap_s is not None:
+        yield GaugeMetricFamily("clawback_adapter_version", "Live adapter version (0 = base model)",
+                                s.adapters.live() or 0)
+        if s.adapters.last_swap_s is not None:
             yield GaugeMetricFamily("clawback_swap_seconds", "Duration of the last hot-swap", s.adapters.last_swap_s)
         if s.trainer is not None:
             yield CounterMetricFamily("clawback_train_steps", "Committed training steps", s.trainer.steps)
@@ -114,11 +119,11 @@ class AppState:
     store: Store
     capture: Capture
     api_key: str | None
-    hub: Hub = field(default_factory=Hub)
-    pipeline: Any = None  # clawback.daemon.samples.SamplePipeline, started by the lifespan
-    adapters: Any = None  # clawback.daemon.adapters.AdapterManager
-    trainer: Any = None  # clawback.daemon.training.TrainingLoop, started by the lifespan when training is on
-    judge_name: str = "off"
+    hub: Hub
+    pipeline: SamplePipeline  # started by the lifespan
+    adapters: AdapterManager
+    trainer: TrainingLoop | None  # started by the lifespan when training is on
+    judge_name: str
     started_at: float = field(default_factory=time.time)
     running: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -238,11 +243,11 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "generations_running": state.running,
             "sessions_open": state.capture.open_sessions(),
             "capture": dict(state.capture.counters),
-            "signals": {"method": state.settings.method, "teacher": state.settings.teacher,
+            "signals": {"method": state.pipeline.cfg.method, "teacher": state.pipeline.cfg.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "training": {
                 "enabled": state.trainer is not None,
-                "batch_size": state.settings.batch_size,
+                "batch_size": state.settings.train_config().batch_size,
                 "samples_ready": counts["samples"].get("ready", 0),
                 "training_now": bool(state.trainer and state.trainer.busy),
                 "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step

@@ -5,17 +5,23 @@ Built once at start, frozen, and passed down explicitly.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from clawback.trainer.config import PRESETS, TrainConfig
 
 from .layout import Layout
 
@@ -24,6 +30,166 @@ EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 def default_data_dir() -> Path:
     return Path(os.environ.get("CLAWBACK_DATA_DIR") or Path.home() / ".clawback")
+
+
+# The sample-building half of a preset (its training half is clawback.trainer.config.PRESETS).
+# "seed", the original OpenClaw-RL recipe: the teacher is the frozen base model + hint, the judge
+# sees only the reply and its next state, and samples without a signal count toward the batch.
+PRESET_SIGNALS: dict[str, dict[str, Any]] = {
+    "seed": {"teacher": "base", "judge_context": "response_only", "count_zero_signal": True, "hint_template": "hint"},
+}
+_TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+class TrainSettings(BaseModel):
+    """`[train]`: whether and how the daemon trains.
+
+    `preset` picks a recipe; any other field of `TrainConfig` (clawback/trainer/config.py, where
+    each is documented: `lr`, `tis_cap`, `kl_coef`, `weight_decay`, `batch_size`, `lora_rank`,
+    `method`, ...) may be given here too and overrides the preset's value.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    enabled: bool = True  # train in the background once batch_size samples are ready
+    preset: Literal["binary", "opd", "combined", "seed"] = "combined"
+    # self = current policy + hint (the paper); base = frozen base + hint. None = the preset's (seed: base, else self).
+    teacher: Literal["self", "base"] | None = None
+    # Keep samples without any signal as ready with reward 0, so they count toward the batch (the
+    # original project's Binary RL did); else they are dropped with reason no_signal. None = the preset's.
+    count_zero_signal: bool | None = None
+    keep_versions: int = Field(5, ge=1)  # retention: the newest K good versions, plus pinned and live
+    device: str = "auto"  # the trainer's torch device
+    threads: int = Field(1, ge=0)  # torch threads of the trainer (leave cores for serving)
+    # How the person's correction reaches the OPD teacher (daemon/samples.py HINT_TEMPLATES): its
+    # wording, and whether it goes into the last user message or the system prompt
+    # (bench/README.md, "In-context following").
+    hint_template: Literal["instruction", "hint"] | None = None  # None = the preset's (seed: hint, else instruction)
+    hint_placement: Literal["user", "system"] = "user"
+
+    @model_validator(mode="after")
+    def _overrides_are_train_config_fields(self) -> "TrainSettings":
+        unknown = sorted(set(self.model_extra or {}) - _TRAIN_FIELDS)
+        if unknown:
+            raise ValueError(f"[train] has no setting {', '.join(unknown)}; besides enabled, preset, teacher, "
+                             f"count_zero_signal, keep_versions, device, threads, hint_template and "
+                             f"hint_placement it takes the fields of "
+                             f"TrainConfig: {', '.join(sorted(_TRAIN_FIELDS))}")
+        self.config()  # a bad value is an error when the settings load, not at the first batch
+        return self
+
+    def config(self) -> TrainConfig:
+        """The preset with this table's overrides."""
+        values = {**dataclasses.asdict(PRESETS[self.preset]), **(self.model_extra or {})}
+        return TypeAdapter(TrainConfig).validate_python(values)
+
+
+class JudgeSettings(BaseModel):
+    """`[judge]`: who scores next states and distils hints."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # auto = url if set, else the policy engine (base model, no adapter) for models of 1B+
+    # parameters; smaller ones (the embedded 135M model) judge near chance (bench/README.md), so
+    # there explicit feedback is the signal and the judge is opt-in.
+    backend: Literal["auto", "engine", "openai", "off"] = "auto"
+    url: str | None = None  # any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1
+    api_key: SecretStr | None = None
+    model: str | None = None
+    votes: int = Field(3, ge=1)  # odd, so that a majority always exists
+    temperature: float = Field(0.6, ge=0, le=2)
+    max_tokens: int = Field(512, ge=16)
+    timeout_s: float = Field(120.0, gt=0)
+    retries: int = Field(1, ge=0)
+    concurrency: int = Field(2, ge=1)  # samples judged at once
+    # full = the judge sees the request and recent context; response_only = only the reply and
+    # its next state, as the original OpenClaw-RL judge. None = the preset's (seed: response_only).
+    context: Literal["full", "response_only"] | None = None
+
+    @field_validator("votes")
+    @classmethod
+    def _odd(cls, v: int) -> int:
+        if v % 2 == 0:
+            raise ValueError("judge votes must be odd so that a majority always exists")
+        return v
+
+
+@dataclass(frozen=True)
+class SignalConfig:
+    """What the sample pipeline needs, resolved from the settings (`Settings.signal_config`)."""
+
+    method: Literal["binary", "opd", "combined"] = "combined"
+    teacher: Literal["self", "base"] = "self"
+    judge_votes: int = 3
+    judge_temperature: float = 0.6
+    judge_max_tokens: int = 512
+    judge_timeout_s: float = 120.0
+    judge_retries: int = 1
+    concurrency: int = 2
+    judge_context: Literal["full", "response_only"] = "full"
+    count_zero_signal: bool = False
+    hint_template: Literal["instruction", "hint"] = "instruction"
+    hint_placement: Literal["user", "system"] = "user"
+    # Positive evidence: also generate the teacher's own (greedy) reply under the hint, so that a
+    # preference the policy never samples can still be learned (TrainConfig.evidence_weight > 0).
+    positive_evidence: bool = False
+
+
+# The flat keys of earlier versions and where each lives in the tree; they load as before (toml,
+# CLAWBACK_* env vars, keyword arguments). `train = false` and `judge = "off"` give the table's
+# `enabled` / `backend`.
+LEGACY_KEYS: dict[str, tuple[str, str]] = {
+    "train": ("train", "enabled"), "method": ("train", "method"), "teacher": ("train", "teacher"),
+    "count_zero_signal": ("train", "count_zero_signal"), "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"), "lora_rank": ("train", "lora_rank"), "lora_alpha": ("train", "lora_alpha"),
+    "micro_batch_tokens": ("train", "micro_batch_tokens"), "max_staleness": ("train", "max_staleness"),
+    "keep_versions": ("train", "keep_versions"), "trainer_device": ("train", "device"),
+    "trainer_threads": ("train", "threads"),
+    "judge": ("judge", "backend"), "judge_url": ("judge", "url"), "judge_api_key": ("judge", "api_key"),
+    "judge_model": ("judge", "model"), "judge_votes": ("judge", "votes"),
+    "judge_temperature": ("judge", "temperature"), "judge_max_tokens": ("judge", "max_tokens"),
+    "judge_timeout_s": ("judge", "timeout_s"), "judge_retries": ("judge", "retries"),
+    "judge_concurrency": ("judge", "concurrency"), "judge_context": ("judge", "context"),
+}
+
+
+def _nest_legacy_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Move flat keys into [train] / [judge]; a key given both ways with two values is an error."""
+    data = dict(data)
+    tables: dict[str, dict[str, Any]] = {}
+    for table in ("train", "judge"):
+        value = data.get(table)
+        if isinstance(value, str) and value.lstrip().startswith("{"):  # CLAWBACK_TRAIN='{"lr": 1e-5}'
+            value = json.loads(value)
+        if isinstance(value, BaseModel):
+            value = {**value.model_dump(exclude_unset=True), **(value.model_extra or {})}
+        if isinstance(value, dict):
+            tables[table] = dict(value)
+            del data[table]
+    for flat, (table, key) in LEGACY_KEYS.items():
+        if flat not in data:
+            continue
+        value = data.pop(flat)
+        nested = tables.setdefault(table, {})
+        if key in nested and nested[key] != value:
+            raise ValueError(f"{flat} = {value!r} and [{table}] {key} = {nested[key]!r}: give it once, "
+                             f"as [{table}] {key} ({flat} is its old flat name)")
+        nested[key] = value
+    return {**data, **tables}
+
+
+class _LegacyEnvSource(PydanticBaseSettingsSource):
+    """CLAWBACK_<flat key> env vars of the flat keys (CLAWBACK_BATCH_SIZE=2, ...): the env source
+    reads only fields, so these would otherwise be ignored without a word."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        env = {k.lower(): v for k, v in os.environ.items() if k.upper().startswith("CLAWBACK_")}
+        # train and judge are fields: the env source already passes CLAWBACK_TRAIN / CLAWBACK_JUDGE on.
+        return {flat: env[f"clawback_{flat}"] for flat in LEGACY_KEYS
+                if flat not in ("train", "judge") and f"clawback_{flat}" in env}
 
 
 class Settings(BaseSettings):
@@ -68,69 +234,25 @@ class Settings(BaseSettings):
 
     store_queue_size: int = Field(10_000, ge=1)
 
-    # Signals -> samples -> training. The loss knobs live in clawback.trainer.config.TrainConfig;
-    # the ones below are the ones worth setting per install.
-    method: Literal["binary", "opd", "combined"] = "combined"
-    teacher: Literal["self", "base"] = "self"  # self = current policy + hint (the paper); base = frozen base + hint
-    # auto = judge_url if set, else the policy engine (base model, no adapter) for models of 1B+
-    # parameters; smaller ones (the embedded 135M model) judge near chance (bench/README.md), so
-    # there explicit feedback is the signal and the judge is opt-in.
-    judge: Literal["auto", "engine", "openai", "off"] = "auto"
-    judge_url: str | None = None  # any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1
-    judge_api_key: SecretStr | None = None
-    judge_model: str | None = None
-    judge_votes: int = Field(3, ge=1)
-    judge_temperature: float = Field(0.6, ge=0, le=2)
-    judge_max_tokens: int = Field(512, ge=16)
-    judge_timeout_s: float = Field(120.0, gt=0)
-    judge_retries: int = Field(1, ge=0)
-    judge_concurrency: int = Field(2, ge=1)
-    # full = the judge sees the request and recent context; response_only = only the reply and
-    # its next state, as the original OpenClaw-RL judge (the `seed` recipe).
-    judge_context: Literal["full", "response_only"] = "full"
-    # Keep samples without any signal as ready with reward 0, so they count toward the batch (the
-    # original project's Binary RL did); by default they are dropped with reason no_signal.
-    count_zero_signal: bool = False
-
-    # How the person's correction reaches the teacher (daemon/samples.py HINT_TEMPLATES): its wording,
-    # and whether it goes into the last user message or the system prompt. Chosen by measurement
-    # (bench/README.md, "In-context following").
-    hint_template: Literal["instruction", "hint"] = "instruction"
-    hint_placement: Literal["user", "system"] = "user"
     # Preference notes from corrections and 👎 reasons, injected into main calls' system prompt
     # (daemon/memory.py); at most memory_max_notes are kept.
     memory: bool = True
     memory_max_notes: int = Field(8, ge=1)
 
-    train: bool = True  # train in the background once batch_size samples are ready
-    batch_size: int = Field(16, ge=1)
-    lr: float = Field(1e-4, gt=0)
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    micro_batch_tokens: int = Field(8192, ge=64)
-    max_staleness: int = Field(4, ge=0)
-    # Top-K OPD: distil over the policy's K most likely tokens at each response position, each
-    # advantage clipped to ±opd_clip nats (trainer/config.py); 0 = token-level OPD on the sampled token.
-    opd_top_k: int = Field(4, ge=0, le=20)
-    opd_clip: float = Field(1.0, gt=0)
-    kl_coef: float = Field(0.0, ge=0)  # KL-to-base anchor per token (trainer/config.py), logged per step as "kl"
-    # Positive evidence (opd, combined): > 0 also distils the teacher's own hinted reply into the
-    # policy with this advantage per token (trainer/config.py evidence_weight); 0 = off.
-    evidence_weight: float = Field(0.0, ge=0)
-    keep_versions: int = Field(5, ge=1)  # retention: the newest K good versions, plus pinned and live
+    # [train] and [judge]: what the daemon learns from and how (TrainSettings, JudgeSettings below).
+    # The flat keys they replace (`method`, `lr`, `judge_url`, `train = false`, ...) still load:
+    # LEGACY_KEYS maps each to its place in the tree.
+    train: Annotated[TrainSettings, NoDecode] = Field(default_factory=lambda: TrainSettings())
+    judge: Annotated[JudgeSettings, NoDecode] = Field(default_factory=lambda: JudgeSettings())
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
     layout: Layout = Field(default_factory=Layout)  # [layout]: where engine, judge and trainer run (daemon/layout.py)
-    trainer_device: str = "auto"
-    trainer_threads: int = Field(1, ge=0)  # torch threads of the trainer (leave cores for serving)
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("judge_votes")
+    @model_validator(mode="before")
     @classmethod
-    def _odd(cls, v: int) -> int:
-        if v % 2 == 0:
-            raise ValueError("judge_votes must be odd so that a majority always exists")
-        return v
+    def _tree(cls, data: Any) -> Any:
+        return _nest_legacy_keys(data) if isinstance(data, dict) else data
 
     @field_validator("engine_url")
     @classmethod
@@ -155,10 +277,28 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Earlier sources win: CLI flags (init kwargs) > env > toml > field defaults.
         toml_path = _find_toml(init_settings, env_settings)
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, _LegacyEnvSource(settings_cls)]
         if toml_path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
         return tuple(sources)
+
+    def train_config(self) -> TrainConfig:
+        return self.train.config()
+
+    def signal_config(self) -> SignalConfig:
+        """How the sample pipeline builds samples: the [judge] table and the preset's choices."""
+        j, preset = self.judge, PRESET_SIGNALS.get(self.train.preset, {})
+        return SignalConfig(
+            method=self.train_config().method,
+            teacher=self.train.teacher or preset.get("teacher", "self"),
+            count_zero_signal=(self.train.count_zero_signal if self.train.count_zero_signal is not None
+                               else preset.get("count_zero_signal", False)),
+            judge_context=j.context or preset.get("judge_context", "full"),
+            hint_template=self.train.hint_template or preset.get("hint_template", "instruction"),
+            hint_placement=self.train.hint_placement,
+            positive_evidence=self.train_config().evidence_weight > 0,
+            judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,
+            judge_timeout_s=j.timeout_s, judge_retries=j.retries, concurrency=j.concurrency)
 
     @property
     def db_path(self) -> Path:

@@ -2,7 +2,7 @@
 
     [layout.trainer]                       # the Ray actor that trains the LoRA
     num_cpus = 1
-    num_gpus = 1                           # default: 1 if trainer_device is cuda, else 0
+    num_gpus = 1                           # default: 1 if [train] device is cuda, else 0
     resources = { trainer_node = 1 }       # custom Ray resources a node must offer
     node_labels = { "clawback-role" = "trainer" }   # Ray node labels a node must carry
 
@@ -88,7 +88,7 @@ class Placement(BaseModel):
 
 class TrainerPlacement(Placement):
     num_cpus: float = Field(1, ge=0)
-    num_gpus: float | None = Field(None, ge=0)  # type: ignore[assignment]  # None: 1 if trainer_device is cuda, else 0
+    num_gpus: float | None = Field(None, ge=0)  # type: ignore[assignment]  # None: 1 if [train] device is cuda, else 0
 
     @model_validator(mode="after")
     def _asks_for_something(self) -> "TrainerPlacement":

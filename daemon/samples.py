@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Literal, Sequence
 
 from clawback.chat import ChatRenderer, ChatRequest, append_text
@@ -30,6 +30,7 @@ from clawback.judge.backends import JudgeBackend
 from clawback.judge.prm import Vote, candidate_hints, judge_hint, judge_prm
 from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, version_name
 
+from .config import SignalConfig
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -46,29 +47,6 @@ HINT_TEMPLATES = {
 HINT_FORMAT = "\n\n" + HINT_TEMPLATES["hint"]
 MAX_RAW_HINT_CHARS = 1000
 MAX_ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class SignalConfig:
-    method: Literal["binary", "opd", "combined"] = "combined"
-    teacher: Literal["self", "base"] = "self"
-    judge_votes: int = 3
-    judge_temperature: float = 0.6
-    judge_max_tokens: int = 512
-    judge_timeout_s: float = 120.0
-    judge_retries: int = 1
-    concurrency: int = 2
-    # What the judge sees: "full" (request + recent context) or "response_only" (the seed's judge).
-    judge_context: Literal["full", "response_only"] = "full"
-    # A sample with no signal (reward 0, no teacher) is dropped (False), or kept `ready` with
-    # reward 0 so that it counts toward the batch (True: the original project's Binary RL, which
-    # submitted such samples with a zero loss mask). It then only dilutes the batch mean.
-    count_zero_signal: bool = False
-    hint_template: Literal["instruction", "hint"] = "instruction"
-    hint_placement: Literal["user", "system"] = "user"
-    # Positive evidence: also generate the teacher's own (greedy) reply under the hint, so that a
-    # preference the policy never samples can still be learned (trained as weighted distillation).
-    positive_evidence: bool = False
 
 
 def explicit_reward(feedback: Sequence[Feedback]) -> float | None:
@@ -121,6 +99,11 @@ class SamplePipeline:
         self._inflight: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._sem = asyncio.Semaphore(cfg.concurrency)
+
+    @property
+    def busy(self) -> bool:
+        """Some sample is being judged right now."""
+        return bool(self._inflight)
 
     def wake(self) -> None:
         """Thread-safe: new work may be waiting (called from the store's writer thread)."""

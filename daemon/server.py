@@ -16,69 +16,75 @@ from typing import Any
 from fastapi import FastAPI
 
 from clawback.chat import ChatRenderer
-from clawback.judge.backends import EngineBackend, OpenAIBackend
-from clawback.trainer.config import TrainConfig, preset
+from clawback.engine import Engine
+from clawback.judge.backends import EngineBackend, JudgeBackend, OpenAIBackend
+from clawback.records import version_name
 
 from .adapters import AdapterManager
 from .api import AppState, create_app, resolve_api_key
 from .capture import Capture
 from .config import Settings
+from .feedback import Hub
 from .layout import RayPlacement
-from .samples import SamplePipeline, SignalConfig
+from .samples import SamplePipeline
 from .store import Store
-from .training import TrainingLoop
+from .training import RayTrainer, TrainerStarter, TrainingLoop
 
 log = logging.getLogger(__name__)
 
 
-def build_state(settings: Settings) -> AppState:
-    """Load model, tokenizer, store: everything the routes need."""
+def build_state(settings: Settings, start_trainer: TrainerStarter | None = None) -> AppState:
+    """Load model, tokenizer, store: everything the routes and the background tasks need.
+
+    `start_trainer` starts the trainer the training loop drives; by default a Ray actor placed by
+    the [layout] table (the simulator passes one that runs in a thread of this process)."""
     from transformers import AutoTokenizer
 
     from .engines import build_engine
     from .models import resolve_model
 
-    placement = _ray_placement(settings)  # first: a layout the cluster cannot host fails before anything is built
+    train = settings.train.enabled
+    # First: a layout the cluster cannot host fails before anything is built.
+    placement = _ray_placement(settings) if train and start_trainer is None else None
     model_dir = resolve_model(settings.model, settings.models_dir)
     engine = build_engine(settings, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     store = Store(settings.db_path, queue_size=settings.store_queue_size, memory_max_notes=settings.memory_max_notes)
+    renderer, hub = ChatRenderer(tokenizer), Hub()
+    judge_name, judge = _judge(settings, engine, renderer, tokenizer)
+    pipeline = SamplePipeline(store, engine, renderer, judge, settings.signal_config(),
+                              on_ready=lambda sample: hub.broadcast({"type": "sample_ready", **sample}))
+    adapters = AdapterManager(
+        engine, store, settings.data_dir / "adapters", settings.train.keep_versions,
+        on_live=lambda v: hub.broadcast({"type": "adapter_live", "version": version_name(v)}))
+    trainer = None
+    if train:
+        start = start_trainer or _ray_trainer(settings, model_dir, placement)
+
+        def on_trained(step: dict[str, Any]) -> None:
+            hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
+                           "mean_reward": step["mean_reward"]})
+
+        trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained)
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
-    state = AppState(settings, engine, ChatRenderer(tokenizer), store, capture, resolve_api_key(settings))
-    state.pipeline = _sample_pipeline(settings, state, tokenizer)
-    state.adapters = AdapterManager(
-        engine, store, settings.data_dir / "adapters", settings.keep_versions,
-        on_live=lambda v: state.hub.broadcast({"type": "adapter_live", "version": None if v is None else f"v{v}"}))
-    if settings.train:
-        state.trainer = _training_loop(settings, state, model_dir, placement)
-    return state
+    return AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,
+                    trainer, judge_name)
 
 
-def _ray_placement(settings: Settings) -> RayPlacement | None:
+def _ray_placement(settings: Settings) -> RayPlacement:
     """The trainer's place on Ray. Joining a cluster happens now, so a bad address or layout is an
     error at start; the local runtime still starts with the first batch (serving starts fast)."""
-    if not settings.train:
-        return None
-    placement = RayPlacement(settings.layout, settings.ray_address, settings.trainer_device)
+    placement = RayPlacement(settings.layout, settings.ray_address, settings.train.device)
     if settings.ray_address:
         placement.connect()
     return placement
 
 
-def train_config(settings: Settings, preset_name: str | None = None, **overrides: Any) -> TrainConfig:
-    """The trainer's config from the settings (on a named preset's other values when given)."""
-    values = dict(method=settings.method, lr=settings.lr, lora_rank=settings.lora_rank,
-                  lora_alpha=settings.lora_alpha, batch_size=settings.batch_size,
-                  micro_batch_tokens=settings.micro_batch_tokens, max_staleness=settings.max_staleness,
-                  opd_top_k=settings.opd_top_k, opd_clip=settings.opd_clip, kl_coef=settings.kl_coef,
-                  evidence_weight=settings.evidence_weight)
-    return preset(preset_name or settings.method, **{**values, **overrides})
+def _ray_trainer(settings: Settings, model_dir: str, placement: RayPlacement | None) -> TrainerStarter:
+    cfg = settings.train_config()
+    assert placement is not None  # made whenever no other trainer is given
 
-
-def _training_loop(settings: Settings, state: AppState, model_dir: str, placement: RayPlacement) -> Any:
-    cfg = train_config(settings)
-
-    def start_worker() -> Any:  # blocking (Ray start-up): the loop runs it in a thread
+    def start() -> RayTrainer:  # blocking (Ray start-up): the loop runs it in a thread
         import ray
 
         from clawback.trainer.worker import TrainerWorker
@@ -86,43 +92,29 @@ def _training_loop(settings: Settings, state: AppState, model_dir: str, placemen
         placement.connect()
         actor = ray.remote(TrainerWorker).options(max_concurrency=1, **placement.trainer_options())
         # No adapters dir: the actor keeps its own, wherever it runs; versions travel as bytes.
-        return actor.remote(model_dir, cfg, None, settings.trainer_device, settings.trainer_threads)
+        return RayTrainer(actor.remote(model_dir, cfg, None, settings.train.device, settings.train.threads))
 
-    def on_trained(step: dict[str, Any]) -> None:
-        state.hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
-                             "mean_reward": step["mean_reward"]})
-
-    return TrainingLoop(state.store, state.adapters, cfg, start_worker, on_trained)
+    return start
 
 
 AUTO_JUDGE_MIN_PARAMS = 1_000_000_000
 
 
-def _sample_pipeline(settings: Settings, state: AppState, tokenizer: Any) -> Any:
+def _judge(settings: Settings, engine: Engine, renderer: ChatRenderer, tokenizer: Any) -> tuple[str, JudgeBackend | None]:
+    """The judge backend [judge] asks for, and its name ("off": none)."""
     judge = settings.judge
-    if judge == "auto":  # small models judge near chance (bench/README.md): rely on explicit feedback
-        big_enough = state.engine.info.n_params >= AUTO_JUDGE_MIN_PARAMS
-        judge = "openai" if settings.judge_url else ("engine" if big_enough else "off")
-    backend: Any = None
-    if judge == "engine":
-        backend = EngineBackend(state.engine, state.renderer, tokenizer)
-    elif judge == "openai":
-        if not (settings.judge_url and settings.judge_model):
-            raise ValueError("judge 'openai' needs judge_url and judge_model")
-        key = settings.judge_api_key.get_secret_value() if settings.judge_api_key else None
-        backend = OpenAIBackend(settings.judge_url, key, settings.judge_model, settings.judge_timeout_s)
-    state.judge_name = judge
-    cfg = SignalConfig(method=settings.method, teacher=settings.teacher, judge_votes=settings.judge_votes,
-                       judge_temperature=settings.judge_temperature, judge_max_tokens=settings.judge_max_tokens,
-                       judge_timeout_s=settings.judge_timeout_s, judge_retries=settings.judge_retries,
-                       concurrency=settings.judge_concurrency, judge_context=settings.judge_context,
-                       count_zero_signal=settings.count_zero_signal, hint_template=settings.hint_template,
-                       hint_placement=settings.hint_placement, positive_evidence=settings.evidence_weight > 0)
-
-    def on_ready(sample: dict[str, Any]) -> None:
-        state.hub.broadcast({"type": "sample_ready", **sample})
-
-    return SamplePipeline(state.store, state.engine, state.renderer, backend, cfg, on_ready)
+    name = judge.backend
+    if name == "auto":  # small models judge near chance (bench/README.md): rely on explicit feedback
+        big_enough = engine.info.n_params >= AUTO_JUDGE_MIN_PARAMS
+        name = "openai" if judge.url else ("engine" if big_enough else "off")
+    if name == "engine":
+        return name, EngineBackend(engine, renderer, tokenizer)
+    if name == "openai":
+        if not (judge.url and judge.model):
+            raise ValueError("judge backend 'openai' needs [judge] url and model")
+        key = judge.api_key.get_secret_value() if judge.api_key else None
+        return name, OpenAIBackend(judge.url, key, judge.model, judge.timeout_s)
+    return name, None
 
 
 def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
@@ -141,22 +133,19 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
                 except Exception:
                     log.exception("session sweep failed")
 
-        start = getattr(state.engine, "start", None)  # vllm/sglang: launch or reach the model server
-        if start is not None:
-            await start()
+        await state.engine.start()  # vllm/sglang: launch or reach the model server
         await state.adapters.restore()  # serve the version that was live before a restart
         tasks = [asyncio.create_task(sweeper())]
         pipeline, trainer = state.pipeline, state.trainer
 
         def on_commit(kind: str, _: str) -> None:  # runs on the store's writer thread
-            if kind == "sample.pending" and pipeline is not None:
+            if kind == "sample.pending":
                 pipeline.wake()
             elif kind == "sample.ready" and trainer is not None:
                 trainer.wake()
 
         state.store.listeners.append(on_commit)
-        if pipeline is not None:
-            tasks.append(asyncio.create_task(pipeline.run()))
+        tasks.append(asyncio.create_task(pipeline.run()))
         if trainer is not None:
             tasks.append(asyncio.create_task(trainer.run()))
         log.info("clawback serving %s on %s (auth %s)", state.engine.info.name, settings.base_url,

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from clawback.records import ReadySample, StepRecord, TrainResult, version_name
 from clawback.trainer.config import TrainConfig
@@ -32,15 +32,51 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 
+class TrainerHandle(Protocol):
+    """The trainer worker (`clawback.trainer.worker.TrainerWorker`) as the loop drives it: in a Ray
+    actor (`RayTrainer`, the daemon's), or in a thread of this process (the simulator's)."""
+
+    async def resume(self, version: int | None, files: dict[str, bytes] | None) -> int | None: ...
+
+    async def ping(self) -> int | None: ...  # the version it stands on
+
+    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, Any]) -> TrainResult: ...
+
+    async def close(self) -> None: ...
+
+
+# Starts a trainer; blocking (Ray start-up, model load), so the loop runs it in a thread.
+TrainerStarter = Callable[[], TrainerHandle]
+
+
+class RayTrainer:
+    """A `TrainerWorker` Ray actor behind `TrainerHandle`: each call is one actor task."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def resume(self, version: int | None, files: dict[str, bytes] | None) -> int | None:
+        return await self.actor.resume.remote(version, files)
+
+    async def ping(self) -> int | None:
+        return await self.actor.ping.remote()
+
+    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, Any]) -> TrainResult:
+        return await self.actor.train.remote(list(samples), version, meta)
+
+    async def close(self) -> None:
+        await self.actor.close.remote()
+
+
 class TrainingLoop:
     def __init__(self, store: Store, adapters: AdapterManager, cfg: TrainConfig,
-                 start_worker: Callable[[], Any], on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
+                 start_worker: TrainerStarter, on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
                  poll_s: float = 10.0) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
-        self.start_worker = start_worker  # returns a Ray actor handle (or anything with .remote methods)
+        self.start_worker = start_worker
         self.on_trained = on_trained
         self.poll_s = poll_s
-        self.worker: Any = None
+        self.worker: TrainerHandle | None = None
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.steps = 0
@@ -86,14 +122,14 @@ class TrainingLoop:
         usable = [r for r in rows if r.call_id not in set(stale) | set(unusable)]
         return usable[: self.cfg.batch_size] if len(usable) >= self.cfg.batch_size else []
 
-    async def _worker(self) -> Any:
+    async def _worker(self) -> TrainerHandle:
         if self.worker is None:
             self.worker = await asyncio.to_thread(self.start_worker)
             await self._resume(self.worker, self.adapters.live())
         return self.worker
 
-    async def _resume(self, worker: Any, version: int | None) -> None:
-        await worker.resume.remote(version, await self.adapters.files(version))
+    async def _resume(self, worker: TrainerHandle, version: int | None) -> None:
+        await worker.resume(version, await self.adapters.files(version))
 
     async def step(self, batch: list[ReadySample]) -> dict[str, float] | None:
         self.busy = True
@@ -108,9 +144,9 @@ class TrainingLoop:
                           call_ids=call_ids, outcome="failed")
         try:
             worker = await self._worker()
-            if await worker.ping.remote() != parent:  # e.g. after a rollback: train from what serves
+            if await worker.ping() != parent:  # e.g. after a rollback: train from what serves
                 await self._resume(worker, parent)
-            result: TrainResult = await worker.train.remote(batch, version, meta)
+            result = await worker.train(batch, version, meta)
             self.trainer_node = result.node
             path = await self.adapters.receive(version, result.files)
             step = replace(step, path=path, metrics=result.metrics)
@@ -139,7 +175,7 @@ class TrainingLoop:
         """Let the actor remove its private dir before Ray goes down (a step under way runs out first)."""
         if self.worker is not None:
             try:
-                await asyncio.wait_for(self.worker.close.remote(), timeout_s)
+                await asyncio.wait_for(self.worker.close(), timeout_s)
             except Exception as e:
                 log.warning("trainer actor did not close cleanly: %s", e)
 

@@ -1,7 +1,8 @@
-"""What one simulation run is: a frozen config, and the methods as bundles of settings.
+"""What one simulation run is: a frozen config, and the methods as the daemon's presets.
 
-A method is a set of daemon `Settings` values plus a `TrainConfig` preset, never a code path of
-its own: `seed` is the original project's recipe expressed as those values.
+A method is the daemon's `[train] preset` (or no training), never a code path of its own: `seed`
+is the original project's recipe, which the daemon runs with `preset = "seed"` as well. Each cell
+runs on a `Settings` built here.
 """
 
 from __future__ import annotations
@@ -10,40 +11,37 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from clawback.trainer.config import PRESETS, TrainConfig
-
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    settings: dict[str, Any] = field(default_factory=dict)  # daemon Settings fields
-    train_preset: str | None = None  # clawback.trainer.config.PRESETS name; None = no training
+    preset: str | None = None  # the daemon's [train] preset; None = no training
     keeps_own_lr: bool = False  # the preset's lr is part of the recipe (seed): --lr does not apply
+    memory: bool = False  # the person's preference notes in the prompt (the daemon's default is on)
+    train: dict[str, Any] = field(default_factory=dict)  # more [train] values (TrainConfig fields)
 
     @property
     def trains(self) -> bool:
-        return self.train_preset is not None
+        return self.preset is not None
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("none"),  # the base model throughout: the baseline every curve starts from
     # The daemon's defaults: combined top-K OPD + Binary RL, with preference notes in the prompt.
-    Method("default", {"method": "combined", "memory": True}, "combined"),
-    Method("memory", {"memory": True}),  # preference notes only, no training
-    Method("binary", {"method": "binary"}, "binary"),
-    Method("opd", {"method": "opd"}, "opd"),  # top-K OPD (opd_top_k = 4)
-    Method("opd_token", {"method": "opd", "opd_top_k": 0}, "opd"),  # OPD on the sampled token only
+    Method("default", "combined", memory=True),
+    Method("memory", memory=True),  # preference notes only, no training
+    Method("binary", "binary"),
+    Method("opd", "opd"),  # top-K OPD (opd_top_k = 4)
+    Method("opd_token", "opd", train={"opd_top_k": 0}),  # OPD on the sampled token only
     # Top-K OPD plus the teacher's own hinted reply as positive evidence (advantage 1 per token).
-    Method("opd_evidence", {"method": "opd", "evidence_weight": 1.0}, "opd"),
-    Method("combined", {"method": "combined"}, "combined"),  # top-K, without memory
-    # The original OpenClaw-RL recipe (reference seed-openclaw-rl.md §2-§3): combined advantage,
-    # teacher = the frozen base model + hint, a judge that sees only the reply and the next state,
-    # zero-signal samples counted toward the batch, OPD on the sampled token with its hint wording,
-    # and the trainer preset "seed" (no importance sampling correction, Adam lr 1e-5, weight decay
-    # 0.1, betas (0.9, 0.98)).
-    Method("seed", {"method": "combined", "teacher": "base", "judge_context": "response_only",
-                    "count_zero_signal": True, "opd_top_k": 0, "hint_template": "hint"}, "seed",
-           keeps_own_lr=True),
+    Method("opd_evidence", "opd", train={"evidence_weight": 1.0}),
+    Method("combined", "combined"),  # top-K, without memory
+    # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
+    # PRESETS "seed"): combined advantage on the sampled token with its hint wording, teacher = the
+    # frozen base model + hint, a judge that sees only the reply and the next state, zero-signal
+    # samples counted toward the batch, no importance sampling correction, Adam lr 1e-5, weight
+    # decay 0.1, betas (0.9, 0.98).
+    Method("seed", "seed", keeps_own_lr=True),
 )}
 
 
@@ -93,21 +91,16 @@ class SimConfig:
         if self.kl_coef < 0:
             raise ValueError("kl_coef must not be negative")
 
-    def settings_for(self, method: Method) -> dict[str, Any]:
-        """Daemon settings of one cell (besides paths): the method's values, the run's sizes."""
-        return {"judge": "off", "batch_size": self.batch_size, "lora_rank": self.lora_rank,
-                "lora_alpha": self.lora_alpha, "lr": self.lr, "default_max_tokens": self.max_tokens,
-                "torch_threads": self.threads, "trainer_threads": self.threads, "memory": False,
-                "kl_coef": self.kl_coef, **method.settings}
-
-    def train_config(self, method: Method, seed: int) -> TrainConfig:
-        """The trainer's config as the daemon builds it from the cell's settings, on the method's preset."""
-        from clawback.daemon.config import Settings
-        from clawback.daemon.server import train_config
-
-        settings = Settings(**self.settings_for(method), no_auth=True)
-        own = {"lr": PRESETS[method.train_preset].lr} if method.keeps_own_lr else {}
-        return train_config(settings, method.train_preset, seed=seed, **own)
+    def settings_for(self, method: Method, seed: int) -> dict[str, Any]:
+        """The `Settings` values of one cell besides its paths: the method's preset, the run's sizes."""
+        train: dict[str, Any] = {"enabled": method.trains, "preset": method.preset or "combined",
+                                 "batch_size": self.batch_size, "lora_rank": self.lora_rank,
+                                 "lora_alpha": self.lora_alpha, "seed": seed, "threads": self.threads,
+                                 "kl_coef": self.kl_coef, **method.train}
+        if not method.keeps_own_lr:
+            train["lr"] = self.lr
+        return {"judge": {"backend": "off"}, "train": train, "default_max_tokens": self.max_tokens,
+                "torch_threads": self.threads, "memory": method.memory}
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

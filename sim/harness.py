@@ -4,7 +4,7 @@ The daemon's own pieces run unchanged: `server.build_state` (engine, store, capt
 pipeline, the adapter manager), `server.daemon_app` and its lifespan (pipeline and training loop
 as background tasks), the OpenAI route for replies and POST /v1/feedback for reactions, over
 httpx's ASGI transport (no network). Only the trainer's worker runs in a thread instead of a Ray
-actor (local_worker.py).
+actor (local_worker.py), handed to `build_state` as the trainer to start.
 
 The user waits for the daemon to settle after each reaction (its sample judged and, when a
 batch is full, the step trained and swapped in) before sending the next task, so a cell is
@@ -34,10 +34,9 @@ import httpx
 from clawback import __version__
 from clawback.daemon.config import Settings
 from clawback.daemon.server import build_state, daemon_app
-from clawback.daemon.training import TrainingLoop
 
 from .config import METHODS, SimConfig
-from .local_worker import local_worker_starter
+from .local_worker import in_thread_trainer
 from .probe import opener_mass
 from .raters import RuleRater
 from .scenarios import Task, scenario
@@ -112,7 +111,7 @@ async def _settle(state: Any, batch_size: int) -> None:
     while time.monotonic() < deadline:
         await asyncio.to_thread(state.store.flush)
         pending = await asyncio.to_thread(state.store.pending_samples, 1)
-        if not pending and not state.pipeline._inflight:
+        if not pending and not state.pipeline.busy:
             if trainer is None:
                 return
             if not trainer.busy:
@@ -162,14 +161,10 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
     scen, method = scenario(cell.scenario), METHODS[cell.method]
     rater = rater or RuleRater(scen)
     eval_tasks = scen.eval[: cfg.eval_tasks] if cfg.eval_tasks else scen.eval
-    settings = Settings(data_dir=data_dir, model=str(model_dir), device="cpu", no_auth=True, train=False,
-                        log_level="warning", session_idle_timeout_s=24 * 3600.0, **cfg.settings_for(method))
-    state = build_state(settings)  # train=False: the training loop below replaces the Ray one
-    train_cfg = None
-    if method.trains:
-        train_cfg = cfg.train_config(method, cell.seed)
-        start = local_worker_starter(str(model_dir), train_cfg, cfg.threads)
-        state.trainer = TrainingLoop(state.store, state.adapters, train_cfg, start, poll_s=1.0)
+    settings = Settings(data_dir=data_dir, model=str(model_dir), device="cpu", no_auth=True, log_level="warning",
+                        session_idle_timeout_s=24 * 3600.0, **cfg.settings_for(method, cell.seed))
+    train_cfg = settings.train_config() if method.trains else None
+    state = build_state(settings, in_thread_trainer(str(model_dir), settings.train_config(), cfg.threads))
     app = daemon_app(settings, state)
     curve: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []

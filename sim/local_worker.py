@@ -1,8 +1,8 @@
-"""The trainer actor without Ray: the same `TrainerWorker`, its methods run in a thread.
+"""The trainer without Ray: the same `TrainerWorker`, its methods run on a thread of this process.
 
-`TrainingLoop` talks to its worker as to a Ray actor handle (`await worker.train.remote(...)`).
-Starting Ray and a second process per simulated cell would cost more than the cell's training on
-a laptop, so the simulator hands the loop this stand-in; everything else (batching, publishing,
+The daemon's training loop drives a `TrainerHandle`; by default a Ray actor. Starting Ray and a
+second process per simulated cell would cost more than the cell's training on a laptop, so the
+simulator hands `build_state` this one instead; everything else (batching, publishing,
 validation, hot-swap) is the daemon's code path.
 """
 
@@ -12,38 +12,48 @@ import asyncio
 import ctypes
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, TypeVar
 
+from clawback.daemon.training import TrainerStarter
+from clawback.records import ReadySample, TrainResult
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.worker import TrainerWorker  # at import: a cell runs the code its stamp hashed
 
+T = TypeVar("T")
 
-class InThreadActor:
-    """`handle.method.remote(*args)` -> an awaitable running `obj.method(*args)` on the actor's thread.
 
-    One dedicated thread, like a Ray actor with max_concurrency=1: calls run one at a time, and
-    every step allocates from the same malloc arena. (On asyncio's shared pool each step landed on
-    another thread, and every thread's arena kept ~1.5 GB of freed training tensors: RSS grew by
-    that much per step until the machine ran out of memory.)"""
+class InThreadTrainer:
+    """A `TrainerWorker` behind `TrainerHandle`, its calls run one at a time on one dedicated thread.
 
-    def __init__(self, obj: Any) -> None:
-        self._obj = obj
+    One thread, like a Ray actor with max_concurrency=1, so every step allocates from the same
+    malloc arena. (On asyncio's shared pool each step landed on another thread, and every thread's
+    arena kept ~1.5 GB of freed training tensors: RSS grew by that much per step until the machine
+    ran out of memory.)"""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawback-trainer")
 
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self._obj, name)
-
-        def call(args: tuple, kwargs: dict) -> Any:
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        def call() -> T:
             try:
-                return fn(*args, **kwargs)
+                return fn(*args)
             finally:
                 _trim()
 
-        def remote(*args: Any, **kwargs: Any) -> Any:
-            return asyncio.get_running_loop().run_in_executor(self._thread, call, args, kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
 
-        return SimpleNamespace(remote=remote)
+    async def resume(self, version: int | None, files: dict[str, bytes] | None) -> int | None:
+        return await self._run(self.worker.resume, version, files)
+
+    async def ping(self) -> int | None:
+        return await self._run(self.worker.ping)
+
+    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, Any]) -> TrainResult:
+        return await self._run(self.worker.train, samples, version, meta)
+
+    async def close(self) -> None:
+        await self._run(self.worker.close)
 
 
 def _trim() -> None:
@@ -55,10 +65,10 @@ def _trim() -> None:
             pass
 
 
-def local_worker_starter(model_dir: str, cfg: TrainConfig, threads: int) -> Callable[[], Any]:
-    def start() -> InThreadActor:  # blocking (model load): TrainingLoop runs it in a thread
+def in_thread_trainer(model_dir: str, cfg: TrainConfig, threads: int) -> TrainerStarter:
+    def start() -> InThreadTrainer:  # blocking (model load): the training loop runs it in a thread
         # No adapters dir, as for the Ray actor: the worker keeps its own and versions reach the
         # daemon's dir as bytes (the same path as with a remote trainer).
-        return InThreadActor(TrainerWorker(model_dir, cfg, None, "cpu", threads))
+        return InThreadTrainer(TrainerWorker(model_dir, cfg, None, "cpu", threads))
 
     return start

@@ -111,7 +111,7 @@ PRESETS: dict[str, TrainConfig] = {
     # design: its OPD baseline was the trainer's recomputed logprob (so drift leaked into A_t),
     # and it summed per-sample means over the batch where we average them (a constant lr factor).
     "seed": TrainConfig(
-        method="combined", tis_cap=None, kl_coef=0.0, lr=1e-5, weight_decay=0.1, betas=(0.9, 0.98)
+        method="combined", tis_cap=None, kl_coef=0.0, lr=1e-5, weight_decay=0.1, betas=(0.9, 0.98), opd_top_k=0
     ),
 }
 

@@ -175,6 +175,9 @@ class EmbeddedEngine:
     def active_version(self) -> str | None:
         return self._active
 
+    async def start(self) -> None:
+        """Nothing to launch: the model loaded with the engine."""
+
     def loaded_versions(self) -> list[str]:
         with self._lock:
             return [v for v in self._adapters if v not in self._retiring]

@@ -69,7 +69,6 @@ class RemoteEngine(abc.ABC):
     """The Engine protocol over a model server. Subclasses speak its HTTP dialect:
     `_server_load`, `_server_unload`, `_stream` and `_score`."""
 
-    kind = "remote"
 
     def __init__(self, info: ModelInfo, endpoint: Endpoint, server: ServerProcess | None = None,
                  name_prefix: str = "policy") -> None:
@@ -88,7 +87,7 @@ class RemoteEngine(abc.ABC):
         self.client = httpx.AsyncClient(base_url=endpoint.base_url, headers=endpoint.headers,
                                         timeout=httpx.Timeout(None, connect=10.0))
 
-    async def start(self) -> "RemoteEngine":
+    async def start(self) -> None:
         """Start (or, attached, wait for) the server; check it serves the model."""
         if self.server is not None:
             await self.server.start()
@@ -100,7 +99,6 @@ class RemoteEngine(abc.ABC):
                     raise EngineError(f"no healthy model server at {self.endpoint.base_url}")
                 await asyncio.sleep(0.5)
         await self._check_server()
-        return self
 
     def _follow_server(self) -> None:
         """The supervised server may have moved to another port (see ServerProcess._launch)."""

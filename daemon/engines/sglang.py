@@ -24,7 +24,7 @@ import secrets
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from clawback.adapter_format import lora_target_modules
 from clawback.engine import EngineError, ModelInfo, Sampling, Token
@@ -37,7 +37,6 @@ MAX_LORAS_PER_BATCH = 3  # base + v{N} + v{N+1} in one batch during a swap
 
 
 class SGLangEngine(RemoteEngine):
-    kind = "sglang"
 
     def __init__(self, info: ModelInfo, endpoint: Endpoint, server: ServerProcess | None = None) -> None:
         super().__init__(info, endpoint, server)
@@ -85,7 +84,8 @@ class SGLangEngine(RemoteEngine):
         return [float(lp) for lp, *_ in entries]
 
 
-def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo) -> SGLangEngine:
+def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank: int,
+                        lora_targets: str | Sequence[str]) -> SGLangEngine:
     """The engine for `engine = "sglang"`: attach to `engine_url`, or launch and supervise SGLang."""
     key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
     if settings.engine_url:
@@ -97,11 +97,11 @@ def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo) -> SGLan
     python = settings.engine_python or (str(venv_python) if venv_python.exists() else sys.executable)
     command = shlex.split(settings.engine_command) if settings.engine_command else \
         [python, "-m", "sglang.launch_server"]
-    targets = lora_target_modules(model_dir)  # what the trainer adapts (its default targets)
+    targets = lora_target_modules(model_dir, lora_targets)  # what the trainer adapts
     command += [
         "--model-path", model_dir, "--served-model-name", settings.served_model_name,
         "--host", "127.0.0.1", "--port", str(port),
-        "--enable-lora", "--max-lora-rank", str(settings.lora_rank), "--lora-target-modules", *targets,
+        "--enable-lora", "--max-lora-rank", str(lora_rank), "--lora-target-modules", *targets,
         "--max-loras-per-batch", str(MAX_LORAS_PER_BATCH),
         "--mem-fraction-static", str(settings.engine_mem_fraction),
         "--api-key", key, "--admin-api-key", admin_key, "--enable-metrics",

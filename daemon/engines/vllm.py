@@ -32,7 +32,6 @@ DEFAULT_VLLM_VENV = Path.home() / ".cache" / "clawback" / "vllm-venv"
 
 
 class VLLMEngine(RemoteEngine):
-    kind = "vllm"
 
     def __init__(self, info: ModelInfo, endpoint: Endpoint, served_model: str,
                  server: ServerProcess | None = None) -> None:
@@ -88,7 +87,7 @@ class VLLMEngine(RemoteEngine):
         return result
 
 
-def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo) -> VLLMEngine:
+def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank: int) -> VLLMEngine:
     """The engine for `engine = "vllm"`: attach to `engine_url`, or launch and supervise vLLM."""
     served = settings.served_model_name
     key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
@@ -104,7 +103,7 @@ def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo) -> VLLMEng
         [python, "-m", "vllm.entrypoints.openai.api_server"]
     command += [
         "--model", model_dir, "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
-        "--enable-lora", "--max-lora-rank", str(_vllm_rank(settings.lora_rank)), "--max-loras", "2",  # old + new during a swap
+        "--enable-lora", "--max-lora-rank", str(_vllm_rank(lora_rank)), "--max-loras", "2",  # old + new during a swap
         "--logprobs-mode", "raw_logprobs", "--max-model-len", str(info.context_length),
         *shlex.split(settings.engine_args or ""),
     ]

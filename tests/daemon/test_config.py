@@ -214,3 +214,39 @@ def test_data_dir_tilde_is_expanded_from_every_source(home: Path, tmp_path: Path
     write_toml(Path.cwd() / "clawback.toml", 'data_dir = "~/toml-dir"\n')
     assert load_settings().data_dir == home / "toml-dir"
     assert isinstance(Settings(data_dir="~").data_dir, Path) and Settings(data_dir="~").data_dir == home
+
+
+def test_train_and_judge_tables_with_a_preset_and_overrides(home: Path) -> None:
+    write_toml(Path.cwd() / "clawback.toml", '[train]\npreset = "seed"\ntis_cap = 1.5\nkl_coef = 0.02\n'
+                                             'weight_decay = 0.05\n\n[judge]\nbackend = "off"\nvotes = 5\n')
+    s = load_settings()
+    tc = s.train_config()
+    assert (tc.method, tc.lr, tc.betas, tc.tis_cap, tc.kl_coef, tc.weight_decay) == (
+        "combined", 1e-5, (0.9, 0.98), 1.5, 0.02, 0.05)  # the seed recipe, three knobs overridden
+    sig = s.signal_config()
+    assert (sig.teacher, sig.judge_context, sig.count_zero_signal, sig.judge_votes) == ("base", "response_only", True, 5)
+    assert s.judge.backend == "off"
+    assert load_settings(config_file=str(write_toml(home / "plain.toml", ""))).signal_config().teacher == "self"
+
+
+def test_flat_keys_of_earlier_versions_still_load(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_toml(Path.cwd() / "clawback.toml", 'method = "binary"\nlr = 3e-4\njudge = "off"\njudge_votes = 5\n'
+                                             'keep_versions = 7\ntrainer_threads = 2\n')
+    monkeypatch.setenv("CLAWBACK_BATCH_SIZE", "2")
+    monkeypatch.setenv("CLAWBACK_TRAIN", "false")
+    s = load_settings()
+    assert (s.train_config().method, s.train_config().lr, s.train_config().batch_size) == ("binary", 3e-4, 2)
+    assert (s.train.enabled, s.train.keep_versions, s.train.threads) == (False, 7, 2)
+    assert (s.judge.backend, s.judge.votes) == ("off", 5)
+
+
+def test_a_setting_given_flat_and_nested_or_unknown_in_train_is_an_error(home: Path) -> None:
+    write_toml(Path.cwd() / "clawback.toml", "lr = 3e-4\n[train]\nlr = 1e-4\n")
+    with pytest.raises(ValidationError, match=r"give it once, as \[train\] lr"):
+        load_settings()
+    with pytest.raises(ValidationError, match="no setting tis_capp"):
+        load_settings(config_file=str(write_toml(home / "typo.toml", "[train]\ntis_capp = 2.0\n")))
+    with pytest.raises(ValidationError, match="tis_cap must be >= 1"):
+        load_settings(config_file=str(write_toml(home / "bad.toml", "[train]\ntis_cap = 0.5\n")))
+    with pytest.raises(ValidationError, match="votes must be odd"):
+        load_settings(config_file=str(write_toml(home / "even.toml", "[judge]\nvotes = 4\n")))

@@ -60,8 +60,8 @@ def test_toml_layout_table(clean_env: Path) -> None:
 def test_a_local_runtime_cannot_offer_custom_resources_or_labels(clean_env: Path, table: dict, error: str) -> None:
     s = load_settings(data_dir=str(clean_env / "data"), layout=table)  # other commands (status, adapters) still work
     with pytest.raises(PlacementError, match=error):  # `serve` refuses it before building anything
-        RayPlacement(s.layout, s.ray_address, s.trainer_device)
-    RayPlacement(s.layout, "10.0.0.1:6379", s.trainer_device)  # nothing connects before connect()
+        RayPlacement(s.layout, s.ray_address, s.train.device)
+    RayPlacement(s.layout, "10.0.0.1:6379", s.train.device)  # nothing connects before connect()
 
 
 @pytest.mark.parametrize("table, error", [
@@ -118,5 +118,5 @@ def test_the_readme_example_is_a_valid_layout(clean_env: Path) -> None:
     (clean_env / "clawback.toml").write_text(example)
     s = load_settings(data_dir=str(clean_env / "data"))
     assert s.ray_address == "10.0.0.5:6379" and s.layout.reserve_timeout_s == 120
-    assert s.layout.trainer.bundle(s.layout.trainer_gpus(s.trainer_device)) == {"CPU": 1, "GPU": 1, "trainer_node": 1}
+    assert s.layout.trainer.bundle(s.layout.trainer_gpus(s.train.device)) == {"CPU": 1, "GPU": 1, "trainer_node": 1}
     assert s.layout.engine.node_labels == {"ray.io/accelerator-type": "H100"} and s.layout.judge.bundle() == {"CPU": 1}

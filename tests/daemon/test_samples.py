@@ -16,7 +16,8 @@ import pytest
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.samples import SamplePipeline, SignalConfig, degenerate, explicit_reward, teacher_messages
+from clawback.daemon.config import SignalConfig
+from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, teacher_messages
 from clawback.daemon.store import Store, blob_logprobs
 from clawback.engine import Token
 from clawback.records import Call, Feedback

@@ -34,7 +34,7 @@ PROMPT = [1, 520, 33, 4481, 28, 2, 198, 77, 9000]
 
 def sglang_settings(data_dir: Path, **extra) -> Settings:
     return Settings(data_dir=data_dir, engine="sglang", engine_command=f"{sys.executable} {FAKE}",
-                    lora_rank=8, engine_start_timeout_s=300, **extra)
+                    train={"lora_rank": 8}, engine_start_timeout_s=300, **extra)
 
 
 def start_engine(loop, model_dir: Path, data_dir: Path) -> SGLangEngine:
@@ -293,7 +293,7 @@ def test_attach_to_a_running_server_without_supervising_it(loop, engine: SGLangE
 
 
 def test_a_server_that_cannot_start_is_a_clear_error(loop, tiny_model_dir: Path, tmp_path: Path):
-    settings = Settings(data_dir=tmp_path, engine="sglang", lora_rank=8,
+    settings = Settings(data_dir=tmp_path, engine="sglang", train={"lora_rank": 8},
                         engine_command=f"{sys.executable} -c 'import sys; print(\"no GPU\"); sys.exit(3)'")
     engine = build_engine(settings, str(tiny_model_dir))
     with pytest.raises(EngineError, match=r"exited with code 3(.|\n)*no GPU"):

@@ -49,7 +49,7 @@ def adapters(hd64_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def vllm_settings(data_dir: Path, python: str) -> Settings:
-    return Settings(data_dir=data_dir, engine="vllm", engine_python=python, dtype="float32", lora_rank=8,
+    return Settings(data_dir=data_dir, engine="vllm", engine_python=python, dtype="float32", train={"lora_rank": 8},
                     engine_start_timeout_s=600)
 
 

@@ -11,24 +11,32 @@ from clawback.sim.config import METHODS, SimConfig, parse_methods
 from clawback.sim.results import markdown_table, mean_ci, sessions_to_adapt, step_curve, summarize
 
 
-def test_seed_is_the_original_recipe_as_settings_values():
+def test_seed_is_the_daemons_seed_preset():
     cfg = SimConfig(lr=3e-4, batch_size=8)
-    seed = METHODS["seed"]
-    s = Settings(**cfg.settings_for(seed), no_auth=True)
-    assert (s.method, s.teacher, s.judge_context, s.count_zero_signal, s.judge) == (
+    s = Settings(**cfg.settings_for(METHODS["seed"], seed=2), no_auth=True)
+    sig = s.signal_config()
+    assert (sig.method, sig.teacher, sig.judge_context, sig.count_zero_signal, s.judge.backend) == (
         "combined", "base", "response_only", True, "off")
-    tc = cfg.train_config(seed, seed=2)
+    tc = s.train_config()
     assert (tc.method, tc.tis_cap, tc.lr, tc.weight_decay, tc.betas, tc.batch_size, tc.seed) == (
         "combined", None, 1e-5, 0.1, (0.9, 0.98), 8, 2)
-    assert tc.opd_top_k == 0  # the original recipe distils the sampled token only
-    combined = cfg.train_config(METHODS["combined"], seed=2)
-    assert (combined.lr, combined.tis_cap, combined.opd_top_k, combined.opd_clip) == (3e-4, 2.0, 4, 1.0)
-    assert SimConfig(kl_coef=0.05).train_config(METHODS["binary"], seed=1).kl_coef == 0.05
-    assert cfg.train_config(METHODS["opd_evidence"], seed=1).evidence_weight == 1.0
-    assert not METHODS["none"].trains and not METHODS["memory"].trains
-    assert Settings(**cfg.settings_for(METHODS["memory"]), no_auth=True).memory
-    assert not Settings(**cfg.settings_for(METHODS["combined"]), no_auth=True).memory
-    assert Settings(**cfg.settings_for(METHODS["default"]), no_auth=True).memory
+    assert tc.opd_top_k == 0 and sig.hint_template == "hint"  # the original recipe: sampled token, its wording
+    combined = Settings(**cfg.settings_for(METHODS["combined"], seed=2), no_auth=True)
+    assert (combined.train_config().lr, combined.train_config().tis_cap) == (3e-4, 2.0)
+    assert (combined.train_config().opd_top_k, combined.train_config().opd_clip) == (4, 1.0)
+    assert combined.signal_config().teacher == "self" and combined.train.enabled and not combined.memory
+    assert combined.signal_config().hint_template == "instruction"
+    none = Settings(**cfg.settings_for(METHODS["none"], seed=2), no_auth=True)
+    assert not METHODS["none"].trains and not none.train.enabled and not none.memory
+    kl = Settings(**SimConfig(kl_coef=0.05).settings_for(METHODS["binary"], seed=1), no_auth=True)
+    assert kl.train_config().kl_coef == 0.05
+    evidence = Settings(**cfg.settings_for(METHODS["opd_evidence"], seed=1), no_auth=True)
+    assert evidence.train_config().evidence_weight == 1.0 and evidence.signal_config().positive_evidence
+    assert Settings(**cfg.settings_for(METHODS["opd_token"], seed=1), no_auth=True).train_config().opd_top_k == 0
+    memory = Settings(**cfg.settings_for(METHODS["memory"], seed=1), no_auth=True)
+    assert memory.memory and not memory.train.enabled
+    default = Settings(**cfg.settings_for(METHODS["default"], seed=1), no_auth=True)
+    assert default.memory and default.train.enabled and default.train_config().method == "combined"
 
 
 def test_method_lists():

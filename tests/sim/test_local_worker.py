@@ -5,24 +5,28 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from clawback.sim.local_worker import InThreadActor
+from clawback.sim.local_worker import InThreadTrainer
 
 
 class Recorder:
+    """Stands in for TrainerWorker: records the thread each call runs on and their order."""
+
     def __init__(self) -> None:
         self.threads: set[int] = set()
+        self.calls: list[int] = []
 
-    def train(self, x: int, *, scale: int = 1) -> int:
+    def resume(self, version, files):
         self.threads.add(threading.get_ident())
-        return x * scale
+        self.calls.append(version)
+        return version
 
 
 def test_calls_run_in_order_on_one_dedicated_thread():
-    obj = Recorder()
-    actor = InThreadActor(obj)
+    worker = Recorder()
+    trainer = InThreadTrainer(worker)
 
     async def go() -> list[int]:
-        return list(await asyncio.gather(*(actor.train.remote(i, scale=2) for i in range(8))))
+        return list(await asyncio.gather(*(trainer.resume(i, None) for i in range(8))))
 
-    assert asyncio.run(go()) == [0, 2, 4, 6, 8, 10, 12, 14]
-    assert len(obj.threads) == 1 and threading.get_ident() not in obj.threads
+    assert asyncio.run(go()) == list(range(8)) and worker.calls == list(range(8))
+    assert len(worker.threads) == 1 and threading.get_ident() not in worker.threads

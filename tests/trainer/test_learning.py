@@ -233,11 +233,10 @@ def test_kl_anchor_from_clawback_toml_is_logged_and_non_zero(tmp_path):
     """kl_coef set in clawback.toml reaches the trainer, and every step logs the KL to the base
     model: non-zero once the adapter has moved."""
     from clawback.daemon.config import load_settings
-    from clawback.daemon.server import train_config
 
-    (tmp_path / "clawback.toml").write_text("kl_coef = 0.1\nmethod = \"binary\"\n")
-    settings = load_settings(data_dir=tmp_path)
-    cfg = train_config(settings, lora_rank=4, lora_alpha=8, lr=5e-2)
+    (tmp_path / "clawback.toml").write_text("[train]\npreset = \"binary\"\nkl_coef = 0.1\nlora_rank = 4\n"
+                                            "lora_alpha = 8\nlr = 5e-2\n")
+    cfg = load_settings(data_dir=tmp_path).train_config()
     assert (cfg.kl_coef, cfg.method) == (0.1, "binary")
     model, opt = tiny_policy(cfg)
     samples = random_samples(8, seed=4)
