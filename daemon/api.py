@@ -435,7 +435,7 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         seed=req.seed,
         stop_token_ids=state.engine.info.eos_token_ids,
         # Main calls keep the policy's top-K per token, for top-K OPD's teacher to score.
-        top_logprobs=state.settings.opd_top_k if meta.turn_type == "main" else 0,
+        top_logprobs=state.settings.train_config().opd_top_k if meta.turn_type == "main" else 0,
     )
     return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
                      f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
