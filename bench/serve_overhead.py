@@ -22,13 +22,9 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import os
-import platform
 import shutil
-import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,8 +33,8 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = Path.home() / ".cache" / "clawback" / "models" / "SmolLM2-135M-Instruct"
+from _common import DEFAULT_MODEL, REPO, Daemon, cpu_ns, machine, machine_busy_ns, pct, summary, tiny_model
+
 TARGET_P50_MS, TARGET_P99_MS, TARGET_RATIO = 1.0, 3.0, 0.98
 
 # Candidates; only those whose greedy reply does not end before the largest max_tokens are used, so
@@ -55,47 +51,6 @@ SYSTEM = "You are a helpful assistant."
 # ---------------------------------------------------------------- small helpers
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_ns(pid: int | str = "self") -> int:
-    """CPU time (ns) used so far by all threads of a process, from /proc/<pid>/task/*/schedstat.
-
-    Threads that exited are not counted; the daemon's and this process's threads are long-lived.
-    """
-    total = 0
-    base = Path(f"/proc/{pid}/task")
-    for task in base.iterdir():
-        with contextlib.suppress(OSError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total
-
-
-def machine_busy_ns() -> int:
-    """CPU time (ns) all processes on the machine have used, from /proc/stat (user+nice+system+irq+softirq+steal)."""
-    f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    busy = sum(int(f[i]) for i in (0, 1, 2, 5, 6, 7))
-    return busy * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
-def pct(xs: list[float], q: float) -> float:
-    """Percentile with linear interpolation (numpy's default), without needing numpy."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def summary(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99), "mean": statistics.fmean(xs),
-            "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "min": min(xs), "max": max(xs)}
-
-
 def median_ci95(xs: list[float]) -> tuple[float, float]:
     """Distribution-free ~95% confidence interval of the median (order statistics n/2 -+ 0.98 sqrt(n))."""
     s = sorted(xs)
@@ -105,78 +60,13 @@ def median_ci95(xs: list[float]) -> tuple[float, float]:
     return s[lo], s[hi]
 
 
-def machine() -> dict[str, Any]:
-    import torch
-    import transformers
-
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-    return {"nproc": os.cpu_count(), "lscpu": lscpu[:12], "loadavg_at_start": Path("/proc/loadavg").read_text().strip(),
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "platform": platform.platform()}
-
-
-def tiny_model(embedded: Path, out: Path) -> Path:
-    """A 2-layer random Llama with SmolLM2's tokenizer and chat template (as in tests/conftest.py).
-
-    Its forward pass costs about a millisecond, so what is left of a request is the serving path:
-    the daemon's overhead can be resolved to a fraction of a millisecond instead of drowning in the
-    +-5% noise of the 135M model's compute.
-    """
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    if (out / "config.json").is_file():
-        return out
-    tok = AutoTokenizer.from_pretrained(str(embedded))
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    shutil.copy(embedded / "generation_config.json", out / "generation_config.json")
-    return out
-
-
 # ---------------------------------------------------------------- the daemon
 
 
-class Daemon:
+class BenchDaemon(Daemon):
     def __init__(self, model_dir: Path, threads: int, device: str, log_level: str, wrapper: Path | None = None) -> None:
-        self.data_dir = Path(tempfile.mkdtemp(prefix="clawback-bench-"))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = self.data_dir / "daemon.log"
-        env = {**os.environ, "CLAWBACK_TORCH_THREADS": str(threads)}
-        env.pop("CLAWBACK_DATA_DIR", None)
-        entry = [str(wrapper)] if wrapper else ["-m", "clawback.daemon.cli"]
-        cmd = [sys.executable, *entry, "serve", "--model", str(model_dir),
-               "--port", str(self.port), "--data-dir", str(self.data_dir), "--no-auth",
-               "--device", device, "--log-level", log_level]
-        self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited early:\n{self.log.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise TimeoutError(f"daemon did not start:\n{self.log.read_text()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: the lifespan shutdown drains the store
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(model_dir, Path(tempfile.mkdtemp(prefix="clawback-bench-")), threads, device, log_level,
+                         entry=[str(wrapper)] if wrapper else None)
 
     def server_timings(self) -> dict[str, dict[str, float]]:
         """call_id -> the timings the daemon itself recorded (render_s, ttft_s, total_s)."""
@@ -551,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now().astimezone()
     print(f"serve_overhead: model {model_dir}, torch threads {args.threads} per side, {args.pairs} pairs per setting", flush=True)
     info = machine()
-    daemon = Daemon(model_dir, args.threads, args.device, args.daemon_log_level, args.daemon_wrapper)
+    daemon = BenchDaemon(model_dir, args.threads, args.device, args.daemon_log_level, args.daemon_wrapper)
     direct = http = None
     try:
         direct = Direct(model_dir, args.threads, args.device)  # loads while the daemon loads

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:  # torch loads with the first function that needs it: TrainConfig imports ALL_LINEAR
     import torch
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class AdapterError(Exception):
     """A version dir that must not be served or resumed from."""
 
 
-def lora_targets(model: torch.nn.Module, targets: str | Sequence[str] = ALL_LINEAR) -> list[str] | str:
+def lora_targets(model: PreTrainedModel, targets: str | Sequence[str] = ALL_LINEAR) -> list[str] | str:
     """The modules a LoRA on `model` adapts: a list of short names (q_proj, ...), or a regex str.
 
     "all-linear" is resolved here to the short names of every nn.Linear but the output head:

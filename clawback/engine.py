@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Protocol, Sequence
+from typing import AsyncGenerator, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -54,18 +54,21 @@ class Engine(Protocol):
 
     async def start(self) -> None:
         """Launch or reach the model server (vLLM, SGLang); the embedded engine has nothing to do."""
+        ...
 
     def generate(
         self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None, *, background: bool = False
-    ) -> AsyncIterator[Token]:
+    ) -> AsyncGenerator[Token, None]:
         """Stream sampled tokens. Closing the iterator early cancels the generation.
 
         `background` work (the judge) yields to requests being served."""
+        ...
 
     async def score(
         self, prompt_ids: Sequence[int], response_ids: Sequence[int], adapter: str | None = None
     ) -> list[float]:
         """Logprob of each response token given the prompt and the tokens before it."""
+        ...
 
     async def score_candidates(
         self, prompt_ids: Sequence[int], response_ids: Sequence[int], candidates: Sequence[Sequence[int]],
@@ -78,6 +81,7 @@ class Engine(Protocol):
 
     async def activate(self, version: str | None) -> None:
         """Route new requests to `version` (None = base model); in-flight ones keep theirs."""
+        ...
 
     async def unload(self, version: str) -> None: ...
 
@@ -85,9 +89,11 @@ class Engine(Protocol):
 
     def loaded_versions(self) -> list[str]:
         """Adapter versions loaded and not being retired."""
+        ...
 
     def running(self) -> int:
         """Generations under way."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -13,9 +13,13 @@ columns that have always stored that name (`calls.adapter_version`, `samples.tea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 
+@overload
+def version_name(version: int) -> str: ...
+@overload
+def version_name(version: None) -> None: ...
 def version_name(version: int | None) -> str | None:
     """`3` → `"v3"`: the name engines, the API and the store's TEXT columns use (None = base)."""
     return None if version is None else f"v{version}"

@@ -58,9 +58,9 @@ class TrainSettings(BaseModel):
     # Keep samples without any signal as ready with reward 0, so they count toward the batch (the
     # original project's Binary RL did); else they are dropped with reason no_signal. None = the preset's.
     count_zero_signal: bool | None = None
-    keep_versions: int = Field(5, ge=1)  # retention: the newest K good versions, plus pinned and live
+    keep_versions: int = Field(default=5, ge=1)  # retention: the newest K good versions, plus pinned and live
     device: str = "auto"  # the trainer's torch device
-    threads: int = Field(1, ge=0)  # torch threads of the trainer (leave cores for serving)
+    threads: int = Field(default=1, ge=0)  # torch threads of the trainer (leave cores for serving)
     # How the person's correction reaches the OPD teacher (daemon/samples.py HINT_TEMPLATES): its
     # wording, and whether it goes into the last user message or the system prompt
     # (bench/README.md, "In-context following").
@@ -96,12 +96,12 @@ class JudgeSettings(BaseModel):
     url: str | None = None  # any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1
     api_key: SecretStr | None = None
     model: str | None = None
-    votes: int = Field(3, ge=1)  # odd, so that a majority always exists
-    temperature: float = Field(0.6, ge=0, le=2)
-    max_tokens: int = Field(512, ge=16)
-    timeout_s: float = Field(120.0, gt=0)
-    retries: int = Field(1, ge=0)
-    concurrency: int = Field(2, ge=1)  # samples judged at once
+    votes: int = Field(default=3, ge=1)  # odd, so that a majority always exists
+    temperature: float = Field(default=0.6, ge=0, le=2)
+    max_tokens: int = Field(default=512, ge=16)
+    timeout_s: float = Field(default=120.0, gt=0)
+    retries: int = Field(default=1, ge=0)
+    concurrency: int = Field(default=2, ge=1)  # samples judged at once
     # full = the judge sees the request and recent context; response_only = only the reply and
     # its next state, as the original OpenClaw-RL judge. None = the preset's (seed: response_only).
     context: Literal["full", "response_only"] | None = None
@@ -245,7 +245,7 @@ class Settings(BaseSettings):
     train: Annotated[TrainSettings, NoDecode] = Field(default_factory=lambda: TrainSettings())
     judge: Annotated[JudgeSettings, NoDecode] = Field(default_factory=lambda: JudgeSettings())
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
-    layout: Layout = Field(default_factory=Layout)  # [layout]: where engine, judge and trainer run (daemon/layout.py)
+    layout: Layout = Field(default_factory=lambda: Layout())  # [layout]: where engine, judge and trainer run (daemon/layout.py)
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -155,8 +155,8 @@ def add_feedback_routes(app: FastAPI, state: Any) -> None:
     async def feedback_ws(ws: WebSocket) -> None:
         await ws.accept()
         expected = state.api_key
-        authed = expected is None or _key_ok(ws.headers.get("authorization"), expected)
-        if not authed and not await _auth_frame(ws, expected):
+        if expected is not None and not _key_ok(ws.headers.get("authorization"), expected) \
+                and not await _auth_frame(ws, expected):
             return
         out: asyncio.Queue = asyncio.Queue(maxsize=1000)
         sender = asyncio.create_task(_send_loop(ws, out))

@@ -51,8 +51,8 @@ class Placement(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    num_cpus: float = Field(0, ge=0)
-    num_gpus: float = Field(0, ge=0)
+    num_cpus: float = Field(default=0, ge=0)
+    num_gpus: float = Field(default=0, ge=0)
     resources: dict[str, float] = {}  # custom Ray resources, e.g. {"trainer_node": 1}
     node_labels: dict[str, str] = {}  # e.g. {"ray.io/accelerator-type": "H100", "clawback-role": "trainer"}
 
@@ -87,8 +87,8 @@ class Placement(BaseModel):
 
 
 class TrainerPlacement(Placement):
-    num_cpus: float = Field(1, ge=0)
-    num_gpus: float | None = Field(None, ge=0)  # type: ignore[assignment]  # None: 1 if [train] device is cuda, else 0
+    num_cpus: float = Field(default=1, ge=0)
+    num_gpus: float | None = Field(default=None, ge=0)  # type: ignore[assignment]  # None: 1 if [train] device is cuda, else 0
 
     @model_validator(mode="after")
     def _asks_for_something(self) -> "TrainerPlacement":
@@ -107,7 +107,7 @@ class Layout(BaseModel):
     judge: Placement = Placement()
     trainer: TrainerPlacement = TrainerPlacement()
     # How long to wait for the cluster to grant the reservation before giving up with an error.
-    reserve_timeout_s: float = Field(120.0, gt=0)
+    reserve_timeout_s: float = Field(default=120.0, gt=0)
 
     def check_local(self) -> None:
         """Raise unless a local Ray runtime (only this machine, no custom resources or labels) can host it."""

@@ -72,9 +72,9 @@ def ensure_embedded_model(target: Path) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         # The weights are dequantized to float32 on load; drop the GGUF marker so the saved config
         # describes a plain safetensors model.
-        model.hf_quantizer = None
+        setattr(model, "hf_quantizer", None)  # noqa: B010 (torch's Module types its attributes as tensors)
         if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+            delattr(model.config, "quantization_config")
         model.config.name_or_path = EMBEDDED_DIR_NAME
         # <|im_end|> closes every assistant turn in this chat template: generation must stop there.
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")

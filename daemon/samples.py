@@ -27,7 +27,7 @@ from typing import Any, Callable, Literal, Sequence
 from clawback.chat import ChatRenderer, ChatRequest, append_text
 from clawback.engine import Engine, EngineError, Sampling
 from clawback.judge.backends import JudgeBackend
-from clawback.judge.prm import Vote, candidate_hints, judge_hint, judge_prm
+from clawback.judge.prm import Vote, VoteOptions, candidate_hints, judge_hint, judge_prm
 from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, version_name
 
 from .config import SignalConfig
@@ -160,8 +160,9 @@ class SamplePipeline:
         if why is not None:
             await self._write(replace(sample, reason=why), votes)
             return
-        judge_kw = dict(m=cfg.judge_votes, temperature=cfg.judge_temperature, max_tokens=cfg.judge_max_tokens,
-                        timeout_s=cfg.judge_timeout_s, retries=cfg.judge_retries, context=cfg.judge_context)
+        judge_kw: VoteOptions = {"m": cfg.judge_votes, "temperature": cfg.judge_temperature,
+                                 "max_tokens": cfg.judge_max_tokens, "timeout_s": cfg.judge_timeout_s,
+                                 "retries": cfg.judge_retries, "context": cfg.judge_context}
 
         reward = explicit_reward(inp.feedback)
         reward_source = "explicit" if reward is not None else "none"

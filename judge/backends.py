@@ -48,7 +48,7 @@ class EngineBackend:
         self, messages: Sequence[dict[str, Any]], *, temperature: float, max_tokens: int, seed: int | None = None
     ) -> str:
         try:
-            req = ChatRequest(model=self.engine.info.name, messages=list(messages))
+            req = ChatRequest.model_validate({"model": self.engine.info.name, "messages": list(messages)})
         except ValidationError as e:
             raise JudgeBackendError(f"judge messages are not a valid chat request: {e}") from None
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)

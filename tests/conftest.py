@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -15,7 +14,18 @@ from pathlib import Path
 import httpx
 import pytest
 
+from clawback.daemon.engines.supervisor import free_port
+
 CACHE = Path(os.environ.get("CLAWBACK_TEST_CACHE", Path.home() / ".cache" / "clawback"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the embedded model (every model fixture, daemon and engine test does) is in
+    the slow tier; `pytest -m "not slow"` runs the rest in seconds. Tests that need something
+    slow without that fixture (Ray, OpenClaw) carry the mark themselves."""
+    for item in items:
+        if "embedded_model_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -69,12 +79,6 @@ def ending_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPath
             model.model.embed_tokens.weight[eos, 0] = 1.5
     model.save_pretrained(str(out))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DaemonProcess:

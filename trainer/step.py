@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
+from transformers import PreTrainedModel
 
 from clawback.adapter_format import lora_targets
 
@@ -65,7 +66,7 @@ def with_evidence(samples: Sequence[TrainSample], weight: float) -> list[Any]:
     return out
 
 
-def make_lora_model(base_model: torch.nn.Module, cfg: TrainConfig) -> Any:
+def make_lora_model(base_model: PreTrainedModel, cfg: TrainConfig) -> Any:
     """Wrap a HF causal LM with a fresh LoRA adapter ("default"); the base is modified in place."""
     from peft import LoraConfig, get_peft_model
 

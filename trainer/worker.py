@@ -83,7 +83,8 @@ class TrainerWorker:
         self.device = torch.device(device)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         base = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=dtype, attn_implementation=attention_for(self.device)).to(self.device)
+            model_dir, dtype=dtype, attn_implementation=attention_for(self.device),
+        ).to(self.device)  # pyright: ignore[reportArgumentType]  # transformers 5 mistypes .to
         if adapters_root is None:  # private to this actor; the daemon holds every version that matters
             _remove_dirs_of_dead_trainers()
             adapters_root = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")

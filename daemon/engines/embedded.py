@@ -22,7 +22,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncGenerator, Callable, Sequence
 
 import torch
 
@@ -51,7 +51,7 @@ class _Generation:
     prompt_ids: list[int]
     sampling: Sampling
     adapter: str | None
-    emit: Callable[[Any], None]  # thread-safe put into the consumer's asyncio queue
+    emit: Callable[[Any], object]  # thread-safe put into the consumer's asyncio queue
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache: Any = None
     next_input: list[int] = field(default_factory=list)
@@ -79,7 +79,7 @@ class EmbeddedEngine:
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
-        self.model = model.to(self.device).eval()
+        self.model = model.to(self.device).eval()  # pyright: ignore[reportArgumentType]  # transformers 5 mistypes .to
         # transformers renamed `past_key_values` to `cache` in 5.2x; accept both releases.
         self._cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
         self.info = read_model_info(model_dir, name)
@@ -102,7 +102,7 @@ class EmbeddedEngine:
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None, *, background: bool = False
-    ) -> AsyncIterator[Token]:
+    ) -> AsyncGenerator[Token, None]:
         if not prompt_ids:
             raise EngineError("empty prompt")
         self._acquire(adapter)

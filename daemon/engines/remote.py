@@ -28,7 +28,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Sequence
 
 import httpx
 
@@ -113,7 +113,7 @@ class RemoteEngine(abc.ABC):
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: Sampling, adapter: str | None = None, *, background: bool = False
-    ) -> AsyncIterator[Token]:
+    ) -> AsyncGenerator[Token, None]:
         # `background` (the judge): both servers batch continuously, so background work costs
         # serving little; it is not prioritised separately.
         if not prompt_ids:

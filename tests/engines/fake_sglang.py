@@ -1,5 +1,5 @@
 """A FAKE SGLang server, for tests only: SGLang 0.5.23 cannot run on a CPU-only machine (its
-PyPI kernels are CUDA builds; shared/reference/engines-sglang-vllm.md §6), and CI has no GPU.
+PyPI kernels are CUDA builds), and CI has no GPU.
 
 It takes SGLang's launch flags (rejecting unknown ones) and answers the routes the SGLang engine
 uses with SGLang's request and response shapes (reference §2, §3, §5):

@@ -1,7 +1,7 @@
 """The SGLang engine against a FAKE SGLang server (tests/engines/fake_sglang.py).
 
 Faked: the SGLang server itself, because SGLang cannot run on this CPU-only machine or in CI
-(shared/reference/engines-sglang-vllm.md §6). The fake speaks SGLang's HTTP shapes and computes
+(its PyPI kernels are CUDA builds). The fake speaks SGLang's HTTP shapes and computes
 every logprob with transformers + PEFT, so the numbers checked here are real. Everything on our
 side is real: the engine launches the fake as its supervised child with the exact command line
 it gives SGLang, talks to it over HTTP, restarts it when killed, and stops it.

@@ -13,9 +13,9 @@ from clawback.judge.backends import JudgeBackendError, PromptTooLongError
 from clawback.judge.prm import (
     CONTEXT_CHARS,
     REQUEST_CHARS,
+    HINT_PROMPT,
     Vote,
-    build_hint_messages,
-    build_prm_messages,
+    build_messages,
     fill,
     judge_hint,
     judge_prm,
@@ -206,7 +206,7 @@ def user_prompt(messages: list[dict[str, str]]) -> str:
 
 def test_prm_prompt_shows_request_stripped_response_and_next_state_role():
     next_state = [{"role": "tool", "name": "convert", "content": "8.05"}]
-    messages = build_prm_messages(REQUEST, RESPONSE, next_state)
+    messages = build_messages(REQUEST, RESPONSE, next_state)
     prompt = user_prompt(messages)
     assert "Convert 5 miles to kilometres." in prompt
     assert "5 miles is about 8.05 km." in prompt
@@ -217,16 +217,20 @@ def test_prm_prompt_shows_request_stripped_response_and_next_state_role():
 
 
 def test_hint_prompt_takes_explicit_feedback_as_a_user_message():
-    prompt = user_prompt(build_hint_messages(REQUEST, RESPONSE, "Use miles per hour next time."))
+    prompt = user_prompt(build_messages(REQUEST, RESPONSE, "Use miles per hour next time.", HINT_PROMPT))
     assert "(role: user)" in prompt and "Use miles per hour next time." in prompt
     assert "Convert 5 miles to kilometres." in prompt and "SECRET-REASONING" not in prompt
+
+
+def hint_messages(*args: Any, **kw: Any) -> list[dict[str, str]]:
+    return build_messages(*args, prompt_version=HINT_PROMPT, **kw)
 
 
 def test_user_text_with_braces_is_inserted_verbatim():
     request = [{"role": "user", "content": "Format {x} and {request} and {0} and }{ in Python"}]
     response = "Use f'{x!r}' or '{}'.format(x)"
     next_state = [{"role": "user", "content": "What about {next_state}?"}]
-    for build in (build_prm_messages, build_hint_messages):
+    for build in (build_messages, hint_messages):
         prompt = user_prompt(build(request, response, next_state))
         assert "Format {x} and {request} and {0} and }{ in Python" in prompt
         assert "Use f'{x!r}' or '{}'.format(x)" in prompt
@@ -243,16 +247,16 @@ def test_templates_fill_every_placeholder():
     for version in ("prm_v1", "hint_v1"):
         template = load_template(version)
         assert template.version == version
-        for messages in (build_prm_messages(REQUEST, RESPONSE, THANKS), build_hint_messages(REQUEST, RESPONSE, THANKS)):
+        for messages in (build_messages(REQUEST, RESPONSE, THANKS), build_messages(REQUEST, RESPONSE, THANKS, HINT_PROMPT)):
             for m in messages:
                 assert not re.search(r"\{[a-z_]+\}", m["content"]), m["content"]
 
 
 def test_a_judge_that_parrots_the_prompt_gives_no_reward_and_no_hint():
     # Small judges often echo the instructions; the last box they echo must be the harmless one.
-    for message in build_prm_messages(REQUEST, RESPONSE, THANKS):
+    for message in build_messages(REQUEST, RESPONSE, THANKS):
         assert parse_score(message["content"]) == 0
-    for message in build_hint_messages(REQUEST, RESPONSE, THANKS):
+    for message in build_messages(REQUEST, RESPONSE, THANKS, HINT_PROMPT):
         score, hint = parse_hint(message["content"])
         assert score == -1
         assert select_hint([Vote(score=1, raw="", prompt_version="hint_v1", hint=hint)]) is None
@@ -266,7 +270,7 @@ def test_tool_loop_request_and_readable_tool_calls():
         {"role": "tool", "tool_call_id": "c1", "content": "buy milk"},
     ]
     response = '<tool_call>\n{"name": "summarise", "arguments": {"text": "buy milk"}}\n</tool_call>'
-    prompt = user_prompt(build_prm_messages(messages, response, [{"role": "tool", "content": "ok"}]))
+    prompt = user_prompt(build_messages(messages, response, [{"role": "tool", "content": "ok"}]))
     request_section = prompt.split("## The user's request\n", 1)[1]
     assert request_section.startswith("What is in notes.txt?")
     assert '[calls tool read_file with {"path": "notes.txt"}]' in prompt
@@ -279,18 +283,18 @@ def test_context_is_bounded_in_messages_and_characters():
     old = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"OLD-{i} " + "x" * 50} for i in range(10)]
     huge_tool = {"role": "tool", "name": "dump", "content": "y" * 50_000}
     messages = [*old, {"role": "user", "content": "R" * 10_000}, huge_tool]
-    prompt = user_prompt(build_prm_messages(messages, "done", THANKS))
+    prompt = user_prompt(build_messages(messages, "done", THANKS))
     assert "OLD-9" in prompt and "OLD-7" in prompt and "OLD-6" not in prompt  # 4 messages: tool + OLD-9..7
     longest_run = lambda ch: max(len(run) for run in re.findall(f"{ch}+", prompt))  # noqa: E731
     assert 1000 < longest_run("R") <= REQUEST_CHARS and "characters cut" in prompt
     assert 500 < longest_run("y") <= CONTEXT_CHARS // 2
-    template_chars = len(user_prompt(build_prm_messages([{"role": "user", "content": ""}], "", [])))
+    template_chars = len(user_prompt(build_messages([{"role": "user", "content": ""}], "", [])))
     assert len(prompt) < template_chars + REQUEST_CHARS + CONTEXT_CHARS + 500
 
 
 def test_content_parts_are_read():
     request = [{"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]}]
-    prompt = user_prompt(build_prm_messages(request, "ok", THANKS))
+    prompt = user_prompt(build_messages(request, "ok", THANKS))
     assert "part one\npart two" in prompt
 
 
@@ -306,9 +310,9 @@ def test_strip_reasoning(text, expected):
 
 
 def test_response_only_context_hides_the_request_like_the_seed_judge():
-    for build in (build_prm_messages, build_hint_messages):
+    for build in (build_messages, hint_messages):
         prompt = user_prompt(build(REQUEST, RESPONSE, THANKS, context="response_only"))
         assert "Convert 5 miles to kilometres." not in prompt
         assert "5 miles is about 8.05 km." in prompt and "(not shown to the judge)" in prompt
     with pytest.raises(ValueError, match="judge context"):
-        build_prm_messages(REQUEST, RESPONSE, THANKS, context="everything")
+        build_messages(REQUEST, RESPONSE, THANKS, context="everything")
