@@ -210,7 +210,9 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
                                  "meets": reaction.judgement.meets, "gate": reaction.judgement.gate,
                                  "reaction": reaction.kind})
             on_progress({"interaction": i + 1})
-            if state.adapters.live() != live_before:
+            # The probe on every new version, and where the greedy evaluation runs (the preference
+            # notes change the prompt without a new version).
+            if state.adapters.live() != live_before or i + 1 in marks:
                 await probe_now(i + 1)
             if i + 1 in marks:
                 await score_now(i + 1)
