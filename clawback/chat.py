@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .engine import Constraint
+
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -129,6 +131,24 @@ class NamedToolChoice(BaseModel):
         return v
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs json_schema")
+        return self
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
@@ -149,9 +169,10 @@ class ChatRequest(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = Field(None, ge=1, le=1)  # one choice per call: each one is a recorded sample
+    n: int | None = Field(None, ge=1)  # only 1 is served (see api._prepare)
     logprobs: bool = False  # the sampled tokens' temperature-1 logprobs (what training uses)
-    top_logprobs: int | None = Field(None, ge=0, le=0)  # alternatives per position are not computed
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
     # clawback metadata, also accepted as headers; stripped before rendering
     session_id: str | None = None
     turn_type: str | None = None
@@ -180,6 +201,24 @@ class ChatRequest(BaseModel):
             raise ValueError("tool_choice 'required' needs tools")
         return self
 
+    def constraint(self) -> Constraint | None:
+        """What the reply must match: a forced tool call (tool_choice 'required' or a named
+        function) wins over `response_format`; None when the reply is free text."""
+        forced = self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+        if self.tools and forced:
+            named = self.tool_choice.function["name"] if isinstance(self.tool_choice, NamedToolChoice) else None
+            calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                        "arguments": t.function.parameters or {"type": "object"}},
+                      "required": ["name", "arguments"], "additionalProperties": False}
+                     for t in self.tools if named in (None, t.function.name)]
+            schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+            return Constraint(json.dumps(schema), prefix=TOOL_OPEN + "\n", suffix="\n" + TOOL_CLOSE)
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema else {}
+        return Constraint(json.dumps(schema or {"type": "object"}))
+
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
@@ -190,7 +229,7 @@ class ChatRequest(BaseModel):
         """The request as stored: everything the client sent except clawback's own metadata."""
         return self.model_dump(
             exclude={"session_id", "turn_type", "turn_id", "request_id", "session_done"},
-            exclude_none=True,
+            exclude_none=True, by_alias=True,
         )
 
 

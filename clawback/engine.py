@@ -16,24 +16,51 @@ from typing import AsyncGenerator, Protocol, Sequence
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """What a reply must match: a JSON value valid under `schema` (JSON Schema, as JSON text),
+    between a fixed `prefix` and `suffix` (a forced tool call: `<tool_call>\n` … `\n</tool_call>`).
+
+    JSON is written compactly (`, ` and `: ` separators, no other whitespace) so that a small
+    model cannot spend its tokens on blank space."""
+
+    schema: str
+    prefix: str = ""
+    suffix: str = ""
+
+    def lark(self) -> str:
+        """The constraint as an llguidance Lark grammar."""
+        schema = json.loads(self.schema)
+        schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+        parts = [json.dumps(p) for p in (self.prefix,) if p] + ["value"] + [json.dumps(s) for s in (self.suffix,) if s]
+        return f"start: {' '.join(parts)}\nvalue: %json {json.dumps(schema)}\n"
+
+
+@dataclass(frozen=True)
 class Sampling:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     max_tokens: int = 256
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # end the generation after emitting one of these
-    top_logprobs: int = 0  # also report the K most likely tokens at each position (Token.top)
+    top_logprobs: int = 0  # report the k most likely tokens at each position (Token.top_ids / top_logprobs)
+    constraint: Constraint | None = None  # sample only tokens that keep the reply valid under it
 
 
 @dataclass(frozen=True)
 class Token:
+    """One sampled token. `logprob` and `top_logprobs` are of the model's unscaled distribution
+    (temperature 1, no top-p, no grammar mask): what `score()` reproduces and training uses.
+    `top_ids` / `top_logprobs` are the `Sampling.top_logprobs` most likely tokens at this position,
+    most likely first (empty when not asked for); the sampled token may or may not be among them."""
+
     id: int
     logprob: float  # under the unscaled (temperature-1) distribution
-    # The K most likely tokens at this position, (id, temperature-1 logprob), most likely first;
-    # empty unless Sampling.top_logprobs asked for them.
-    top: tuple[tuple[int, float], ...] = ()
-    # Logprob under the distribution the token was actually drawn from (temperature and top-p
-    # applied); None for greedy decoding or an engine that cannot report it.
+    # The k most likely tokens at this position and their temperature-1 logprobs, most likely
+    # first; empty unless Sampling.top_logprobs asked for them.
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+    # Logprob under the distribution the token was actually drawn from (temperature, top-p and a
+    # constraint's mask applied); None for greedy decoding or an engine that cannot report it.
     sampling_logprob: float | None = None
 
 

@@ -27,11 +27,13 @@ from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
-from clawback.engine import Engine, EngineError, Sampling
+from clawback.engine import Engine, EngineError, Sampling, Token
 from clawback.records import Call, parse_version
 
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
+from .engines import grammar
+from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
 from .feedback import Hub, add_feedback_routes
 from .memory import inject
 from .store import Store
@@ -145,11 +147,12 @@ class AppState:
 
 
 ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback",
-          "/v1/adapters")
+          "/v1/adapters", "/v1/dashboard/link")
 
 
 class Gate:
-    """Bearer auth (all but /healthz), request counting. Pure ASGI so streaming stays untouched."""
+    """Bearer auth (all but /healthz and the dashboard, which has its own login), request counting.
+    Pure ASGI so streaming stays untouched."""
 
     def __init__(self, app: Any, state: AppState) -> None:
         self.app, self.state = app, state
@@ -168,7 +171,8 @@ class Gate:
             await send(message)
 
         try:
-            if self.expected is not None and path != "/healthz":
+            dashboard = path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+            if self.expected is not None and path != "/healthz" and not dashboard:
                 given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
                 if not hmac.compare_digest(given, self.expected):
                     msg = "missing bearer token" if not given else "invalid API key"
@@ -244,6 +248,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             "generations_running": state.running,
             "sessions_open": state.capture.open_sessions(),
             "capture": dict(state.capture.counters),
+            "warnings": [w for w in (state.capture.untrained_warning(),) if w],
+            "main_calls": {"last_at": state.capture.last_main_at, "last_tagged_at": state.capture.last_tagged_main_at},
             "signals": {"method": state.pipeline.cfg.method, "teacher": state.pipeline.cfg.teacher,
                         "judge": state.judge_name, "feedback_connections": state.hub.connections()},
             "training": {
@@ -274,6 +280,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
     _add_memory_routes(app, state)
+    add_dashboard_routes(app, state)
 
     return Gate(app, state)
 
@@ -374,6 +381,20 @@ async def _read_json(request: Request, limit: int) -> Any:
         raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
 
 
+IMAGE_PARTS = ("image_url", "input_image", "image")
+
+
+def _refuse_images(raw: dict[str, Any]) -> None:
+    """Image content parts get a plain answer rather than a schema path."""
+    messages = raw.get("messages")
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                raise ApiError(400, "this model does not accept images", param=f"messages.{i}.content.{j}",
+                               code="images_not_supported")
+
+
 def _validation_error(e: ValidationError) -> ApiError:
     first = e.errors()[0]
     param = ".".join(str(p) for p in first["loc"]) or None
@@ -400,10 +421,22 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     raw = await _read_json(request, state.settings.max_body_bytes)
     if not isinstance(raw, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    _refuse_images(raw)
     try:
         req = ChatRequest.model_validate(raw)
     except ValidationError as e:
         raise _validation_error(e) from None
+    if (req.n or 1) > 1:
+        raise ApiError(400, "n > 1 is not supported: each reply is its own call; send n requests",
+                       param="n", code="unsupported_parameter")
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    constraint = req.constraint()
+    if constraint is not None:
+        error = await asyncio.to_thread(grammar.check, constraint)
+        if error:
+            param = "tools" if constraint.prefix else "response_format"
+            raise ApiError(400, f"cannot enforce this schema: {error.strip()}", param=param, code="invalid_schema")
     if req.model not in (state.settings.served_model_name, state.engine.info.name):
         raise ApiError(404, f"model {req.model!r} does not exist; this daemon serves "
                             f"{state.settings.served_model_name!r}", param="model", code="model_not_found")
@@ -435,19 +468,25 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         max_tokens=min(wanted, ctx - len(prompt_ids)),  # the room left in the context
         seed=req.seed,
         stop_token_ids=state.engine.info.eos_token_ids,
-        # Main calls keep the policy's top-K per token, for top-K OPD's teacher to score.
-        top_logprobs=state.settings.train_config().opd_top_k if meta.turn_type == "main" else 0,
+        # Main calls keep the policy's top-K per token too, for top-K OPD's teacher to score.
+        top_logprobs=max(req.top_logprobs or 0, state.settings.train_config().opd_top_k if meta.turn_type == "main" else 0),
+        constraint=constraint,
     )
     return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
                      f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
 
 
-def _top_matrix(top: list[tuple[tuple[int, float], ...]], field: int) -> list[list[Any]] | None:
-    """T x K ids (field 0) or logprobs (field 1); None unless every position has the same K > 0."""
-    widths = {len(t) for t in top}
-    if len(widths) != 1 or 0 in widths:
-        return None
-    return [[pair[field] for pair in t] for t in top]
+def _top_matrix(tokens: list[Token], field: str) -> list[list[Any]] | None:
+    """T x K `top_ids` or `top_logprobs`; None unless every position has the same K > 0."""
+    rows = [list(getattr(t, field)) for t in tokens]
+    widths = {len(r) for r in rows}
+    return rows if len(widths) == 1 and 0 not in widths else None
+
+
+def _sampling_logprobs(tokens: list[Token]) -> list[float] | None:
+    """Each token's logprob under the distribution it was drawn from; None if any is unknown (greedy)."""
+    values = [t.sampling_logprob for t in tokens]
+    return None if not values or None in values else [float(v) for v in values if v is not None]
 
 
 class _Run:
@@ -457,10 +496,7 @@ class _Run:
         self.state, self.p = state, p
         self.detok = IncrementalDetokenizer(state.renderer.tokenizer)
         self.gate = TextGate(p.req.stop_list(), p.req.tools_enabled())
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.sampling_logprobs: list[float | None] = []
-        self.top: list[tuple[tuple[int, float], ...]] = []
+        self.tokens: list[Token] = []
         self.first_token_at: float | None = None
         self.finish_reason = "cancelled"
         self.tool_calls: list[dict[str, Any]] = []
@@ -473,10 +509,7 @@ class _Run:
             async for tok in stream:
                 if self.first_token_at is None:
                     self.first_token_at = time.time()
-                self.ids.append(tok.id)
-                self.logprobs.append(tok.logprob)
-                self.sampling_logprobs.append(tok.sampling_logprob)
-                self.top.append(tok.top)
+                self.tokens.append(tok)
                 if tok.id in eos:
                     break
                 out = self.gate.feed(self.detok.push(tok.id))
@@ -486,7 +519,7 @@ class _Run:
                     break
         finally:
             await stream.aclose()  # stops the engine early on a stop string or a client disconnect
-        hit_eos = bool(self.ids) and self.ids[-1] in eos
+        hit_eos = bool(self.tokens) and self.tokens[-1].id in eos
         tail = self.gate.finish()
         if tail:
             yield tail
@@ -502,12 +535,20 @@ class _Run:
         """OpenAI `logprobs.content` for every sampled token (the end token included)."""
         if not self.p.req.logprobs:
             return None
-        tok = self.state.renderer.tokenizer
-        content = []
-        for token_id, lp in zip(self.ids, self.logprobs):
-            text = tok.decode([token_id])
-            content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
-        return {"content": content}
+        decode = self.state.renderer.tokenizer.decode
+
+        def entry(token_id: int, lp: float) -> dict[str, Any]:
+            text = decode([token_id])
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        n = self.p.req.top_logprobs or 0  # the engine may hold more: main calls keep top-K for OPD
+        return {"content": [{**entry(t.id, t.logprob),
+                             "top_logprobs": [entry(i, lp) for i, lp in zip(t.top_ids[:n], t.top_logprobs[:n])]}
+                            for t in self.tokens]}
+
+    @property
+    def ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
 
     def usage(self) -> dict[str, int]:
         n_prompt, n_out = len(self.p.prompt_ids), len(self.ids)
@@ -521,9 +562,9 @@ class _Run:
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
             adapter_version=parse_version(p.adapter), request=p.served.openai_body(), prompt_text=p.prompt_text,
-            prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=self.logprobs,
-            sampling_logprobs=None if None in self.sampling_logprobs else list(self.sampling_logprobs),
-            top_ids=_top_matrix(self.top, 0), top_logprobs=_top_matrix(self.top, 1),
+            prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=[t.logprob for t in self.tokens],
+            sampling_logprobs=_sampling_logprobs(self.tokens), top_ids=_top_matrix(self.tokens, "top_ids"),
+            top_logprobs=_top_matrix(self.tokens, "top_logprobs"),
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,
             timings={"render_s": p.rendered - p.arrived, "ttft_s": ttft, "total_s": now - p.arrived,

@@ -31,6 +31,8 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 TRUTHY = {"1", "true", "yes", "on"}
+UNTAGGED_WARN_CALLS = 3  # untagged calls without a main call in between before warning
+UNTAGGED_WARN_AFTER_S = 600.0  # ... when no main call came for this long (or ever); also the log interval
 
 
 class MetaError(ValueError):
@@ -63,10 +65,16 @@ def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
         if turn_type not in ("main", "side"):
             raise MetaError(f"turn type must be 'main' or 'side', got {turn_type!r}")
     done = pick("x-session-done", req.session_done)
-    request_id = pick("x-request-id", req.request_id) or f"req-{uuid.uuid4().hex}"
+    session_id = pick("x-session-id", req.session_id)
+    affinity = None
+    if session_id is None and turn_type is None:
+        # No-plugin mode: OpenClaw's `compat.sendSessionAffinityHeaders` names the session on the
+        # agent's own turns and on nothing else (compaction, titles), so a named call is main.
+        affinity = pick("x-session-affinity", None) or pick("session_id", None)
+    request_id = pick("x-request-id", req.request_id) or pick("x-client-request-id", None) or f"req-{uuid.uuid4().hex}"
     return CallMeta(
-        session_id=pick("x-session-id", req.session_id) or f"anon-{uuid.uuid4().hex}",
-        turn_type=turn_type or "side",  # untagged calls are served and logged, never trained
+        session_id=session_id or affinity or f"anon-{uuid.uuid4().hex}",
+        turn_type=turn_type or ("main" if affinity else "side"),  # untagged calls are served and logged, never trained
         turn_id=pick("x-turn-id", req.turn_id),
         request_id=request_id,
         session_done=(done or "").lower() in TRUTHY,
@@ -121,6 +129,23 @@ class Capture:
         self.clock = clock
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self.counters: dict[str, int] = {}
+        self.last_main_at: float | None = None
+        self.last_tagged_main_at: float | None = None  # a main call tagged by the plugin (X-Turn-Type)
+        self.side_untagged_since_main = 0  # untagged side calls served since the last main call
+        self._warned_at: float | None = None
+        self.last_untagged_at: float | None = None  # the dashboard warns when only these arrive
+
+    def untrained_warning(self) -> str | None:
+        """Untagged calls keep coming and no main call does: the most common reason nothing trains."""
+        now = self.clock()
+        quiet = self.last_main_at is None or now - self.last_main_at > UNTAGGED_WARN_AFTER_S
+        if self.side_untagged_since_main < UNTAGGED_WARN_CALLS or not quiet:
+            return None
+        since = "since the daemon started" if self.last_main_at is None else \
+            f"in the last {int(now - self.last_main_at) // 60} min"
+        return (f"{self.side_untagged_since_main} untagged calls served and no main call {since}: nothing "
+                "is being trained. Install the clawback OpenClaw plugin (`clawback openclaw install`) or set "
+                "`compat.sendSessionAffinityHeaders: true` on the provider (no-plugin mode, see README).")
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -152,11 +177,21 @@ class Capture:
 
     async def begin(self, meta: CallMeta, req: ChatRequest, call_id: str) -> None:
         """A main call arrived: its new trailing messages are the previous main call's next state."""
+        now = self.clock()
         if not meta.tagged:
             self._count("untagged_calls")
+            self.last_untagged_at = self.clock()
         if meta.turn_type != "main":
+            if not meta.tagged:
+                self.side_untagged_since_main += 1
+                warning = self.untrained_warning()
+                if warning and (self._warned_at is None or now - self._warned_at > UNTAGGED_WARN_AFTER_S):
+                    self._warned_at = now
+                    log.warning("%s", warning)
             return
-        now = self.clock()
+        self.last_main_at, self.side_untagged_since_main = now, 0
+        if meta.tagged:
+            self.last_tagged_main_at = now
         s = await self._session(meta.session_id)
         s.last_seen = now
         if s.closed:

@@ -1,4 +1,4 @@
-"""The daemon's commands: init, serve, status, adapters, export.
+"""The daemon's commands: init, serve, status, adapters, dashboard, export.
 
 `clawback.cli` adds `simulate` (from `clawback.sim`) and is the installed `clawback` command;
 `python -m clawback.daemon.cli` runs the daemon's commands alone."""
@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import Settings, load_settings
@@ -112,6 +114,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             conn.close()
         status = {"daemon": f"not reachable at {url} ({type(e).__name__})", "store": {"path": str(s.db_path), **store_counts}}
     print(json.dumps(status, indent=2))
+    for warning in status.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -141,6 +145,58 @@ def cmd_adapters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_openclaw(args: argparse.Namespace) -> int:
+    from . import openclaw
+
+    s = _settings(args)
+    url, headers = _daemon(args, s)
+    key = headers.get("authorization", "").removeprefix("Bearer ") or None
+    oc = openclaw.OpenClawCli(args.openclaw)
+    daemon = openclaw.Daemon(url, key)
+    try:
+        if args.action == "install":
+            key_file = s.api_key_path if key and s.api_key is None else None
+
+            def offline_model() -> dict[str, Any]:  # what the daemon would serve, when it is not running
+                from clawback.engine import read_model_info
+
+                from .models import resolve_model
+
+                info = read_model_info(resolve_model(s.model, s.models_dir))
+                return {"id": s.served_model_name, "context_length": info.context_length}
+
+            return openclaw.install(oc, daemon, s.data_dir, key_file, offline_model, plugin=args.plugin,
+                                    make_default=args.make_default, slim=args.slim, max_tokens=args.max_tokens,
+                                    restart=args.restart, verify=args.verify, assume_yes=args.yes)
+        if args.action == "uninstall":
+            return openclaw.uninstall(oc, s.data_dir)
+        return openclaw.print_checks(openclaw.doctor(oc, daemon, test_turn=args.test_turn))
+    except openclaw.SetupError as e:
+        print(f"clawback openclaw {args.action}: {e}", file=sys.stderr)
+        return 1
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Print a one-time login link to the dashboard and open it where a browser exists."""
+    import webbrowser
+
+    import httpx
+
+    s = _settings(args)
+    url, headers = _daemon(args, s)
+    try:
+        link = url + _call("POST", f"{url}/v1/dashboard/link", headers)["path"]
+    except httpx.HTTPError as e:
+        raise ValueError(f"no daemon at {url} ({type(e).__name__}); start it with `clawback serve`") from None
+    print(f"dashboard (this link logs in once, within 2 minutes): {link}")
+    if not args.no_browser:
+        try:
+            webbrowser.get().open(link)
+        except webbrowser.Error:
+            pass  # no browser on this machine (a server): the printed link is the way in
+    return 0
+
+
 def _parse_since(value: str | None) -> float | None:
     if value is None:
         return None
@@ -154,6 +210,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .store import export_jsonl
 
     s = _settings(args)
+    if args.what == "adapter":
+        return _export_adapter(args, s)
+    if not args.jsonl:
+        raise ValueError("export needs --jsonl (calls) or `adapter vN --format ...`")
     if not s.db_path.is_file():
         print(f"no store at {s.db_path}", file=sys.stderr)
         return 1
@@ -184,6 +244,24 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(f"memory {'on' if out['enabled'] else 'off'}: {len(out['data'])} of at most {out['max_notes']} notes")
     for n in out["data"]:
         print(f"{n['note_id']:>4}  {n['text']}  ({n['source']})")
+    return 0
+
+
+def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
+    from . import export
+    from .models import EMBEDDED_MODEL, find_gguf, resolve_model
+
+    if args.version is None or args.format is None:
+        raise ValueError("export adapter needs a version and --format (" + "|".join(export.FORMATS) + ")")
+    name = "v" + str(args.version).removeprefix("v")
+    adapter_dir = s.data_dir / "adapters" / name
+    if not adapter_dir.is_dir():
+        raise ValueError(f"no adapter version {name} in {adapter_dir.parent}")
+    base_gguf = Path(args.base_gguf) if args.base_gguf else (find_gguf() if s.model == EMBEDDED_MODEL else None)
+    suffix = ".gguf" if args.format.startswith("gguf") else ""
+    out = Path(args.out) if args.out else Path(f"clawback-{name}-{args.format}{suffix}")
+    export.export_adapter(adapter_dir, resolve_model(s.model, s.models_dir), args.format, out, base_gguf)
+    print(f"wrote {out} ({args.format} of adapter {name})")
     return 0
 
 
@@ -220,12 +298,44 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_memory)
 
-    p = sub.add_parser("export", help="write sessions, calls and next states")
+    p = sub.add_parser("dashboard", help="open the dashboard with a one-time login link")
     _settings_flags(p)
-    p.add_argument("--jsonl", action="store_true", required=True, help="JSON lines (the only format)")
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.add_argument("--no-browser", action="store_true", help="only print the link")
+    p.set_defaults(fn=cmd_dashboard)
+
+    p = sub.add_parser("export", help="write sessions, calls and next states (--jsonl), or an adapter version")
+    _settings_flags(p)
+    p.add_argument("what", nargs="?", choices=["adapter"], help="adapter: export a trained version")
+    p.add_argument("version", nargs="?", help="adapter version (N or vN)")
+    p.add_argument("--format", choices=["peft", "merged", "gguf-lora", "gguf-merged"],
+                   help="adapter: PEFT dir | merged HF model | llama.cpp LoRA GGUF | merged GGUF (Ollama)")
+    p.add_argument("--base-gguf", help="adapter, gguf-merged: the base model's GGUF (default: the embedded model's)")
+    p.add_argument("--jsonl", action="store_true", help="calls as JSON lines")
     p.add_argument("--since", help="only records from this time on (ISO 8601 or unix seconds)")
-    p.add_argument("--out", help="output file (default stdout)")
+    p.add_argument("--out", help="output file or dir (default: stdout for --jsonl, ./clawback-vN-FORMAT for adapters)")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("openclaw", help="connect an OpenClaw to this daemon (install), undo it, or check the chain")
+    _settings_flags(p)
+    p.add_argument("action", choices=["install", "uninstall", "doctor"])
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.add_argument("--openclaw", default=os.environ.get("OPENCLAW", "openclaw"),
+                   help="how to run the OpenClaw CLI (default: openclaw; e.g. \"node /path/openclaw.mjs\")")
+    p.add_argument("--plugin", help="install this package spec (e.g. clawback, clawhub:clawback) instead of "
+                                    "linking this checkout's extension/")
+    p.add_argument("--make-default", action=argparse.BooleanOptionalAction, default=None,
+                   help="make clawback/<model> the agents' default model (asked when interactive)")
+    p.add_argument("--slim", action=argparse.BooleanOptionalAction, default=None,
+                   help="the small-context profile (offered when the model has under 16 K tokens of context)")
+    p.add_argument("--max-tokens", type=int, default=0, help="reply cap in the model entry (default context/8)")
+    p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
+                   help="run `openclaw gateway restart` after install (default on)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="send one test turn through OpenClaw and confirm it arrived tagged (default on)")
+    p.add_argument("--yes", "-y", action="store_true", help="take the defaults without asking")
+    p.add_argument("--test-turn", action="store_true", help="doctor: first send one test turn through OpenClaw")
+    p.set_defaults(fn=cmd_openclaw)
 
     for add in commands:
         add(sub)

@@ -41,7 +41,7 @@ def resolve_model(model: str, models_dir: Path) -> str:
     return model  # a hub id; transformers downloads it where the network allows
 
 
-def _find_gguf() -> Path:
+def find_gguf() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)  # locate without importing (it imports llama_cpp)
     if spec is None or spec.origin is None:
         raise ModelNotFound(
@@ -61,7 +61,7 @@ def ensure_embedded_model(target: Path) -> Path:
     """
     if (target / "config.json").is_file():
         return target
-    gguf = _find_gguf()
+    gguf = find_gguf()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s into %s (one time)", gguf.name, target)

@@ -34,5 +34,5 @@ async def opener_mass(state: Any, scen: Scenario, tasks: tuple[Task, ...]) -> fl
         _, ids = await asyncio.to_thread(state.renderer.render, req)
         sampling = Sampling(temperature=0.0, max_tokens=1, top_logprobs=TOP)
         async for t in state.engine.generate(ids, sampling, state.engine.active_version()):
-            total += sum(math.exp(lp) for i, lp in t.top if scen.good_opener(tok.decode([i])))
+            total += sum(math.exp(lp) for i, lp in zip(t.top_ids, t.top_logprobs) if scen.good_opener(tok.decode([i])))
     return total / len(tasks)

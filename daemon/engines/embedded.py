@@ -28,6 +28,8 @@ import torch
 
 from clawback.engine import EngineError, Sampling, Token, read_model_info
 
+from .grammar import GrammarMask, GrammarTokenizer
+
 log = logging.getLogger(__name__)
 
 BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
@@ -58,6 +60,7 @@ class _Generation:
     n_generated: int = 0
     rng: torch.Generator | None = None
     background: bool = False  # judge and other internal work: yields to serving
+    mask: GrammarMask | None = None  # Sampling.constraint, compiled for this stream
 
 
 _END = object()
@@ -83,6 +86,7 @@ class EmbeddedEngine:
         # transformers renamed `past_key_values` to `cache` in 5.2x; accept both releases.
         self._cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
         self.info = read_model_info(model_dir, name)
+        self._grammar_tokenizer = GrammarTokenizer(str(model_dir), int(model.config.vocab_size))
         self._peft = False
         self._adapters: dict[str, str] = {}  # version -> path
         self._active: str | None = None
@@ -105,6 +109,10 @@ class EmbeddedEngine:
     ) -> AsyncGenerator[Token, None]:
         if not prompt_ids:
             raise EngineError("empty prompt")
+        mask = None
+        if sampling.constraint is not None:
+            mask = await asyncio.to_thread(
+                lambda: GrammarMask(self._grammar_tokenizer.get(), sampling.constraint))  # type: ignore[arg-type]
         self._acquire(adapter)
         loop = asyncio.get_running_loop()
         out: asyncio.Queue = asyncio.Queue()
@@ -114,6 +122,7 @@ class EmbeddedEngine:
             adapter=adapter,
             emit=lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
             background=background,
+            mask=mask,
         )
         self._commands.put(("generate", gen))
         try:
@@ -291,18 +300,12 @@ class EmbeddedEngine:
                     gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
             out = self._forward(gen.next_input, gen.adapter, gen.cache)
             gen.cache = getattr(out, self._cache_arg)
-            logits = out.logits[0, -1].float()
-            token_id, sampling_logprob = self._sample(logits, gen.sampling, gen.rng)
-            logp = torch.log_softmax(logits, dim=-1)
-            top: tuple[tuple[int, float], ...] = ()
-            if gen.sampling.top_logprobs:
-                values, ids = logp.topk(gen.sampling.top_logprobs)
-                top = tuple(zip(ids.tolist(), values.tolist()))
+            token = self._pick(gen, out.logits[0, -1].float())
             gen.n_generated += 1
-            gen.next_input = [token_id]
-            gen.emit(Token(token_id, float(logp[token_id]), top, sampling_logprob))
+            gen.next_input = [token.id]
+            gen.emit(token)
             done = (
-                token_id in gen.sampling.stop_token_ids
+                token.id in gen.sampling.stop_token_ids
                 or gen.n_generated >= gen.sampling.max_tokens
                 or len(gen.prompt_ids) + gen.n_generated >= self.info.context_length
             )
@@ -323,6 +326,20 @@ class EmbeddedEngine:
                 ready = gen.adapter in self._retiring and self._inflight[gen.adapter] == 0
             if ready:
                 self._delete_adapter(gen.adapter)
+
+    @classmethod
+    def _pick(cls, gen: _Generation, logits: torch.Tensor) -> Token:
+        """Sample one stream's next token from its logits row: through its grammar mask if it has
+        one; logprobs (and the top-k) are read from the unmasked row."""
+        token_id, sampled = cls._sample(gen.mask.apply(logits) if gen.mask else logits, gen.sampling, gen.rng)
+        if gen.mask:
+            gen.mask.advance(token_id)
+        logp = torch.log_softmax(logits, dim=-1)
+        k = gen.sampling.top_logprobs
+        if not k:
+            return Token(token_id, float(logp[token_id]), sampling_logprob=sampled)
+        top = torch.topk(logp, k)
+        return Token(token_id, float(logp[token_id]), tuple(top.indices.tolist()), tuple(top.values.tolist()), sampled)
 
     @staticmethod
     def _sample(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> tuple[int, float | None]:

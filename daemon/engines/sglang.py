@@ -66,15 +66,21 @@ class SGLangEngine(RemoteEngine):
         }
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
+        c = sampling.constraint
+        if c is not None:  # a grammar with a %json part needs SGLang's --grammar-backend llguidance
+            params.update({"ebnf": c.lark()} if c.prefix or c.suffix else {"json_schema": c.schema})
         body = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True,
-                "lora_path": server_name, "stream": True}
+                "lora_path": server_name, "stream": True, "top_logprobs_num": sampling.top_logprobs}
         sent = 0
         async for event in self._sse("/generate", body):
-            entries = (event.get("meta_info") or {}).get("output_token_logprobs") or []
-            new = entries if self.incremental else entries[sent:]
-            for lp, tid, *_ in new:
-                yield Token(int(tid), float(lp))
-            sent += len(new)
+            meta = event.get("meta_info") or {}
+            entries = meta.get("output_token_logprobs") or []
+            tops = meta.get("output_top_logprobs") or [None] * len(entries)
+            new = (entries, tops) if self.incremental else (entries[sent:], tops[sent:])
+            for (lp, tid, *_), top in zip(*new):
+                top = top or []
+                yield Token(int(tid), float(lp), tuple(int(t[1]) for t in top), tuple(float(t[0]) for t in top))
+            sent += len(new[0])
 
     async def _score(self, prompt_ids: list[int], response_ids: list[int], server_name: str | None) -> list[float]:
         body = {"input_ids": prompt_ids + response_ids, "sampling_params": {"max_new_tokens": 0},

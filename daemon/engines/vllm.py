@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -63,14 +64,23 @@ class VLLMEngine(RemoteEngine):
         )
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        if sampling.top_logprobs:  # top-k keys as "token_id:N" rather than text
+            body.update(logprobs=sampling.top_logprobs, return_tokens_as_token_ids=True)
+        c = sampling.constraint
+        if c is not None:  # an llguidance grammar: the server runs the guidance backend (see build_vllm_engine)
+            body["structured_outputs"] = {"grammar": c.lark()}
         async for event in self._sse("/v1/completions", body):
             for choice in event.get("choices", []):
                 ids = choice.get("token_ids") or []
-                lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                logprobs = choice.get("logprobs") or {}
+                lps = logprobs.get("token_logprobs") or []
+                tops = logprobs.get("top_logprobs") or [None] * len(ids)
                 if len(ids) != len(lps):
                     raise EngineError(f"vLLM sent {len(ids)} token ids with {len(lps)} logprobs")
-                for tid, lp in zip(ids, lps):
-                    yield Token(int(tid), float(lp))
+                for tid, lp, top in zip(ids, lps, tops):
+                    best = sorted((top or {}).items(), key=lambda kv: -kv[1])[: sampling.top_logprobs]
+                    yield Token(int(tid), float(lp), tuple(int(k.rsplit(":", 1)[1]) for k, _ in best),
+                                tuple(float(v) for _, v in best))
 
     async def _score(self, prompt_ids: list[int], response_ids: list[int], server_name: str | None) -> list[float]:
         body = self._body(prompt_ids + response_ids, server_name, max_tokens=1, temperature=0.0,
@@ -105,6 +115,8 @@ def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank:
         "--model", model_dir, "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
         "--enable-lora", "--max-lora-rank", str(_vllm_rank(lora_rank)), "--max-loras", "2",  # old + new during a swap
         "--logprobs-mode", "raw_logprobs", "--max-model-len", str(info.context_length),
+        # constraints arrive as llguidance grammars, as the embedded engine runs them
+        "--structured-outputs-config", json.dumps({"backend": "guidance", "disable_any_whitespace": True}),
         *shlex.split(settings.engine_args or ""),
     ]
     if settings.dtype != "auto":

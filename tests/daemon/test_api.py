@@ -141,12 +141,12 @@ BAD = [
     ("no messages", {"model": "policy", "messages": []}, 400, "invalid_value"),
     ("unknown role", chat(messages=[{"role": "wizard", "content": "x"}]), 400, "invalid_value"),
     ("user without content", chat(messages=[{"role": "user"}]), 400, "invalid_value"),
-    ("image part", chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "invalid_value"),
+    ("image part", chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "images_not_supported"),
     ("temperature too high", chat(temperature=3), 400, "invalid_value"),
     ("negative temperature", chat(temperature=-0.1), 400, "invalid_value"),
     ("top_p zero", chat(top_p=0), 400, "invalid_value"),
     ("max_tokens zero", chat(max_tokens=0), 400, "invalid_value"),
-    ("n two", chat(n=2), 400, "invalid_value"),
+    ("n two", chat(n=2), 400, "unsupported_parameter"),
     ("five stops", chat(stop=["a", "b", "c", "d", "e"]), 400, "invalid_value"),
     ("empty stop", chat(stop=[""]), 400, "invalid_value"),
     ("tool without function", chat(tools=[{"type": "function"}]), 400, "invalid_value"),
@@ -215,4 +215,4 @@ def test_logprobs_are_the_recorded_behaviour_logprobs(client: httpx.Client, daem
         events = sse_events(s)
     final = events[-2]["choices"][0]
     assert final["finish_reason"] and len(final["logprobs"]["content"]) >= 1
-    assert client.post("/v1/chat/completions", json=chat(logprobs=True, top_logprobs=3)).status_code == 400
+    assert client.post("/v1/chat/completions", json=chat(logprobs=True, top_logprobs=21)).status_code == 400

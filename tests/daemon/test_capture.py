@@ -204,6 +204,18 @@ def test_meta_values_are_trimmed_and_case_folded() -> None:
     assert blank.session_id.startswith("anon-")
 
 
+def test_meta_no_plugin_mode_session_affinity_headers() -> None:
+    """OpenClaw's compat.sendSessionAffinityHeaders: a named call is main; our headers still win."""
+    affinity = {"session_id": "oc-1", "x-session-affinity": "oc-1", "x-client-request-id": "oc-1"}
+    meta = parse_meta(affinity, chat(user("hi")))
+    assert (meta.session_id, meta.turn_type, meta.tagged) == ("oc-1", "main", False)
+    assert parse_meta({"x-session-affinity": "oc-2"}, chat(user("hi"))).session_id == "oc-2"
+    ours = parse_meta({**affinity, "x-session-id": "s1"}, chat(user("hi")))
+    assert (ours.session_id, ours.turn_type) == ("s1", "side")  # our protocol: untagged = side
+    side = parse_meta({**affinity, "x-turn-type": "side"}, chat(user("hi")))
+    assert side.turn_type == "side" and side.session_id.startswith("anon-")
+
+
 def test_meta_blank_header_falls_back_to_body() -> None:
     # A proxy that sends an empty header must not turn a tagged main call into an anonymous side call.
     req = chat(user("hi"), session_id="s-body", turn_type="main", session_done=True)

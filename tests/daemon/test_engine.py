@@ -72,15 +72,15 @@ def test_top_k_and_the_sampling_distributions_logprob(engine: EmbeddedEngine):
     toks, full_T_V = asyncio.run(go())
     for t, row_V in zip(toks, full_T_V):
         values, order = row_V.topk(3)
-        assert [i for i, _ in t.top] == order.tolist()
-        assert [lp for _, lp in t.top] == pytest.approx(values.tolist(), abs=1e-4)
+        assert list(t.top_ids) == order.tolist()
+        assert list(t.top_logprobs) == pytest.approx(values.tolist(), abs=1e-4)
         assert t.logprob == pytest.approx(float(row_V[t.id]), abs=1e-4)
         assert t.sampling_logprob == pytest.approx(float((row_V / 0.5).log_softmax(-1)[t.id]), abs=1e-4)
 
     async def greedy():
         return [t async for t in engine.generate(PROMPT, Sampling(temperature=0.0, max_tokens=2))]
 
-    assert all(t.top == () and t.sampling_logprob is None for t in asyncio.run(greedy()))
+    assert all(t.top_ids == () and t.sampling_logprob is None for t in asyncio.run(greedy()))
 
 
 def test_seed_reproduces_and_greedy_is_argmax(engine: EmbeddedEngine):

@@ -77,7 +77,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
 
     toks = asyncio.run(sample())
     if response_ids is not None:
-        toks = [Token(i, -1.0, tuple((i + j, -1.0 - j) for j in range(4))) for i in response_ids]
+        toks = [Token(i, -1.0, tuple(i + j for j in range(4)), tuple(-1.0 - j for j in range(4))) for i in response_ids]
     call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
     store.add_call(Call(
         call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
@@ -85,7 +85,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
         request=REQUEST, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
         behaviour_logprobs=[t.logprob for t in toks], response_text="Rain is water.", tool_calls=None,
         finish_reason=finish_reason, adapter_version=adapter_version,
-        top_ids=[[i for i, _ in t.top] for t in toks], top_logprobs=[[lp for _, lp in t.top] for t in toks]))
+        top_ids=[list(t.top_ids) for t in toks], top_logprobs=[list(t.top_logprobs) for t in toks]))
     if next_state is not None:
         store.add_next_state(call_id, "next", next_state, True, now)
     store.flush()

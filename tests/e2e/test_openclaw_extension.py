@@ -1,7 +1,9 @@
 """The OpenClaw extension's whole test layer in one go: vitest unit tests beside each source file,
-a typecheck against openclaw@2026.9.6's own types, and the real end-to-end (openclaw gateway with the
-extension linked + the clawback daemon on the embedded model): tagged main calls, a reaction, /bad,
-/correct, /clawback, and /good surviving a killed daemon exactly once. See extension/scripts/ci.sh."""
+a typecheck against openclaw@2026.9.6's own types, the publishable package built and validated by the
+ClawHub CLI, and the real end-to-end of a newcomer's path (`clawback openclaw install`, the gateway,
+`clawback openclaw doctor --test-turn` all green, tagged main calls, a reaction, /bad, /correct,
+/clawback, /good surviving a killed daemon exactly once, `clawback openclaw uninstall` restoring
+openclaw.json byte for byte). See extension/scripts/ci.sh."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ CI = REPO / "extension" / "scripts" / "ci.sh"
 def test_openclaw_extension_unit_and_end_to_end() -> None:
     assert shutil.which("npm"), "npm is needed to fetch Node 24, openclaw and the extension's dev dependencies"
     env = {**os.environ, "CLAWBACK_PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(CI)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(["bash", str(CI)], cwd=REPO, env=env, capture_output=True, text=True, timeout=3000)
     out = proc.stdout + proc.stderr
     print(out[-20000:])
     assert proc.returncode == 0, f"extension/scripts/ci.sh failed (exit {proc.returncode}):\n{out[-12000:]}"

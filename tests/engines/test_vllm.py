@@ -112,6 +112,30 @@ def test_greedy_generation_is_the_embedded_engines(loop, engine, embedded):
     assert [t.id for t in ours] == [t.id for t in ref]
 
 
+def test_constraints_and_top_logprobs_pass_through(loop, engine, embedded, hd64_model_dir: Path):
+    """response_format / forced tool calls reach vLLM as structured outputs; even a random model's
+    reply then parses. The top-k agrees with the embedded engine's."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from clawback.engine import Constraint
+
+    tok = AutoTokenizer.from_pretrained(str(hd64_model_dir))
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    for constraint in (Constraint(json.dumps(schema)), Constraint(json.dumps(schema), "<tool_call>\n", "\n</tool_call>")):
+        toks = loop.run(collect(engine, Sampling(temperature=1.0, max_tokens=24, seed=5, constraint=constraint,
+                                                 stop_token_ids=(2,))))
+        text = tok.decode([t.id for t in toks], skip_special_tokens=True)
+        body = text.removeprefix(constraint.prefix).removesuffix(constraint.suffix)
+        assert text.startswith(constraint.prefix) and json.loads(body)["n"] in range(10), text
+    ours = loop.run(collect(engine, Sampling(temperature=0, max_tokens=4, top_logprobs=5)))
+    ref = asyncio.run(collect(embedded, Sampling(temperature=0, max_tokens=4, top_logprobs=5)))
+    assert [t.top_ids for t in ours] == [t.top_ids for t in ref] and len(ours[0].top_ids) == 5
+    assert max_diff(ours[0].top_logprobs, ref[0].top_logprobs) < TOLERANCE
+
+
 def test_hot_swap_under_concurrent_load(loop, engine, embedded, adapters):
     """Six streams run on v1 when v2 goes live and v1 is unloaded: all six finish without error
     on v1's weights, new requests use v2, and v1 leaves the server only after its last stream.

@@ -1,0 +1,486 @@
+"""The dashboard at /ui: what the agent learned, from what, and how to undo it.
+
+Server-rendered Jinja2 pages with htmx (vendored under static/ui/vendor, no CDN), one section per
+template part; the page listens to /ui/events (server-sent events) and re-fetches its sections
+whenever the store commits something, so it updates without a reload.
+
+Security: the page is behind the API key. Logging in (with the key, or with a one-time link from
+`clawback dashboard`) gives an HttpOnly, SameSite=Strict session cookie scoped to /ui. Every POST
+must carry the session's CSRF token in a header (htmx sends it) and come from this origin
+(`Sec-Fetch-Site`, or `Origin` from browsers without Fetch Metadata). A Content-Security-Policy
+allows nothing from another origin. Actions call the same code as the HTTP API and the CLI (`AdapterManager`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+import re
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Form, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from clawback.records import parse_version
+
+PREFIX = "/ui"
+COOKIE = "clawback_ui"
+SESSION_TTL_S = 12 * 3600
+LINK_TTL_S = 120
+EVENTS_POLL_S = 1.0
+STREAM_LIFETIME_S = 5.0
+RECONNECT_MS = 1000
+QUIET_HOUR_S = 3600
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    # A one-time link never leaks through a Referer; no-referrer would make Chromium send Origin: null.
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),
+]
+
+
+@dataclass
+class Logins:
+    """Dashboard sessions (cookie token -> CSRF token, expiry) and one-time login links, in memory:
+    a restart of the daemon logs everyone out."""
+
+    sessions: dict[str, tuple[str, float]] = field(default_factory=dict)
+    links: dict[str, float] = field(default_factory=dict)
+
+    def issue(self) -> str:
+        now = time.time()
+        self.sessions = {t: v for t, v in self.sessions.items() if v[1] > now}
+        token = secrets.token_urlsafe(32)
+        self.sessions[token] = (secrets.token_urlsafe(32), now + SESSION_TTL_S)
+        return token
+
+    def csrf(self, token: str | None) -> str | None:
+        """The session's CSRF token, or None when the cookie names no live session."""
+        entry = self.sessions.get(token or "")
+        return entry[0] if entry and entry[1] > time.time() else None
+
+    def link(self) -> str:
+        now = time.time()
+        self.links = {t: exp for t, exp in self.links.items() if exp > now}
+        token = secrets.token_urlsafe(32)
+        self.links[token] = now + LINK_TTL_S
+        return token
+
+    def use_link(self, token: str) -> bool:
+        expires = self.links.pop(token, 0.0)  # once only
+        return expires > time.time()
+
+
+class _SecurityHeaders:
+    """Pure ASGI (streaming responses stay untouched): the same headers on every /ui response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def add_dashboard_routes(app: FastAPI, state: Any) -> None:
+    """Mount the dashboard at /ui, and the bearer-authenticated route that mints one-time links."""
+    logins = Logins()
+
+    @app.post("/v1/dashboard/link")
+    async def dashboard_link() -> dict:
+        return {"path": f"{PREFIX}/login?token={logins.link()}", "expires_in_s": LINK_TTL_S}
+
+    app.mount(PREFIX, _SecurityHeaders(_dashboard_app(state, logins)))
+
+
+def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
+    ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    pkg = resources.files("clawback.daemon")
+    templates = Jinja2Templates(directory=str(pkg.joinpath("templates")))
+    templates.env.filters["ago"] = _ago
+    templates.env.filters["pct"] = lambda x: "–" if x is None else f"{100 * x:.0f}%"
+    templates.env.filters["num"] = lambda x, d=3: "–" if x is None else f"{x:.{d}g}"
+    ui.mount("/static", StaticFiles(directory=str(pkg.joinpath("static", "ui"))), name="static")
+    data = DashboardData(state)
+
+    @ui.exception_handler(_Refused)
+    async def _refused(_: Request, e: _Refused) -> Response:
+        return JSONResponse({"error": {"message": str(e), "type": "authentication_error"}}, status_code=e.status)
+
+    def session(request: Request) -> str:
+        """The caller's CSRF token; refuses a request without a live session cookie."""
+        csrf = logins.csrf(request.cookies.get(COOKIE))
+        if csrf is None:
+            raise _Refused(401, "log in at /ui/login")
+        return csrf
+
+    def checked_post(request: Request) -> None:
+        """A state-changing request: live session, same origin, and the session's CSRF token."""
+        csrf = session(request)
+        _same_origin(request)
+        given = request.headers.get("x-csrf-token", "")
+        if not hmac.compare_digest(given.encode(), csrf.encode()):
+            raise _Refused(403, "missing or wrong CSRF token")
+
+    def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+        return templates.TemplateResponse(request, name, {"prefix": PREFIX, **ctx}, status_code=status_code)
+
+    def logged_in() -> Response:
+        response = RedirectResponse(f"{PREFIX}/", status_code=303)
+        response.set_cookie(COOKIE, logins.issue(), max_age=SESSION_TTL_S, path=PREFIX, httponly=True,
+                            samesite="strict")
+        return response
+
+    @ui.get("/login")
+    async def login_page(request: Request, token: str | None = None) -> Response:
+        if state.api_key is None or (token is not None and logins.use_link(token)):
+            return logged_in()
+        error = "This link was used already or has expired." if token is not None else None
+        return page(request, "ui/login.html", error=error)
+
+    @ui.post("/login")
+    async def login(request: Request, key: str = Form("")) -> Response:
+        _same_origin(request)
+        if state.api_key is None or hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
+            return logged_in()
+        return page(request, "ui/login.html", 401, error="That is not this daemon's API key.")
+
+    @ui.post("/logout")
+    async def logout(request: Request) -> Response:
+        checked_post(request)
+        logins.sessions.pop(request.cookies.get(COOKIE, ""), None)
+        response = Response(status_code=204, headers={"hx-redirect": f"{PREFIX}/login"})
+        response.delete_cookie(COOKIE, path=PREFIX)
+        return response
+
+    @ui.get("/")
+    async def index(request: Request) -> Response:
+        csrf = logins.csrf(request.cookies.get(COOKIE))
+        if csrf is None:
+            return RedirectResponse(f"{PREFIX}/login", status_code=303)
+        parts = {name: await data.part(name) for name in PARTS}
+        return page(request, "ui/index.html", csrf=csrf, parts=parts)
+
+    @ui.get("/part/{name}")
+    async def part(request: Request, name: str) -> Response:
+        session(request)
+        if name not in PARTS:
+            return Response(status_code=404)
+        return page(request, f"ui/part_{name}.html", p=await data.part(name))
+
+    @ui.get("/session/{session_id}")
+    async def conversation(request: Request, session_id: str) -> Response:
+        session(request)
+        calls = await asyncio.to_thread(data.store.read, lambda c: _session_calls(c, session_id))
+        return page(request, "ui/session.html", session_id=session_id, calls=calls)
+
+    @ui.post("/adapters/{action}")
+    async def adapter_action(request: Request, action: str, version: str = Form("")) -> Response:
+        """The same operations as `POST /v1/adapters/...` and `clawback adapters ...`."""
+        from .adapters import AdapterError
+
+        checked_post(request)
+        error = None
+        try:
+            if action == "rollback":
+                await state.adapters.rollback(None if version == "base" else int(version))
+            elif action in ("pin", "unpin"):
+                await state.adapters.pin(int(version), action == "pin")
+            elif action == "prune":
+                await state.adapters.prune()
+            else:
+                return Response(status_code=404)
+        except (AdapterError, ValueError) as e:
+            error = str(e) if isinstance(e, AdapterError) else f"not a version: {version!r}"
+        return page(request, "ui/part_versions.html", p=await data.part("versions"), error=error)
+
+    @ui.get("/events")
+    async def events(request: Request) -> Response:
+        session(request)
+        return StreamingResponse(_changes(state, request), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache"})
+
+    return ui
+
+
+def _same_origin(request: Request) -> None:
+    """Refuse a request another site or origin made the browser send (Fetch Metadata, then Origin)."""
+    site = request.headers.get("sec-fetch-site")
+    origin = request.headers.get("origin")
+    if site is not None:
+        ok = site in ("same-origin", "none")  # none: typed or opened by the person, not by a page
+    else:
+        ok = origin is None or origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
+    if not ok:
+        raise _Refused(403, "cross-origin request refused")
+
+
+async def _changes(state: Any, request: Request) -> AsyncIterator[bytes]:
+    """`changed` whenever the store commits a write, the live version changes, a write is dropped or
+    a feedback socket (the extension) comes or goes.
+
+    The store's write counter moves on every committed call, feedback event, sample, training step
+    and swap, so one cheap comparison per second covers every section. Each event's id is that
+    state; a stream ends after STREAM_LIFETIME_S (an open stream would hold the daemon's shutdown),
+    and the browser reconnects with the last id it saw, so a change in between is not missed."""
+
+    def now() -> str:
+        return (f"{state.store.written}.{state.engine.active_version()}.{sum(state.store.dropped.values())}."
+                f"{state.hub.connections()}")
+
+    seen = request.headers.get("last-event-id", "")
+    last = seen if re.fullmatch(r"[\w.]{1,200}", seen) else now()
+    yield f"retry: {RECONNECT_MS}\nid: {last}\n\n".encode()
+    ends = time.monotonic() + STREAM_LIFETIME_S
+    while time.monotonic() < ends and not await request.is_disconnected():
+        if (current := now()) != last:
+            yield f"id: {current}\nevent: changed\ndata: {{}}\n\n".encode()
+            last = current
+        await asyncio.sleep(EVENTS_POLL_S)
+
+
+# ---------------------------------------------------------------- what each section shows
+
+PARTS = ("health", "learning", "feedback", "versions", "memory", "conversations")
+STEP_METRICS = ("loss", "kl", "entropy", "grad_norm", "clip_frac")
+GATE_METRICS = ("replay_margin", "retention")
+
+
+def _gate_numbers(row: sqlite3.Row) -> dict[str, float | None]:
+    """The gate's replay margin and retention score of a version, from its `gate` report (a column
+    the store has once the candidate gate exists)."""
+    report = json.loads(row["gate"]) if "gate" in row.keys() and row["gate"] else {}
+    margin = (report.get("replay") or {}).get("margin")
+    return {"replay_margin": _finite(margin.get("candidate")) if isinstance(margin, dict) else None,
+            "retention": _finite((report.get("retention") or {}).get("candidate"))}
+
+
+class DashboardData:
+    """Read-only queries behind each section (the store's own read connections, off the loop)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.store = state.store
+
+    async def part(self, name: str) -> dict[str, Any]:
+        if name == "health":
+            return await self.health()
+        query = {"learning": self._learning, "feedback": _feedback, "versions": _versions,
+                 "memory": _memory, "conversations": _sessions}[name]
+        out = await asyncio.to_thread(self.store.read, query)
+        out["live"] = self.state.adapters.live()
+        return out
+
+    def _learning(self, c: sqlite3.Connection) -> dict[str, Any]:
+        out = _learning(c)
+        out["simulate"] = _simulate_summary(self.state.settings.data_dir)
+        return out
+
+    async def health(self) -> dict[str, Any]:
+        s = self.state
+        counts = await asyncio.to_thread(s.store.counts)
+        # `+turn_type`: walk calls_created from the newest call, not every main call's row.
+        newest_main = "SELECT max(created_at) FROM calls WHERE +turn_type = 'main'"
+        last_main = await asyncio.to_thread(s.store.read, lambda c: c.execute(newest_main).fetchone()[0])
+        main = {k.split("/", 1)[1]: n for k, n in counts["calls"].items() if k.startswith("main/")}
+        n_main = sum(main.values())
+        settled = n_main - main.get("awaiting_next_state", 0)  # the newest call of a session still waits
+        return {
+            "model": s.engine.info.name,
+            "engine": s.settings.engine,
+            "live": s.adapters.live(),
+            "extension_connections": s.hub.connections(),
+            "main_calls": n_main,
+            "paired": main.get("paired", 0),
+            "paired_share": main.get("paired", 0) / settled if settled else None,
+            "untagged_calls": s.capture.counters.get("untagged_calls", 0),
+            "last_main_at": last_main,
+            "untagged_only": untagged_only(s.capture.last_untagged_at, last_main, time.time()),
+            "samples": counts["samples"],
+            "ready": counts["samples"].get("ready", 0),
+            "batch_size": s.settings.train_config().batch_size,
+            "training": s.trainer is not None,
+            "training_now": bool(s.trainer and s.trainer.busy),
+            "judge": s.judge_name,
+            "judging": counts["samples"].get("pending_judge", 0),
+            "dropped": dict(s.store.dropped),
+            "queue_depth": s.store.queue_depth(),
+        }
+
+
+def untagged_only(last_untagged: float | None, last_main: float | None, now: float) -> bool:
+    """Untagged calls in the last hour and no tagged main call: the plugin is not sending
+    X-Turn-Type, the most common reason nothing ever trains."""
+    recent = now - QUIET_HOUR_S
+    return last_untagged is not None and last_untagged > recent and (last_main is None or last_main < recent)
+
+
+def _learning(c: sqlite3.Connection) -> dict[str, Any]:
+    feedback: dict[tuple[str | None, str], int] = {(r[0], r[1]): r[2] for r in c.execute(
+        "SELECT c.adapter_version, f.kind, count(*) FROM feedback_events f JOIN calls c ON c.call_id = f.call_id "
+        "WHERE f.state = 'applied' AND c.turn_type = 'main' GROUP BY c.adapter_version, f.kind")}
+    rates = []
+    for v, n in c.execute("SELECT adapter_version, count(*) FROM calls WHERE turn_type = 'main' "
+                          "GROUP BY adapter_version"):
+        counts = {k: feedback.get((v, kind), 0) for k, kind in (("up", "thumbs_up"), ("down", "thumbs_down"),
+                                                                 ("corrections", "correction"))}
+        rates.append({"version": v or "base", "order": parse_version(v) or 0, "calls": n,
+                      **{k: x / n for k, x in counts.items()}, **{f"n_{k}": x for k, x in counts.items()}})
+    rates.sort(key=lambda r: r["order"])
+    gate = {}
+    for r in c.execute("SELECT * FROM adapters ORDER BY version"):
+        numbers = _gate_numbers(r)
+        if any(v is not None for v in numbers.values()):
+            gate[r["version"]] = numbers
+    for r in rates:
+        r.update(gate.get(r["order"], dict.fromkeys(GATE_METRICS)))
+    steps = []
+    for r in c.execute("SELECT step, version, outcome, samples, error, metrics, finished_at FROM train_steps "
+                       "ORDER BY step"):
+        m = json.loads(r["metrics"])
+        steps.append({"step": r["step"], "version": r["version"], "outcome": r["outcome"], "samples": r["samples"],
+                      "error": r["error"], "at": r["finished_at"],
+                      **{k: _finite(m.get(k)) for k in STEP_METRICS}})
+    charts = []
+    if rates:
+        charts.append({"title": "Live feedback per version (share of main calls)", "x": [r["order"] for r in rates],
+                       "xlabels": [r["version"] for r in rates],
+                       "series": {"good": [r["up"] for r in rates], "bad": [r["down"] for r in rates],
+                                  "corrections": [r["corrections"] for r in rates]}})
+    if gate:
+        for k in GATE_METRICS:
+            charts.append({"title": f"gate {k.replace('_', ' ')} per version", "x": list(gate), "small": True,
+                           "xlabels": [f"v{v}" for v in gate], "series": {k: [g[k] for g in gate.values()]}})
+    done = [s for s in steps if s["outcome"] == "committed"]
+    for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude
+        if any(s[k] is not None for s in done):
+            charts.append({"title": f"{k} per training step", "x": [s["step"] for s in done], "xlabels": None,
+                           "series": {k: [s[k] for s in done]}, "small": True})
+    return {"rates": rates, "gate": gate, "steps": steps[-20:][::-1], "charts": charts}
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _simulate_summary(data_dir: Path) -> list[dict[str, Any]] | None:
+    """`clawback simulate --out <data_dir>/simulate` leaves summary.json there: score before and after."""
+    path = data_dir / "simulate" / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    rows = []
+    for scenario, methods in summary.get("scenarios", {}).items():
+        for method, cell in methods.items():
+            mean = cell.get("mean") or [None]
+            rows.append({"scenario": scenario, "method": method, "seeds": len(cell.get("seeds", [])),
+                         "before": mean[0], "after": mean[-1]})
+    return rows
+
+
+def _feedback(c: sqlite3.Connection) -> dict[str, Any]:
+    rows = c.execute(
+        "WITH recent AS (SELECT * FROM feedback_events WHERE kind IN ('thumbs_up', 'thumbs_down', 'correction', "
+        "'comment') ORDER BY received_at DESC LIMIT 30) "
+        "SELECT f.event_id, f.kind, f.text, f.source, f.received_at, f.state, f.reason AS orphan_reason, "
+        "f.session_id, c.response_text, s.state AS sample_state, s.reason AS sample_reason, s.hint, s.correction, "
+        "s.reward, s.consumed_version, t.step AS consumed_step FROM recent f "
+        "LEFT JOIN calls c ON c.call_id = f.call_id LEFT JOIN samples s ON s.call_id = f.call_id "
+        "LEFT JOIN train_steps t ON s.consumed_version = 'v' || t.version AND t.outcome = 'committed' "
+        "ORDER BY f.received_at DESC").fetchall()
+    return {"events": [dict(r) for r in rows]}
+
+
+def _versions(c: sqlite3.Connection) -> dict[str, Any]:
+    rows = []
+    for r in c.execute("SELECT * FROM adapters ORDER BY version DESC"):
+        row = dict(r)
+        m = json.loads(row.pop("metrics"))
+        row.update(pinned=bool(row["pinned"]), loss=_finite(m.get("loss")), reward=_finite(m.get("reward_mean")),
+                   **_gate_numbers(r))
+        rows.append(row)
+    return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS)}
+
+
+def _memory(c: sqlite3.Connection) -> dict[str, Any]:
+    exists = c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memory_notes'").fetchone()
+    if exists is None:
+        return {"notes": None}
+    return {"notes": [dict(r) for r in c.execute("SELECT * FROM memory_notes ORDER BY updated_at DESC LIMIT 100")]}
+
+
+def _sessions(c: sqlite3.Connection) -> dict[str, Any]:
+    rows = c.execute(
+        "WITH recent AS (SELECT * FROM sessions ORDER BY last_seen_at DESC LIMIT 30) "
+        "SELECT s.session_id, s.state, s.last_seen_at, s.closed_reason, "
+        "sum(c.turn_type = 'main') AS main_calls, count(c.call_id) AS calls, "
+        "(SELECT count(*) FROM feedback_events f WHERE f.call_id IN "
+        " (SELECT call_id FROM calls WHERE session_id = s.session_id) "
+        " AND f.kind IN ('thumbs_up', 'thumbs_down', 'correction')) AS feedback "
+        "FROM recent s LEFT JOIN calls c USING (session_id) GROUP BY s.session_id "
+        "ORDER BY s.last_seen_at DESC").fetchall()
+    return {"sessions": [dict(r) for r in rows]}
+
+
+def _session_calls(c: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    out = []
+    for r in c.execute(
+            "SELECT c.call_id, c.created_at, c.adapter_version, c.state, c.request_json, c.response_text, "
+            "n.messages_json, s.state AS sample_state, s.reason AS sample_reason FROM calls c "
+            "LEFT JOIN next_states n USING (call_id) LEFT JOIN samples s USING (call_id) "
+            "WHERE c.session_id = ? AND c.turn_type = 'main' ORDER BY c.created_at", (session_id,)):
+        messages = json.loads(r["request_json"]).get("messages", [])
+        last_user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+        feedback = c.execute("SELECT kind, text, received_at FROM feedback_events WHERE call_id = ? "
+                             "ORDER BY received_at", (r["call_id"],)).fetchall()
+        out.append({**{k: r[k] for k in ("call_id", "created_at", "adapter_version", "state", "response_text",
+                                         "sample_state", "sample_reason")},
+                    "request": _text(last_user.get("content")) if last_user else "",
+                    "next_state": [f"{m.get('role')}: {_text(m.get('content'))}"
+                                   for m in json.loads(r["messages_json"] or "[]")],
+                    "feedback": [dict(f) for f in feedback]})
+    return out
+
+
+def _text(content: Any) -> str:
+    """Message content as text (OpenAI content may be a list of parts)."""
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def _ago(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    s = max(0, time.time() - ts)
+    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= n:
+            return f"{s / n:.0f} {unit} ago"
+    return f"{s:.0f} s ago"

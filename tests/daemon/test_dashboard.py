@@ -1,0 +1,56 @@
+"""The dashboard's pieces that need no browser: the untagged-calls warning, and a non-editable
+install ships every template, script, style, vendored library and license file (package data
+declared in pyproject.toml). The page itself is tested in Chromium (tests/e2e/test_dashboard.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from clawback.daemon.dashboard import QUIET_HOUR_S, untagged_only
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = 1_800_000_000.0
+
+
+def test_untagged_warning_only_when_no_tagged_main_call_in_the_last_hour():
+    assert untagged_only(NOW - 60, None, NOW)  # untagged calls, never a tagged one
+    assert untagged_only(NOW - 60, NOW - QUIET_HOUR_S - 1, NOW)  # the last tagged one is over an hour old
+    assert not untagged_only(NOW - 60, NOW - 120, NOW)  # a tagged main call in the last hour
+    assert not untagged_only(None, None, NOW)  # nothing at all: nothing to warn about
+    assert not untagged_only(NOW - QUIET_HOUR_S - 1, None, NOW)  # untagged calls, but not lately
+
+
+def test_wheel_ships_dashboard_assets(tmp_path: Path):
+    src = tmp_path / "src"  # a copy: building in place would leave build/ in the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for package in ("clawback", "daemon", "judge", "trainer", "sim"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    (wheel,) = tmp_path.glob("clawback-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {f"clawback/daemon/{p.relative_to(ROOT / 'daemon').as_posix()}"
+              for folder in ("templates", "static") for p in (ROOT / "daemon" / folder).rglob("*") if p.is_file()}
+    assert any(name.endswith("htmx.LICENSE") for name in wanted)  # the vendored libraries' licenses too
+    assert wanted <= shipped, sorted(wanted - shipped)
+
+
+def test_simulate_summary_from_the_data_dir(tmp_path: Path):
+    from clawback.daemon.dashboard import _simulate_summary
+
+    assert _simulate_summary(tmp_path) is None  # no simulate run here: no table
+    (tmp_path / "simulate").mkdir()
+    (tmp_path / "simulate" / "summary.json").write_text(json.dumps({"scenarios": {"teacher": {
+        "combined": {"seeds": [1, 2, 3], "mean": [0.25, 0.5, 0.75]},
+        "none": {"seeds": [1, 2, 3], "mean": [0.25, 0.25, 0.25]}}}, "missing": []}))
+    rows = _simulate_summary(tmp_path)
+    assert rows == [{"scenario": "teacher", "method": "combined", "seeds": 3, "before": 0.25, "after": 0.75},
+                    {"scenario": "teacher", "method": "none", "seeds": 3, "before": 0.25, "after": 0.25}]

@@ -1,0 +1,216 @@
+"""The dashboard at /ui in a real headless Chromium (Debian's `chromium`, driven by Playwright for
+Python) against a real daemon (tiny random Llama, Ray trainer, auth on): log in, read the health
+of a daemon that served a tagged conversation with feedback, watch a new version go live without a
+reload, roll back with a click and see the engine serve the old version; a request without the
+cookie and cross-site POSTs are refused; `clawback dashboard`'s link logs in once. Screenshots go
+to $CLAWBACK_SCREENSHOTS (default: the test's tmp dir)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from tests.conftest import DaemonProcess, free_port, wait_for
+
+CHROMIUM = os.environ.get("CLAWBACK_CHROMIUM", "/usr/bin/chromium")  # install.sh --test installs it
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1"}
+TRAIN_TIMEOUT_S = 300  # the first step starts Ray on a busy 2-core machine
+UI_TIMEOUT_MS = TRAIN_TIMEOUT_S * 1000
+
+
+def converse(c: httpx.Client, session: str, messages: list[dict], kind: str = "thumbs_up") -> list[dict]:
+    """One tagged main call and a rating of its reply; the conversation so far, with the reply."""
+    r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 8, "messages": messages},
+               headers={"x-session-id": session, "x-turn-type": "main"})
+    r.raise_for_status()
+    ack = c.post("/v1/feedback", json={"event_id": str(uuid.uuid4()), "kind": kind, "session_id": session}).json()
+    assert ack["type"] == "ack", ack
+    return [*messages, r.json()["choices"][0]["message"]]
+
+
+def live_version(c: httpx.Client) -> int | None:
+    return c.get("/v1/adapters").json()["live"]
+
+
+@pytest.fixture
+def daemon(tiny_model_dir: Path, tmp_path: Path):
+    d = DaemonProcess(tmp_path / "data", tiny_model_dir, env=TRAIN_ENV).start()
+    yield d
+    d.stop()
+    assert d.api_key not in d.log.read_text()  # the key never reaches the log
+
+
+@pytest.fixture
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("CLAWBACK_SCREENSHOTS") or tmp_path / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def log_in(page: Page, url: str, key: str) -> None:
+    response = page.goto(f"{url}/ui/")
+    assert page.url.endswith("/ui/login")  # no cookie yet: the login page
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    page.fill("#key", "cb-not-the-key")
+    page.click("button[type=submit]")
+    expect(page.get_by_role("alert")).to_contain_text("not this daemon's API key")
+    page.fill("#key", key)
+    page.click("button[type=submit]")
+    expect(page.locator("#health-live")).to_be_visible()
+
+
+def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_path: Path):
+    d = daemon
+    c = httpx.Client(base_url=d.url, headers={"authorization": f"Bearer {d.api_key}"}, timeout=120)
+    chat = converse(c, "chat-1", [{"role": "user", "content": "What is a LoRA?"}])
+    untagged = {"model": "clawback", "max_tokens": 4, "messages": [{"role": "user", "content": "an untagged call"}]}
+    c.post("/v1/chat/completions", json=untagged).raise_for_status()
+    wait_for(lambda: live_version(c) == 1, TRAIN_TIMEOUT_S, "v1 live")
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    console, requests = [], []
+    page.on("console", lambda m: console.append(m.text))
+    page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+    page.on("request", lambda r: requests.append(r.url))
+    log_in(page, d.url, d.api_key)
+    cookie = next(ck for ck in context.cookies() if ck["name"] == "clawback_ui")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+
+    # Health of a daemon that served a tagged conversation with feedback and trained once.
+    expect(page.locator("#health-live")).to_have_text("v1")
+    expect(page.locator("#health-main")).to_contain_text("1")
+    expect(page.locator("#health dl")).to_contain_text("Untagged calls1")
+    expect(page.locator("#feedback")).to_contain_text("consumed by step 1")
+    expect(page.locator("#versions tr[data-version=v1]")).to_have_class("live")
+    expect(page.locator("#steps")).to_contain_text("committed")
+    expect(page.locator("#live-dot")).to_have_class("online")  # the event stream is open
+    page.evaluate("window.sameDocument = true")  # gone if the page reloads
+
+    # The conversation goes on (its first reply is now paired with a next state) and the second
+    # rated reply trains v2; the page shows it without a reload.
+    converse(c, "chat-1", [*chat, {"role": "user", "content": "And what is a hot swap?"}])
+    expect(page.locator("#health-live")).to_have_text("v2", timeout=UI_TIMEOUT_MS)
+    expect(page.locator("#versions tr[data-version=v2]")).to_have_class("live")
+    expect(page.locator("#versions tr[data-version=v1] .state")).to_have_text("retired")
+    expect(page.locator("#steps tbody tr")).to_have_count(2)
+    expect(page.locator("#health-main")).to_contain_text("100% paired with a next state")
+    expect(page.locator(".chart .uplot")).not_to_have_count(0)  # uPlot drew the curves
+    assert page.evaluate("window.sameDocument") is True
+    page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
+
+    # Roll back with a click: the engine serves v1 again.
+    page.click("#versions tr[data-version=v1] button:has-text('Roll back')")
+    expect(page.locator("#versions tr[data-version=v1]")).to_have_class("live")
+    expect(page.locator("#health-live")).to_have_text("v1")
+    assert live_version(c) == 1
+    r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 4,
+                                             "messages": [{"role": "user", "content": "which version?"}]})
+    assert r.headers["x-clawback-adapter"] == "v1"
+    assert page.evaluate("window.sameDocument") is True
+
+    # Browse a conversation.
+    page.click("#conversations a:has-text('chat-1')")
+    expect(page.locator("#conversation")).to_contain_text("What is a LoRA?")
+    expect(page.locator("#conversation")).to_contain_text("Next user: And what is a hot swap?")
+    expect(page.locator("#conversation .said")).to_have_count(2)  # both replies rated
+
+    # Nothing came from another origin, and the CSP never had to block anything.
+    assert all(u.startswith(d.url) for u in requests), [u for u in requests if not u.startswith(d.url)]
+    assert not [m for m in console if "Content Security Policy" in m or "page error" in m], console
+
+    # Phone-sized screen: no sideways scrolling.
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    phone.add_cookies([cookie])
+    small = phone.new_page()
+    small.goto(f"{d.url}/ui/")
+    expect(small.locator("#health-live")).to_have_text("v1")
+    assert small.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    small.screenshot(path=str(shots / "dashboard-phone.png"), full_page=True)
+
+    # Same origin but without the CSRF token: refused, nothing changes.
+    status = page.evaluate("""fetch('/ui/adapters/rollback', {method: 'POST',
+                                    body: new URLSearchParams({version: 'base'})}).then(r => r.status)""")
+    assert status == 403
+    _cross_site_posts_refused(page, d, tmp_path)
+    assert live_version(c) == 1
+
+    # Without the cookie: the page sends you to log in, its parts and actions refuse.
+    anon = httpx.Client(base_url=d.url, timeout=60)
+    assert anon.get("/ui/").headers["location"] == "/ui/login"
+    assert anon.get("/ui/part/versions").status_code == 401
+    assert anon.get("/ui/events").status_code == 401
+    keyed = c.post("/ui/adapters/rollback", data={"version": "base"})  # the bearer key is not a session
+    assert keyed.status_code == 401
+    page.click("text=Log out")
+    page.wait_for_url("**/ui/login")
+    assert page.request.get(f"{d.url}/ui/part/health").status == 401
+    assert live_version(c) == 1
+
+    _one_time_link(browser, d)
+
+    # A page that stays open (its event stream) does not hold up the daemon's shutdown.
+    expect(small.locator("#live-dot")).to_have_class("online")
+    d.proc.terminate()
+    d.proc.wait(60)  # raises TimeoutExpired if the open stream held the shutdown
+
+
+def _one_time_link(browser, d: DaemonProcess) -> None:
+    """`clawback dashboard` prints a link that logs in once."""
+    out = subprocess.run([sys.executable, "-m", "clawback.daemon.cli", "dashboard", "--no-browser",
+                          "--data-dir", str(d.data_dir), "--port", str(d.port)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    link = out.stdout.split()[-1]
+    assert link.startswith(f"{d.url}/ui/login?token=")
+    assert d.api_key not in out.stdout
+    first = browser.new_context().new_page()
+    first.goto(link)
+    assert first.url == f"{d.url}/ui/"
+    expect(first.locator("#health-live")).to_have_text("v1")
+    second = browser.new_context().new_page()
+    second.goto(link)
+    expect(second.get_by_role("alert")).to_contain_text("used already")
+
+
+def _cross_site_posts_refused(page: Page, d: DaemonProcess, tmp_path: Path) -> None:
+    """A page elsewhere submits a form to the dashboard in the logged-in browser: from another site
+    (localhost) the SameSite=Strict cookie stays home; from another port of the same host (same
+    site: the cookie is sent) the origin check refuses it."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "index.html").write_text(
+        f'<form id="f" method="post" action="{d.url}/ui/adapters/rollback"><input name="version" value="base"></form>'
+        '<script>document.getElementById("f").submit()</script>')
+    port = free_port()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(evil))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for origin, expected in ((f"http://localhost:{port}", 401), (f"http://127.0.0.1:{port}", 403)):
+            with page.expect_response(lambda r: r.url.endswith("/ui/adapters/rollback")) as answer:
+                page.goto(f"{origin}/index.html")
+            assert answer.value.status == expected, (origin, answer.value.status)
+    finally:
+        server.shutdown()
+    page.goto(f"{d.url}/ui/")
