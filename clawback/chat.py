@@ -55,7 +55,7 @@ class ToolCall(BaseModel):
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")  # e.g. reasoning_content, cache hints: kept, not rendered
-    role: str
+    role: str = Field(json_schema_extra={"enum": list(ROLES)})  # checked by _known_role, with a clear message
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -166,7 +166,7 @@ class ChatRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # what every engine's generator takes
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1)  # only 1 is served (see api._prepare)
@@ -174,10 +174,10 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
     # clawback metadata, also accepted as headers; stripped before rendering
-    session_id: str | None = None
-    turn_type: str | None = None
-    turn_id: str | None = None
-    request_id: str | None = None
+    session_id: str | None = Field(None, max_length=256)
+    turn_type: str | None = Field(None, max_length=16)
+    turn_id: str | None = Field(None, max_length=256)
+    request_id: str | None = Field(None, max_length=256)
     session_done: bool | str | None = None
 
     @field_validator("stop")

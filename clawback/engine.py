@@ -103,6 +103,7 @@ class Engine(Protocol):
     ) -> list[list[float]]:
         """Logprob of each candidate token id at each response position (candidates[t] at position
         t, given the prompt and response_ids[:t]): a teacher's view of the student's top-K."""
+        ...
 
     async def load_adapter(self, version: str, path: str) -> None: ...
 

@@ -83,7 +83,8 @@ class SampleInputs:
     response_text: str
     next_state: list[dict[str, Any]] | None
     feedback: tuple[Feedback, ...]
-    finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str = "stop"
     top_ids: list[list[int]] | None = None  # recorded at serve time, for the teacher to score (top-K OPD)
 
 
@@ -149,6 +150,8 @@ class ReadySample:
     teacher_top_logprobs: list[list[float]] | None = None
     evidence_ids: list[int] | None = None  # see JudgedSample
     evidence_logprobs: list[float] | None = None
+    reward_source: str | None = None  # explicit | judge | none
+    correction: str | None = None  # the person's correction, if any
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,7 @@ class StepRecord:
     method: str
     call_ids: tuple[str, ...]
     outcome: Literal["committed", "failed"]
+    candidate: bool = False  # committed, and waiting for the gate before it may go live
     path: str | None = None
     error: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)

@@ -4,6 +4,8 @@ A version goes live in three steps: validate its files, load it into the engine 
 one, then route new requests to it (`activate`). Generations already running finish on the
 version they started with; the old version is unloaded once they are done (the engine defers the
 unload). A version that fails to validate or load is never activated, so the old one keeps serving.
+With the gate on (gate.py) a trained version waits loaded but inactive as a `candidate` until the
+gate promotes it; a `refused` one stays on disk, and `promote` overrides the gate.
 Engine names are `v{N}`; `None` is the base model.
 """
 
@@ -45,7 +47,11 @@ class AdapterManager:
         return max(known + on_disk, default=0) + 1
 
     async def restore(self) -> int | None:
-        """After a restart, serve the version that was live (or the newest good one before it)."""
+        """After a restart, serve what was live: the base model if that was the last choice, else
+        the live version (or the newest good one before it)."""
+        await asyncio.to_thread(self._remove_leftovers)
+        if await asyncio.to_thread(self.store.base_was_live):
+            return None
         rows = await asyncio.to_thread(self.store.adapters)
         live = [a for a in rows if a["state"] == "live"]
         candidates = live + sorted((a for a in rows if a["state"] in ("committed", "retired")),
@@ -57,6 +63,17 @@ class AdapterManager:
             except AdapterError as e:
                 log.error("cannot restore adapter v%d: %s", a["version"], e)
         return None
+
+    def _remove_leftovers(self) -> list[Path]:
+        """Half-written versions (`.v{N}.*.tmp`, a crash during install) and complete ones the store
+        never recorded (a crash between install and the step's commit): nothing may serve them."""
+        recorded = {a["version"] for a in self.store.adapters()}
+        doomed = [p for p in self.root.glob(".v*.tmp")]
+        doomed += [p for p in self.root.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) not in recorded]
+        for p in doomed:
+            log.warning("removing %s: no recorded adapter version", p)
+            shutil.rmtree(p, ignore_errors=True)
+        return doomed
 
     async def receive(self, version: int, files: dict[str, bytes]) -> str:
         """Commit a version the trainer sent as bytes into this host's adapters dir; its path."""
@@ -103,18 +120,52 @@ class AdapterManager:
         row = self._row(version)
         if row["state"] in ("failed", "pruned"):
             raise AdapterError(f"v{version} is {row['state']} and cannot serve")
+        if row["state"] in ("refused", "candidate"):
+            raise AdapterError(f"v{version} is {row['state']}{': ' + row['reason'] if row['reason'] else ''}; "
+                               f"`clawback adapters promote {version}` overrides the gate")
         return await self.go_live(version, row["path"])
+
+    async def record_gate(self, version: int, report: dict[str, Any]) -> None:
+        """Add to the version's gate report (the gate's checks, the guard's counts)."""
+        await self.store.update_adapter(version, gate={**self._row(version)["gate"], **report})
+
+    async def refuse(self, version: int, reason: str, report: dict[str, Any]) -> None:
+        """Keep a version on disk but out of service: the gate or the live guard said no."""
+        row = self._row(version)
+        if self.live() == version and "promoted_by_hand" in row["gate"]:  # while under review
+            await self.record_gate(version, {**report, "overridden": reason})
+            return
+        await self.store.update_adapter(version, state="refused", reason=reason, gate={**row["gate"], **report})
+        if version_name(version) in getattr(self.engine, "loaded_versions", lambda: [])():
+            await self.engine.unload(version_name(version))
+
+    async def promote(self, version: int) -> dict[str, Any]:
+        """Put a version live whatever the gate said; returns what that overrides."""
+        row = self._row(version)
+        if row["state"] in ("failed", "pruned"):
+            raise AdapterError(f"v{version} is {row['state']} and cannot serve")
+        overrides = row["reason"] if row["state"] == "refused" else None
+        swap_s = await self.go_live(version, row["path"])
+        # The person decided: neither a pending review nor the live guard takes it back.
+        await self.record_gate(version, {"promoted_by_hand": time.time()})
+        self.store.add_event("adapter.promoted", str(version), {"overrides": overrides, "previous_state": row["state"]})
+        return {"live": version, "swap_s": swap_s, "previous_state": row["state"], "overrides": overrides}
 
     async def pin(self, version: int, pinned: bool = True) -> None:
         self._row(version)
         await self.store.update_adapter(version, pinned=pinned)
 
     async def prune(self) -> list[int]:
-        """Keep the newest `keep` good versions, pinned ones and the live one; delete the rest."""
+        """Keep the newest `keep` good versions, the newest `keep` refused ones, pinned ones and the
+        live one; delete the rest."""
         rows = await asyncio.to_thread(self.store.adapters)
-        good = sorted((a for a in rows if a["state"] in ("committed", "retired", "live")),
-                      key=lambda a: a["version"], reverse=True)
-        keep = {a["version"] for a in good[: self.keep]} | {a["version"] for a in rows if a["pinned"]}
+        def newest(states: tuple[str, ...]) -> set[int]:
+            found = sorted((a["version"] for a in rows if a["state"] in states), reverse=True)
+            return set(found[: self.keep])
+
+        # Refused versions are kept as long as good ones (the newest K), to inspect or promote.
+        keep = newest(("committed", "retired", "live", "candidate")) | newest(("refused",))
+        keep |= {a["version"] for a in rows if a["pinned"]}
         keep |= {self.live()} - {None}
         doomed = [a for a in rows if a["version"] not in keep and a["state"] != "pruned"]
         for a in doomed:
@@ -127,3 +178,25 @@ class AdapterManager:
             if a["version"] == version:
                 return a
         raise AdapterError(f"no adapter version {version}")
+
+
+def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str, Any]:
+    """Versions that carry forgotten samples (trained on them, or descended from one that was),
+    and the newest good version trained before the first of them (None = the base model): the
+    rollback to offer."""
+    parent = {a["version"]: a["parent"] for a in rows}
+    hit = set(trained)
+
+    def tainted(version: int | None) -> bool:
+        while version is not None:
+            if version in hit:
+                return True
+            version = parent.get(version)
+        return False
+
+    affected = sorted(a["version"] for a in rows if tainted(a["version"]))
+    if not affected:
+        return {"affected_versions": [], "rollback_to": None}
+    clean = [a["version"] for a in rows if a["version"] < min(affected) and not tainted(a["version"])
+             and a["state"] in ("committed", "retired", "live")]
+    return {"affected_versions": affected, "rollback_to": max(clean, default=None)}

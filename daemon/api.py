@@ -20,26 +20,31 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import Engine, EngineError, Sampling, Token
 from clawback.records import Call, parse_version
 
+from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta
 from .config import Settings
-from .engines import grammar
 from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
-from .feedback import Hub, add_feedback_routes
+from .engines import grammar
+from .feedback import FeedbackEvent, Hub, add_feedback_routes
+from .forget import forget, parse_time
 from .memory import inject
-from .store import Store
+from .store import ForgetScope, Store, StoreBusy
 
 if TYPE_CHECKING:
     from .adapters import AdapterManager
+    from .gate import CandidateGate
+    from .guard import LiveGuard
     from .samples import SamplePipeline
     from .training import TrainingLoop
 
@@ -112,6 +117,16 @@ class _LiveMetrics:
                 if isinstance(value, (int, float)):
                     train.add_metric([name], float(value))
             yield train
+        if s.gate is not None:
+            reviews = CounterMetricFamily("clawback_gate_reviews", "Candidate versions the gate decided on", labels=["outcome"])
+            reviews.add_metric(["promoted"], s.gate.promoted)
+            reviews.add_metric(["refused"], s.gate.refused)
+            yield reviews
+            yield GaugeMetricFamily("clawback_gate_reviewing", "Candidate version under review (0 = none)", s.gate.reviewing or 0)
+            if s.gate.last_review_s is not None:
+                yield GaugeMetricFamily("clawback_gate_seconds", "Duration of the last gate review", s.gate.last_review_s)
+        if s.guard is not None:
+            yield CounterMetricFamily("clawback_guard_rollbacks", "Versions rolled back by the live guard", s.guard.rollbacks)
 
 
 @dataclass
@@ -127,8 +142,11 @@ class AppState:
     adapters: AdapterManager
     trainer: TrainingLoop | None  # started by the lifespan when training is on
     judge_name: str
+    gate: CandidateGate | None = None  # candidates are checked before they go live
+    guard: LiveGuard | None = None  # rolls back a version that made things worse
     started_at: float = field(default_factory=time.time)
-    running: int = 0
+    running: int = 0  # chat requests in flight
+    serving_gauge: Any = None  # clawback.trainer.priority.ServingGauge: `running`, for the trainer to yield to
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -142,12 +160,17 @@ class AppState:
         self.calls = Counter("clawback_calls", "Served chat calls", ["turn_type"], registry=r)
         r.register(_LiveMetrics(self))
 
+    def count_running(self, delta: int) -> None:
+        self.running += delta
+        if self.serving_gauge is not None:
+            self.serving_gauge.set(self.running)
+
 
 # ---------------------------------------------------------------- ASGI middleware: auth, body limit, counting
 
 
 ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/status", "/v1/feedback",
-          "/v1/adapters", "/v1/dashboard/link")
+          "/v1/adapters", "/v1/forget", "/v1/dashboard/link")
 
 
 class Gate:
@@ -188,7 +211,8 @@ class Gate:
 
 
 def create_app(state: AppState, lifespan: Any = None) -> Any:
-    app = FastAPI(title="clawback", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="clawback", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
     app.state.clawback = state
 
     @app.exception_handler(ApiError)
@@ -263,6 +287,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             # The preference notes main calls get in their system prompt (the extension's /clawback).
             "memory": {"enabled": state.settings.memory, "notes": [{"note_id": n["note_id"], "text": n["text"]}
                                                                    for n in notes]},
+            "gate": await _gate_status(state),
             "store": {
                 "path": str(state.store.db_path),
                 "schema_version": state.store.schema_version,
@@ -280,7 +305,11 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
     _add_memory_routes(app, state)
+    _add_forget_route(app, state)
     add_dashboard_routes(app, state)
+    _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
+                           ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody,
+                           ("/v1/forget", "post"): ForgetBody})
 
     return Gate(app, state)
 
@@ -318,15 +347,64 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         return await notes()
 
 
+class VersionBody(BaseModel):
+    version: int | str  # N, "vN", or "base" (rollback)
+
+
+def _describe_bodies(app: FastAPI, bodies: dict[tuple[str, str], type[BaseModel]]) -> None:
+    """/openapi.json with each route's JSON body: the routes read raw bodies (size limits, strict
+    JSON), so FastAPI cannot see them; the request models are the contract."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = doc.setdefault("components", {}).setdefault("schemas", {})
+            for (path, method), model in bodies.items():
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                doc["paths"][path][method]["requestBody"] = {
+                    "required": True, "content": {"application/json": {"schema": schema}}}
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = build  # type: ignore[method-assign]
+
+
+class ForgetBody(BaseModel):
+    """Exactly one of: a session (with the sessions linked to it), every session last seen before
+    a time (unix seconds or ISO 8601), or everything."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+    before: float | str | None = None
+    everything: bool = Field(False, alias="all")
+
+    def scope(self) -> ForgetScope:
+        before = None if self.before is None else parse_time(self.before)
+        return ForgetScope(session_id=self.session_id, before=before, everything=self.everything)
+
+
+def _add_forget_route(app: FastAPI, state: AppState) -> None:
+    @app.post("/v1/forget")
+    async def forget_route(request: Request) -> dict:
+        try:
+            scope = ForgetBody.model_validate(await _read_json(request, 4096)).scope()
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        except ValueError as e:  # no scope or two, or a time that does not parse
+            raise ApiError(400, str(e), code="invalid_value") from None
+        return await forget(state.store, scope, state.capture)
+
+
 def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
     from .adapters import AdapterError
 
     async def body_version(request: Request) -> int | None:
+        raw = await _read_json(request, 4096, empty={})
         try:
-            raw = json.loads(await request.body() or b"{}")
             v = raw.get("version")
             return None if v in (None, "base") else int(str(v).removeprefix("v"))
-        except (ValueError, AttributeError, json.JSONDecodeError):
+        except (ValueError, AttributeError):
             raise ApiError(400, "body must be {\"version\": N} (or \"base\")", param="version") from None
 
     async def guarded(coro: Any) -> Any:
@@ -338,7 +416,7 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
     @app.get("/v1/adapters")
     async def list_adapters() -> dict:
         rows = await asyncio.to_thread(state.store.adapters)
-        return {"live": state.adapters.live(), "data": rows}
+        return {"live": state.adapters.live(), "reviewing": state.gate and state.gate.reviewing, "data": rows}
 
     @app.post("/v1/adapters/rollback")
     async def rollback(request: Request) -> dict:
@@ -355,9 +433,33 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
         await guarded(state.adapters.pin(version, not unpin))
         return {"version": version, "pinned": not unpin}
 
+    @app.post("/v1/adapters/promote")
+    async def promote(request: Request) -> dict:
+        version = await body_version(request)
+        if version is None:
+            raise ApiError(400, "promote a version; the base model is served by rollback", param="version")
+        return await guarded(state.adapters.promote(version))
+
     @app.post("/v1/adapters/prune")
     async def prune() -> dict:
         return {"pruned": await state.adapters.prune()}
+
+
+async def _gate_status(state: AppState) -> dict[str, Any]:
+    """The gate's counters and the newest version's fate ("v7 not promoted: <reason>")."""
+    rows = await asyncio.to_thread(state.store.adapters)
+    newest = rows[-1] if rows else None
+    gate, guard = state.gate, state.guard
+    return {
+        "enabled": gate is not None,
+        "reviewing": gate and gate.reviewing,
+        "promoted": gate.promoted if gate else 0,
+        "refused": gate.refused if gate else 0,
+        "last_review_s": gate and gate.last_review_s,
+        "newest": newest and {"version": newest["version"], "state": newest["state"], "reason": newest["reason"]},
+        "guard": {"enabled": guard is not None, "rollbacks": guard.rollbacks if guard else 0,
+                  "last": guard and guard.last},
+    }
 
 
 def _version() -> str:
@@ -366,19 +468,14 @@ def _version() -> str:
     return __version__
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise ApiError(413, f"request body is over the {limit}-byte limit", code="request_too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"request body is over the {limit}-byte limit", code="request_too_large")
+async def _read_json(request: Request, limit: int, empty: Any = None) -> Any:
+    """The body as JSON (`empty` when there is none and that is allowed)."""
+    timeout_s = request.app.state.clawback.settings.client_timeout_s
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        body = await read_limited(request.stream(), limit, request.headers.get("content-length"), timeout_s)
+        return empty if not body and empty is not None else parse_json(body)
+    except BodyError as e:
+        raise ApiError(e.status, f"request body: {e.message}", code=e.code) from None
 
 
 IMAGE_PARTS = ("image_url", "input_image", "image")
@@ -400,6 +497,11 @@ def _validation_error(e: ValidationError) -> ApiError:
     param = ".".join(str(p) for p in first["loc"]) or None
     msg = first["msg"].removeprefix("Value error, ")
     return ApiError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value")
+
+
+# A prompt this small renders in well under a millisecond, less than the hop to a worker thread
+# costs; bigger ones (agent prompts with long system prompts and tool lists) render off the loop.
+INLINE_RENDER_BYTES = 16 * 1024
 
 
 @dataclass
@@ -443,7 +545,7 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     try:
         meta = parse_meta(request.headers, req)
     except MetaError as e:
-        raise ApiError(400, str(e), param="turn_type", code="invalid_value") from None
+        raise ApiError(400, str(e), param=e.param, code="invalid_value") from None
     served = req
     if meta.turn_type == "main" and state.settings.memory:
         # The person's preference notes join the system prompt; the request is stored as served.
@@ -452,7 +554,11 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
             body = req.model_dump(exclude_none=True)
             served = ChatRequest.model_validate({**body, "messages": inject(body["messages"], notes)})
     try:
-        prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, served)
+        length = request.headers.get("content-length", "")  # absent when chunked: render off the loop
+        if length.isdigit() and len(length) <= 6 and int(length) < INLINE_RENDER_BYTES:
+            prompt_text, prompt_ids = state.renderer.render(served)
+        else:
+            prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, served)
     except Exception as e:  # the chat template rejected this conversation (role order etc.)
         raise ApiError(400, f"the model's chat template cannot render these messages: {e}",
                        param="messages", code="invalid_messages") from None
@@ -501,6 +607,7 @@ class _Run:
         self.finish_reason = "cancelled"
         self.tool_calls: list[dict[str, Any]] = []
         self.content: str | None = None
+        self.finished = False
 
     async def deltas(self) -> AsyncIterator[str]:
         eos = set(self.p.sampling.stop_token_ids)
@@ -572,9 +679,13 @@ class _Run:
         )
 
     def finish(self) -> None:
-        """Runs exactly once, also when the client went away mid-stream."""
+        """Hands the call to capture; runs once (more calls are no-ops), also when the client went
+        away mid-stream."""
+        if self.finished:
+            return
+        self.finished = True
         s = self.state
-        s.running -= 1
+        s.count_running(-1)
         rec = self.record()
         s.capture.finish(self.p.meta, rec, self.p.req)
         s.calls.labels(self.p.meta.turn_type).inc()
@@ -582,6 +693,13 @@ class _Run:
         s.tokens.labels("completion").inc(len(self.ids))
         s.ttft.observe(rec.timings["ttft_s"])
         s.latency.labels(str(self.p.req.stream).lower()).observe(rec.timings["total_s"])
+
+    async def stored(self) -> None:
+        """Wait until a main call is committed, so that a reply the client has is never lost to a
+        crash (side calls are never trained: they are not waited for)."""
+        if self.p.meta.turn_type == "main":
+            with contextlib.suppress(StoreBusy):  # the call was dropped and counted, not lost unseen
+                await self.state.store.committed()
 
 
 def _headers(p: _Prepared) -> dict[str, str]:
@@ -592,7 +710,7 @@ def _headers(p: _Prepared) -> dict[str, str]:
 async def _chat(state: AppState, request: Request) -> Response:
     p = await _prepare(state, request)
     await state.capture.begin(p.meta, p.req, p.call_id)
-    state.running += 1
+    state.count_running(+1)
     run = _Run(state, p)
     if p.req.stream:
         return StreamingResponse(_sse(state, run), media_type="text/event-stream",
@@ -604,6 +722,7 @@ async def _chat(state: AppState, request: Request) -> Response:
         raise ApiError(500, f"generation failed: {e}", "server_error") from None
     finally:
         run.finish()
+    await run.stored()
     message: dict[str, Any] = {"role": "assistant", "content": run.content}
     if run.tool_calls:
         message["tool_calls"] = run.tool_calls
@@ -628,17 +747,23 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             body["usage"] = None
         return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
+    # A text chunk is the same bytes around the JSON string of its text: built once per request,
+    # so a token costs one json.dumps of a short string instead of a whole chunk's.
+    head, tail = chunk({"content": "\0"}).rsplit(b'"\\u0000"', 1)
+
     try:
         yield chunk({"role": "assistant", "content": ""})
         try:
             async for text in run.deltas():
-                yield chunk({"content": text})
+                yield head + json.dumps(text, ensure_ascii=False).encode() + tail
         except EngineError as e:
             err = {"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None, "code": None}}
             yield b"data: " + json.dumps(err).encode() + b"\n\n"
             return
         for i, call in enumerate(run.tool_calls):
             yield chunk({"tool_calls": [{"index": i, **call}]})
+        run.finish()
+        await run.stored()  # before the last chunk: a client that got the whole reply has it stored
         yield chunk({}, run.finish_reason, run.logprobs_content())  # all of them, once the tokens are final
         if include_usage:
             body = {**base, "choices": [], "usage": run.usage()}

@@ -36,7 +36,9 @@ UNTAGGED_WARN_AFTER_S = 600.0  # ... when no main call came for this long (or ev
 
 
 class MetaError(ValueError):
-    pass
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
     if turn_type is not None:
         turn_type = turn_type.lower()
         if turn_type not in ("main", "side"):
-            raise MetaError(f"turn type must be 'main' or 'side', got {turn_type!r}")
+            raise MetaError(f"turn type must be 'main' or 'side', got {turn_type!r}", "turn_type")
     done = pick("x-session-done", req.session_done)
     session_id = pick("x-session-id", req.session_id)
     affinity = None
@@ -72,6 +74,8 @@ def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
         # agent's own turns and on nothing else (compaction, titles), so a named call is main.
         affinity = pick("x-session-affinity", None) or pick("session_id", None)
     request_id = pick("x-request-id", req.request_id) or pick("x-client-request-id", None) or f"req-{uuid.uuid4().hex}"
+    if not request_id.isprintable() or not request_id.isascii():  # it goes back in the x-request-id header
+        raise MetaError(f"request id must be printable ASCII, got {request_id!r}", "request_id")
     return CallMeta(
         session_id=session_id or affinity or f"anon-{uuid.uuid4().hex}",
         turn_type=turn_type or ("main" if affinity else "side"),  # untagged calls are served and logged, never trained
@@ -267,6 +271,13 @@ class Capture:
         if new.awaiting is None:
             new.awaiting, new.awaiting_reply, new.awaiting_digest = old.awaiting, old.awaiting_reply, old.awaiting_digest
             new.latest_main = new.latest_main or old.latest_main
+
+    def forget(self, session_ids: list[str] | None) -> None:
+        """Drop what is held in memory about these sessions (None = all), after the store forgot them."""
+        if session_ids is None:
+            self._sessions.clear()
+        for sid in session_ids or ():
+            self._sessions.pop(sid, None)
 
     def sweep(self) -> int:
         """Close sessions idle for longer than the timeout; returns how many were closed."""

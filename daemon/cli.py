@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -60,15 +59,14 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from .http import serve
     from .server import daemon_app
 
     s = _settings(args)
     logging.basicConfig(level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = daemon_app(s)
     print(f"clawback: OpenAI-compatible API at {s.base_url}/v1 (model id '{s.served_model_name}')", flush=True)
-    uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
+    serve(app, s.host, s.port, s.log_level, s.client_timeout_s)
     return 0
 
 
@@ -128,12 +126,20 @@ def cmd_adapters(args: argparse.Namespace) -> int:
         print(f"live: {'base model' if live is None else f'v{live}'}")
         for a in out["data"]:
             m = a["metrics"]
+            retention = (a.get("gate") or {}).get("retention")
             print(f"v{a['version']:<4} {a['state']:<9} {'pinned' if a['pinned'] else '':<6} parent="
                   f"{'base' if a['parent'] is None else 'v' + str(a['parent'])} samples={a['samples']} "
-                  f"loss={m.get('loss', float('nan')):.4f} reward={m.get('reward_mean', float('nan')):+.2f}")
+                  f"loss={m.get('loss', float('nan')):.4f} reward={m.get('reward_mean', float('nan')):+.2f}"
+                  + (f" probes={retention['candidate']:.0f}/100" if retention else "")
+                  + (f"\n      not promoted: {a['reason']}" if a["state"] == "refused" else ""))
         return 0
-    if args.action in ("rollback", "pin", "unpin") and args.version is None:
+    if args.action in ("rollback", "pin", "unpin", "promote") and args.version is None:
         raise ValueError(f"adapters {args.action} needs a version (N, vN, or 'base' for rollback)")
+    if args.action == "promote":
+        out = _call("POST", f"{url}/v1/adapters/promote", headers, {"version": args.version})
+        overrides = out["overrides"] or f"nothing (it was {out['previous_state']})"
+        print(f"v{out['live']} is live; this overrides the gate: {overrides}")
+        return 0
     if args.action == "rollback":
         out = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version})
     elif args.action in ("pin", "unpin"):
@@ -198,12 +204,43 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _parse_since(value: str | None) -> float | None:
-    if value is None:
-        return None
+    from .forget import parse_time
+
+    return None if value is None else parse_time(value)
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    """Through the running daemon (it also drops what it holds in memory), else on the store."""
+    import asyncio
+
+    import httpx
+
+    from .forget import forget, parse_time
+    from .store import ForgetScope, Store
+
+    s = _settings(args)
+    before = None if args.before is None else parse_time(args.before)
+    scope = ForgetScope(session_id=args.session, before=before, everything=args.all)
+    url, headers = _daemon(args, s)
+    body = {"session_id": scope.session_id, "before": scope.before, "all": scope.everything}
     try:
-        return float(value)
-    except ValueError:
-        return datetime.fromisoformat(value).timestamp()
+        report = _call("POST", f"{url}/v1/forget", headers, body)
+    except httpx.ConnectError:
+        if not s.db_path.is_file():
+            raise FileNotFoundError(f"no store at {s.db_path}") from None
+        store = Store(s.db_path)
+        try:
+            report = asyncio.run(forget(store, scope))
+        finally:
+            store.close()
+    print(json.dumps(report))
+    affected = report["affected_versions"]
+    if affected:
+        target = report["rollback_to"]
+        names = ", ".join(f"v{v}" for v in affected)
+        print(f"adapter versions {names} were trained on forgotten data; to stop serving what they learnt: "
+              f"clawback adapters rollback {'base' if target is None else target}", file=sys.stderr)
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -283,9 +320,9 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_status)
 
-    p = sub.add_parser("adapters", help="list, roll back, pin or prune adapter versions")
+    p = sub.add_parser("adapters", help="list, roll back, promote, pin or prune adapter versions")
     _settings_flags(p)
-    p.add_argument("action", choices=["list", "rollback", "pin", "unpin", "prune"])
+    p.add_argument("action", choices=["list", "rollback", "promote", "pin", "unpin", "prune"])
     p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_adapters)
@@ -315,6 +352,15 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("--since", help="only records from this time on (ISO 8601 or unix seconds)")
     p.add_argument("--out", help="output file or dir (default: stdout for --jsonl, ./clawback-vN-FORMAT for adapters)")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("forget", help="delete what was stored about a session, an age, or everything")
+    _settings_flags(p)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--session", help="this session (and the sessions linked to it)")
+    which.add_argument("--before", help="every session last seen before this time (ISO 8601 or unix seconds)")
+    which.add_argument("--all", action="store_true", default=False, help="everything")
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.set_defaults(fn=cmd_forget)
 
     p = sub.add_parser("openclaw", help="connect an OpenClaw to this daemon (install), undo it, or check the chain")
     _settings_flags(p)

@@ -28,6 +28,44 @@ from .layout import Layout
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 
+class GateConfig(BaseModel):
+    """The `[gate]` table of clawback.toml: the candidate gate and the live guard (docs/gate.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True  # false: every trained version goes live as soon as it loads
+    # training health
+    grad_spike: float = Field(default=10.0, gt=1)  # × running median gradient norm of healthy steps
+    loss_spike: float = Field(default=10.0, gt=1)  # × running median |loss| of healthy steps ...
+    loss_floor: float = Field(default=5.0, ge=0)  # ... and |loss| above this (RL losses hover near 0)
+    health_window: int = Field(default=20, ge=1)  # healthy steps in the running medians
+    health_min_steps: int = Field(default=3, ge=1)  # spike checks start once this many steps are known
+    # capability retention
+    probes: int = Field(default=0, ge=0)  # probes used, 0 = the whole set
+    probe_max_tokens: int = Field(default=32, ge=4)
+    retention_margin: float = Field(default=2.0, ge=0)  # points of 100 the candidate may lose to the base model
+    # collapse detectors (candidate against live, on the probe replies)
+    entropy_low: float = Field(default=0.3, ge=0)  # min-entropy below this × live's: collapsed
+    entropy_high: float = Field(default=3.0, ge=1)  # above this × live's + 0.5 nats: blown up
+    distinct_drop: float = Field(default=0.25, ge=0)  # distinct-2 more than this below live's
+    similarity_rise: float = Field(default=0.25, ge=0)  # cross-reply similarity more than this above live's
+    length_ratio: float = Field(default=2.5, gt=1)  # median length outside [live/ratio, live×ratio] ...
+    length_min_change: int = Field(default=8, ge=0)  # ... and at least this many tokens apart
+    empty_rise: float = Field(default=0.15, ge=0)  # empty-reply share more than this above live's
+    cut_rise: float = Field(default=0.25, ge=0)  # cut-reply share more than this above live's
+    meta_rise: float = Field(default=0.15, ge=0)  # share of replies about the conversation itself
+    # preference replay
+    held_out_share: float = Field(default=0.2, ge=0, lt=1)  # of rated calls, never trained on
+    replay_calls: int = Field(default=32, ge=0)  # newest held-out calls replayed per candidate
+    replay_min_each: int = Field(default=2, ge=1)  # liked and disliked calls needed for the margin check
+    replay_tolerance: float = Field(default=0.05, ge=0)  # nats/token the candidate may lose against live
+    replay_max_tokens: int = Field(default=16384, ge=16)  # longer calls are not replayed (one forward each)
+    # live guard after activation (guard.py)
+    guard_replies: int = Field(default=20, ge=0)  # main replies watched per version, 0 = off
+    guard_alpha: float = Field(default=0.05, gt=0, lt=1)  # significance of Fisher's one-sided exact test
+    guard_baseline: int = Field(default=200, ge=1)  # newest replies of the previous version compared against
+
+
 def default_data_dir() -> Path:
     return Path(os.environ.get("CLAWBACK_DATA_DIR") or Path.home() / ".clawback")
 
@@ -60,7 +98,7 @@ class TrainSettings(BaseModel):
     count_zero_signal: bool | None = None
     keep_versions: int = Field(default=5, ge=1)  # retention: the newest K good versions, plus pinned and live
     device: str = "auto"  # the trainer's torch device
-    threads: int = Field(default=1, ge=0)  # torch threads of the trainer (leave cores for serving)
+    threads: int = Field(default=0, ge=0)  # torch threads of the trainer; 0 = from the CPU budget (see torch_threads)
     # How the person's correction reaches the OPD teacher (daemon/samples.py HINT_TEMPLATES): its
     # wording, and whether it goes into the last user message or the system prompt
     # (bench/README.md, "In-context following").
@@ -207,7 +245,9 @@ class Settings(BaseSettings):
     served_model_name: str = "clawback"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    torch_threads: int = Field(0, ge=0)  # 0 = torch's default
+    # torch threads of the embedded engine; 0 = from the CPU budget (clawback.trainer.priority.
+    # thread_budget: 1 each for engine and trainer on 1-2 cores, else the cores but one, split)
+    torch_threads: int = Field(0, ge=0)
 
     # Engine: embedded (transformers+PEFT in the daemon), or a model server: vllm / sglang, launched
     # and supervised as a child, or already running at engine_url (docs/engines.md).
@@ -219,6 +259,9 @@ class Settings(BaseSettings):
     engine_args: str = ""  # extra server flags, appended verbatim (e.g. "--tp 2")
     engine_port: int = Field(0, ge=0, le=65535)  # the launched server's port; 0 = a free one
     engine_mem_fraction: float = Field(0.45, gt=0, lt=1)  # SGLang --mem-fraction-static; the rest is the trainer's (docs/memory-plan.md)
+    # vLLM on CPU: the KV cache in GiB (VLLM_CPU_KVCACHE_SPACE); 0 = what the model needs for a few
+    # full-context sequences, at most engine_mem_fraction of the memory available at start.
+    engine_kv_cache_gib: float = Field(0, ge=0)
     engine_start_timeout_s: float = Field(900.0, gt=0)  # first start loads weights and may compile
 
     # Auth: a key given here wins; otherwise <data_dir>/api_key (created on first start).
@@ -233,6 +276,11 @@ class Settings(BaseSettings):
     session_cache_size: int = Field(10_000, ge=1)
 
     store_queue_size: int = Field(10_000, ge=1)
+    # A client that takes longer than this to send a request head, or stalls this long inside a
+    # body, is cut off (a stalled socket would otherwise stay open for good).
+    client_timeout_s: float = Field(10.0, gt=0)
+    # Forget sessions last seen more than this many days ago (as `clawback forget --before`); 0 = keep.
+    retain_days: float = Field(0.0, ge=0)
 
     # Preference notes from corrections and 👎 reasons, injected into main calls' system prompt
     # (daemon/memory.py); at most memory_max_notes are kept.
@@ -246,6 +294,7 @@ class Settings(BaseSettings):
     judge: Annotated[JudgeSettings, NoDecode] = Field(default_factory=lambda: JudgeSettings())
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
     layout: Layout = Field(default_factory=lambda: Layout())  # [layout]: where engine, judge and trainer run (daemon/layout.py)
+    gate: GateConfig = Field(default_factory=lambda: GateConfig())  # [gate]: checks before and after a version goes live
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -12,16 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .bodies import BodyError, parse_json, read_limited
 from .store import StoreBusy
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 MAX_TEXT = 16_000
 AUTH_TIMEOUT_S = 10.0
+MAX_EVENT_BYTES = 64 * 1024
 
 Kind = Literal["thumbs_up", "thumbs_down", "correction", "comment", "session_end", "session_link"]
 
@@ -37,7 +38,7 @@ class FeedbackEvent(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     type: Literal["feedback"] = "feedback"
-    event_id: str
+    event_id: str = Field(json_schema_extra={"format": "uuid"})
     kind: Kind
     session_id: str | None = Field(None, min_length=1, max_length=256)
     target: str = Field("last", min_length=1, max_length=256)  # turn id | request id | "last"
@@ -141,13 +142,12 @@ async def apply_event(state: Any, raw: Any) -> tuple[int, dict[str, Any]]:
 def add_feedback_routes(app: FastAPI, state: Any) -> None:
     @app.post("/v1/feedback")
     async def post_feedback(request: Request) -> JSONResponse:
-        body = await request.body()
-        if len(body) > 64 * 1024:
-            return JSONResponse(_error("feedback event over 64 KB", "malformed"), status_code=413)
         try:
-            raw = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return JSONResponse(_error(f"not valid JSON: {e}", "malformed"), status_code=400)
+            body = await read_limited(request.stream(), MAX_EVENT_BYTES, request.headers.get("content-length"),
+                                      state.settings.client_timeout_s)
+            raw = parse_json(body)
+        except BodyError as e:
+            return JSONResponse(_error(e.message, "malformed"), status_code=e.status)
         status, frame = await apply_event(state, raw)
         return JSONResponse(frame, status_code=status)
 
@@ -165,8 +165,10 @@ def add_feedback_routes(app: FastAPI, state: Any) -> None:
                        "adapter_version": state.engine.active_version()})
         try:
             while True:
-                text = await ws.receive_text()
-                await out.put(await _handle_frame(state, text))
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                await out.put(await _handle_frame(state, message))
         except WebSocketDisconnect:
             pass
         finally:
@@ -183,9 +185,10 @@ def _key_ok(header: str | None, expected: str) -> bool:
 async def _auth_frame(ws: WebSocket, expected: str) -> bool:
     """Clients that cannot set headers authenticate with a first frame {type: auth, api_key}."""
     try:
-        frame = json.loads(await asyncio.wait_for(ws.receive_text(), AUTH_TIMEOUT_S))
+        message = await asyncio.wait_for(ws.receive(), AUTH_TIMEOUT_S)
+        frame = parse_json(message["text"]) if message.get("text") is not None else None
         key = frame.get("api_key") if isinstance(frame, dict) and frame.get("type") == "auth" else None
-    except (asyncio.TimeoutError, json.JSONDecodeError, WebSocketDisconnect, UnicodeDecodeError):
+    except (asyncio.TimeoutError, BodyError, WebSocketDisconnect):
         key = None
     if key is not None and hmac.compare_digest(str(key).encode(), expected.encode()):
         await ws.send_json({"type": "auth_ok"})
@@ -197,11 +200,17 @@ async def _auth_frame(ws: WebSocket, expected: str) -> bool:
     return False
 
 
-async def _handle_frame(state: Any, text: str) -> dict[str, Any]:
+async def _handle_frame(state: Any, message: Mapping[str, Any]) -> dict[str, Any]:
+    """The reply to one frame; a frame of any kind or content gets one and leaves the socket open."""
+    text = message.get("text")
+    if text is None:
+        return _error("binary frames are not part of the protocol: send JSON text frames", "malformed")
+    if len(text) > MAX_EVENT_BYTES:
+        return _error("feedback event over 64 KB", "malformed")
     try:
-        frame = json.loads(text)
-    except json.JSONDecodeError as e:
-        return _error(f"not valid JSON: {e}", "malformed")
+        frame = parse_json(text)
+    except BodyError as e:
+        return _error(e.message, "malformed")
     kind = frame.get("type") if isinstance(frame, dict) else None
     if kind == "ping":
         return {"type": "pong", "ts": time.time()}

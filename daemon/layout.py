@@ -24,9 +24,12 @@ only `num_cpus` and `num_gpus` make sense there, anything else is refused at sta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import secrets
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -169,13 +172,34 @@ def _describe(node: dict[str, Any]) -> str:
     return f"{node['NodeID'][:8]} {resources} {labels}"
 
 
+def _local_runtime_env(token_path: Path) -> None:
+    """A local Ray runtime serves this machine only: every listener on loopback, token auth with a
+    private token file. Ray reads both from the environment (its processes inherit it) when it is
+    imported, so this runs before the first `import ray`.
+
+    Ray's own choice of node address is the machine's outward IP, and its servers then listen on
+    all interfaces; with the cluster switch off it takes the loopback address and binds to it."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if not token_path.is_file():
+        token_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+
+
 class RayPlacement:
     """This daemon on Ray: joins the cluster (or starts a local runtime), checks the layout against
     its nodes, reserves the layout in one placement group, and starts the trainer actor in it."""
 
-    def __init__(self, layout: Layout, ray_address: str | None, trainer_device: str) -> None:
+    def __init__(self, layout: Layout, ray_address: str | None, trainer_device: str,
+                 token_path: Path | None = None) -> None:
         if ray_address is None:
             layout.check_local()
+            if token_path is not None:  # this process will start the local runtime: before `import ray`
+                _local_runtime_env(token_path)
         self.layout, self.ray_address, self.trainer_device = layout, ray_address, trainer_device
         self.trainer_gpus = layout.trainer_gpus(trainer_device)
         self.node_id: str | None = None  # the daemon's own Ray node

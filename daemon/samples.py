@@ -49,6 +49,26 @@ MAX_RAW_HINT_CHARS = 1000
 MAX_ATTEMPTS = 3
 
 
+def degenerate_reply(inp: SampleInputs, min_loop_tokens: int = 32, max_period: int = 32) -> str | None:
+    """Why a reply is no material to learn from, or None: no tokens (the client hung up before
+    the first one, or generation failed), no visible content and no tool call, or a repetition
+    loop (the reply ends in one short token sequence repeated over at least half of it)."""
+    ids = inp.response_ids
+    if not ids:
+        return "empty_reply"
+    if not inp.response_text.strip() and not inp.tool_calls:
+        return "no_content"
+    n = len(ids)
+    if n >= min_loop_tokens:
+        for period in range(1, max_period + 1):
+            tail = period  # length of the suffix that repeats with this period
+            while tail < n and ids[n - 1 - tail] == ids[n - 1 - tail + period]:
+                tail += 1
+            if tail >= max(n // 2, 4 * period, min_loop_tokens // 2):
+                return "repetition_loop"
+    return None
+
+
 def explicit_reward(feedback: Sequence[Feedback]) -> float | None:
     """The last thumbs event wins (a person may change their mind)."""
     thumbs = [f.kind for f in feedback if f.kind in ("thumbs_up", "thumbs_down")]
@@ -156,7 +176,7 @@ class SamplePipeline:
         votes: list[VoteRecord] = []
         sample = JudgedSample(call_id=call_id, revision=revision, state="dropped", method=cfg.method,
                               teacher=cfg.teacher)
-        why = degenerate(inp.response_ids, inp.finish_reason)
+        why = degenerate_reply(inp) or degenerate(inp.response_ids, inp.finish_reason)
         if why is not None:
             await self._write(replace(sample, reason=why), votes)
             return

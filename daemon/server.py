@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from typing import Any
 
 from fastapi import FastAPI
@@ -19,15 +20,19 @@ from clawback.chat import ChatRenderer
 from clawback.engine import Engine
 from clawback.judge.backends import EngineBackend, JudgeBackend, OpenAIBackend
 from clawback.records import version_name
+from clawback.trainer.priority import ServingGauge, available_cores, thread_budget
 
 from .adapters import AdapterManager
 from .api import AppState, create_app, resolve_api_key
 from .capture import Capture
 from .config import Settings
 from .feedback import Hub
+from .forget import forget
 from .layout import RayPlacement
 from .samples import SamplePipeline
-from .store import Store
+from .gate import CandidateGate
+from .guard import LiveGuard
+from .store import ForgetScope, Store
 from .training import RayTrainer, TrainerStarter, TrainingLoop
 
 log = logging.getLogger(__name__)
@@ -47,7 +52,9 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     # First: a layout the cluster cannot host fails before anything is built.
     placement = _ray_placement(settings) if train and start_trainer is None else None
     model_dir = resolve_model(settings.model, settings.models_dir)
-    engine = build_engine(settings, model_dir)
+    engine_threads, trainer_threads = thread_budget(available_cores(), train, settings.torch_threads,
+                                                    settings.train.threads)
+    engine = build_engine(settings, model_dir, engine_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     store = Store(settings.db_path, queue_size=settings.store_queue_size, memory_max_notes=settings.memory_max_notes)
     renderer, hub = ChatRenderer(tokenizer), Hub()
@@ -57,30 +64,41 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     adapters = AdapterManager(
         engine, store, settings.data_dir / "adapters", settings.train.keep_versions,
         on_live=lambda v: hub.broadcast({"type": "adapter_live", "version": version_name(v)}))
-    trainer = None
+    gate = CandidateGate(engine, renderer, store, settings.gate, busy=lambda: state.running) \
+        if settings.gate.enabled else None
+    guard = LiveGuard(store, adapters, settings.gate, on_rollback=lambda r: hub.broadcast(
+        {"type": "adapter_rolled_back", "version": version_name(r["version"]), "to": version_name(r["to"]),
+         "reason": r["reason"]})) if settings.gate.guard_replies else None
+    trainer = gauge = None
     if train:
-        start = start_trainer or _ray_trainer(settings, model_dir, placement)
+        gauge = ServingGauge(settings.data_dir / "serving")
+        start = start_trainer or _ray_trainer(settings, model_dir, placement, trainer_threads, gauge)
 
         def on_trained(step: dict[str, Any]) -> None:
             hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
                            "mean_reward": step["mean_reward"]})
 
-        trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained)
+        trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained, gate=gate,
+                               on_refused=lambda r: hub.broadcast({"type": "adapter_refused", **r}))
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
-    return AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,
-                    trainer, judge_name)
+    state = AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,
+                     trainer, judge_name, gate=gate, guard=guard,
+                     serving_gauge=gauge)
+    return state
 
 
 def _ray_placement(settings: Settings) -> RayPlacement:
     """The trainer's place on Ray. Joining a cluster happens now, so a bad address or layout is an
     error at start; the local runtime still starts with the first batch (serving starts fast)."""
-    placement = RayPlacement(settings.layout, settings.ray_address, settings.train.device)
+    placement = RayPlacement(settings.layout, settings.ray_address, settings.train.device,
+                             token_path=settings.data_dir / "ray_auth_token")
     if settings.ray_address:
         placement.connect()
     return placement
 
 
-def _ray_trainer(settings: Settings, model_dir: str, placement: RayPlacement | None) -> TrainerStarter:
+def _ray_trainer(settings: Settings, model_dir: str, placement: RayPlacement | None, threads: int,
+                 gauge: ServingGauge) -> TrainerStarter:
     cfg = settings.train_config()
     assert placement is not None  # made whenever no other trainer is given
 
@@ -91,8 +109,10 @@ def _ray_trainer(settings: Settings, model_dir: str, placement: RayPlacement | N
 
         placement.connect()
         actor = ray.remote(TrainerWorker).options(max_concurrency=1, **placement.trainer_options())
-        # No adapters dir: the actor keeps its own, wherever it runs; versions travel as bytes.
-        return RayTrainer(actor.remote(model_dir, cfg, None, settings.train.device, settings.train.threads))
+        # No adapters dir: the actor keeps its own, wherever it runs; versions travel as bytes. On
+        # the daemon's node it yields to the requests counted in the serving gauge.
+        serving = (str(gauge.path), ray.get_runtime_context().get_node_id())
+        return RayTrainer(actor.remote(model_dir, cfg, None, settings.train.device, threads, serving))
 
     return start
 
@@ -123,13 +143,22 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        async def retain() -> None:
+            if settings.retain_days:
+                scope = ForgetScope(before=time.time() - settings.retain_days * 86400)
+                report = await forget(state.store, scope, state.capture)
+                if report["deleted"]:
+                    log.info("retain_days: forgot %d sessions (%s)", report["sessions"], report["deleted"])
+
         async def sweeper() -> None:
             await state.capture.sweep_store()  # sessions a previous run left open
+            await retain()
             while True:
                 await asyncio.sleep(settings.session_sweep_interval_s)
                 try:
                     state.capture.sweep()
                     await state.capture.sweep_store()
+                    await retain()
                 except Exception:
                     log.exception("session sweep failed")
 
@@ -148,6 +177,8 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
         tasks.append(asyncio.create_task(pipeline.run()))
         if trainer is not None:
             tasks.append(asyncio.create_task(trainer.run()))
+        if state.guard is not None:
+            tasks.append(asyncio.create_task(state.guard.run()))
         log.info("clawback serving %s on %s (auth %s)", state.engine.info.name, settings.base_url,
                  "off" if state.api_key is None else "on")
         try:

@@ -13,8 +13,10 @@ Every state change also appends a row to `events`, which triggers keep append-on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -47,11 +49,11 @@ def _marks(values: Any) -> str:
     return ", ".join("?" for _ in values)
 
 
-def ids_blob(ids: list[int]) -> bytes:
+def ids_blob(ids: list[int] | list[list[int]]) -> bytes:
     return np.asarray(ids, dtype="<i4").tobytes()
 
 
-def logprobs_blob(logprobs: list[float]) -> bytes:
+def logprobs_blob(logprobs: list[float] | list[list[float]]) -> bytes:
     return np.asarray(logprobs, dtype="<f4").tobytes()
 
 
@@ -87,9 +89,12 @@ def connect(db_path: Path, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
         conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, check_same_thread=False)
     else:
+        with contextlib.suppress(FileExistsError):  # private from the start; SQLite gives -wal/-shm the same mode
+            os.close(os.open(db_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         conn = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")  # an acknowledged commit survives power loss
+        conn.execute("PRAGMA secure_delete=ON")  # deleted rows are overwritten, not left in free pages
     conn.execute("PRAGMA busy_timeout=5000")
     conn.row_factory = sqlite3.Row
     return conn
@@ -149,7 +154,7 @@ SAMPLE_VERDICT_COLUMNS = tuple(f.name for f in fields(JudgedSample) if f.name no
 TRAIN_STEP_COLUMNS = ("version", "parent", "started_at", "finished_at", "samples", "outcome", "error", "metrics")
 ADAPTER_COLUMNS = ("version", "parent", "path", "state", "reason", "method", "samples", "metrics", "created_at",
                    "updated_at")
-ADAPTER_STATES = ("committed", "live", "retired", "failed", "pruned")
+ADAPTER_STATES = ("committed", "candidate", "live", "retired", "refused", "failed", "pruned")
 
 Reply = Callable[[Any, "BaseException | None"], None]
 
@@ -179,6 +184,7 @@ class Store:
         self.written = 0
         self.listeners: list[Callable[[str, str], None]] = []  # called on the writer thread after commits
         self._notes: list[tuple[str, str]] = []
+        self._scrub_wanted = False  # a forget deleted rows: rewrite the files once it is committed
         self._thread = threading.Thread(target=self._write_loop, name="clawback-store", daemon=True)
         self._thread.start()
 
@@ -216,9 +222,21 @@ class Store:
         """Store a judged sample; False when a newer signal re-queued it meanwhile (it is judged again)."""
         return await self._commit(_Write("sample", partial(self._write_sample, sample)))
 
-    async def drop_samples(self, call_ids: Sequence[str], reason: str) -> None:
-        """Drop ready samples the trainer cannot use, with the reason."""
-        await self._commit(_Write("drop_samples", partial(self._write_drop_samples, list(call_ids), reason)))
+    async def drop_samples(self, call_ids: Sequence[str], reason: str, state: str = "dropped") -> None:
+        """Take ready samples out of training, with the reason: `dropped` (of no use), or
+        `quarantined` (training on them failed; a new signal on the call queues it again)."""
+        await self._commit(_Write("drop_samples", partial(self._write_drop_samples, list(call_ids), reason, state)))
+
+    async def committed(self) -> None:
+        """Returns once every write queued before this call is committed."""
+        await self._commit(_Write("barrier", lambda: None))
+
+    async def forget(self, scope: ForgetScope) -> dict[str, Any]:
+        """Delete what was stored about the sessions in `scope` (calls, next states, feedback, votes,
+        samples, the preference notes learned from them, links, the sessions) and rewrite the database files so that none of it remains in
+        them; the event log keeps a tombstone with counts only. Returns the counts, the forgotten
+        session ids and the adapter versions trained on the forgotten samples."""
+        return await self._commit(_Write("forget", partial(self._write_forget, scope)))
 
     async def record_step(self, step: StepRecord) -> int:
         """Record a training step; a committed one also records its adapter version and marks its
@@ -230,10 +248,15 @@ class Store:
         """`version` (None = base) serves now; the version live before is retired."""
         await self._commit(_Write("adapter_live", partial(self._write_adapter_live, version)))
 
-    async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None) -> None:
+    async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None,
+                             reason: str | None = None, gate: dict[str, Any] | None = None) -> None:
         changes: dict[str, Any] = {}
         if pinned is not None:
             changes["pinned"] = int(pinned)
+        if reason is not None:
+            changes["reason"] = reason
+        if gate is not None:  # the gate's report (gate.py)
+            changes["gate"] = json.dumps(gate, default=str)
         if state is not None:
             if state not in ADAPTER_STATES:
                 raise ValueError(f"unknown adapter state {state!r}")
@@ -344,6 +367,9 @@ class Store:
                     self.dropped[f"{w.kind}:error"] = self.dropped.get(f"{w.kind}:error", 0) + 1
                     log.error("store write %s failed and was dropped: %s", w.kind, e)
                     outcomes.append((None, e))
+        if self._scrub_wanted:
+            self._scrub_wanted = False
+            self._scrub()
         for w, (result, error) in zip(writes, outcomes):
             if w.reply is not None:
                 w.reply(result, error)
@@ -626,11 +652,70 @@ class Store:
             self._notify("sample.ready", sample.call_id)
         return True
 
-    def _write_drop_samples(self, call_ids: list[str], reason: str) -> None:
+    def _write_drop_samples(self, call_ids: list[str], reason: str, state: str) -> None:
         n = self._conn.execute(
-            f"UPDATE samples SET state = 'dropped', reason = ?, updated_at = ? WHERE state = 'ready' "
-            f"AND call_id IN ({_marks(call_ids)})", (reason, time.time(), *call_ids)).rowcount
-        self._event("samples.dropped", None, {"reason": reason, "samples": n})
+            f"UPDATE samples SET state = ?, reason = ?, updated_at = ? WHERE state = 'ready' "
+            f"AND call_id IN ({_marks(call_ids)})", (state, reason, time.time(), *call_ids)).rowcount
+        self._event(f"samples.{state}", None, {"reason": reason, "samples": n, "call_ids": call_ids})
+
+    # ---- forgetting ----
+
+    def _write_forget(self, scope: ForgetScope) -> dict[str, Any]:
+        c = self._conn
+        c.execute("CREATE TEMP TABLE IF NOT EXISTS forget(session_id TEXT PRIMARY KEY)")
+        c.execute("DELETE FROM temp.forget")
+        if scope.everything:
+            c.execute("INSERT INTO temp.forget SELECT session_id FROM sessions UNION SELECT session_id FROM "
+                      "feedback_events UNION SELECT from_session FROM session_links UNION SELECT to_session FROM session_links")
+        elif scope.session_id is not None:
+            c.executemany("INSERT INTO temp.forget VALUES (?)", [(x,) for x in _link_closure(c, scope.session_id)])
+        else:
+            c.execute("INSERT INTO temp.forget SELECT session_id FROM sessions WHERE last_seen_at < ?", (scope.before,))
+        sessions = [r[0] for r in c.execute("SELECT session_id FROM temp.forget")]
+        in_s = "IN (SELECT session_id FROM temp.forget)"
+        in_c = f"IN (SELECT call_id FROM calls WHERE session_id {in_s})"
+        trained = sorted(v for (name,) in c.execute(
+            f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_c}")
+            if (v := parse_version(name)) is not None)
+        deleted: dict[str, int] = {}
+        for table, where, args in (
+            ("votes", f"call_id {in_c}", ()),
+            # preference notes learned from the forgotten replies; forgetting everything takes them all
+            ("memory_notes", "1" if scope.everything else f"call_id {in_c}", ()),
+            ("samples", f"call_id {in_c}", ()),
+            ("next_states", f"call_id {in_c} OR next_call_id {in_c}", ()),
+            ("feedback_events", f"session_id {in_s} OR call_id {in_c}", ()),
+            # feedback for sessions that never appeared, received before the cut
+            ("feedback_events", "state = 'orphan' AND received_at < ? AND session_id NOT IN (SELECT session_id FROM sessions)",
+             (scope.before if scope.before is not None else float("-inf"),)),
+            ("session_links", f"from_session {in_s} OR to_session {in_s}", ()),
+            ("calls", f"session_id {in_s}", ()),
+            ("sessions", f"session_id {in_s}", ()),
+        ):
+            n = c.execute(f"DELETE FROM {table} WHERE {where}", args).rowcount
+            if n:
+                deleted[table] = deleted.get(table, 0) + n
+        c.execute("DELETE FROM temp.forget")
+        if deleted:  # the tombstone: what kind of forget and how much, never what
+            self._event("forgotten", None, {"scope": scope.kind, "before": scope.before, "deleted": deleted,
+                                            "trained_versions": trained})
+            self._scrub_wanted = True
+        return {"deleted": deleted, "sessions": sessions, "trained_versions": trained}
+
+    def _scrub(self) -> None:
+        """Rewrite the database and empty the WAL, so deleted text is in neither file (old WAL
+        frames and free pages would otherwise keep it). Waits for readers to let go of the WAL."""
+        for _ in range(50):
+            busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            if not busy:
+                break
+            time.sleep(0.1)
+        self._conn.execute("VACUUM")
+        for _ in range(50):
+            if not self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
+                return
+            time.sleep(0.1)
+        log.error("after a forget a reader kept the WAL from being emptied; the next forget empties it")
 
     # ---- adapters and training steps ----
 
@@ -641,11 +726,12 @@ class Store:
             "version": step.version, "parent": step.parent, "started_at": step.started_at, "finished_at": now,
             "samples": len(step.call_ids), "outcome": step.outcome, "error": step.error, "metrics": metrics})
         if step.path is not None:
+            state = "candidate" if step.candidate else step.outcome
             self._insert("adapters", ADAPTER_COLUMNS, {
-                "version": step.version, "parent": step.parent, "path": step.path, "state": step.outcome,
+                "version": step.version, "parent": step.parent, "path": step.path, "state": state,
                 "reason": step.error, "method": step.method, "samples": len(step.call_ids), "metrics": metrics,
                 "created_at": now, "updated_at": now})
-            self._event(f"adapter.{step.outcome}", str(step.version), {"parent": step.parent, "error": step.error})
+            self._event(f"adapter.{state}", str(step.version), {"parent": step.parent, "error": step.error})
         if step.outcome != "committed":
             return 0
         consumed = self._conn.execute(
@@ -721,7 +807,7 @@ class Store:
 
         def q(c: sqlite3.Connection) -> list[ReadySample]:
             rows = c.execute(
-                "SELECT s.call_id, s.reward, s.teacher_logprobs, s.teacher_top_logprobs, s.evidence_ids, "
+                "SELECT s.call_id, s.reward, s.reward_source, s.correction, s.teacher_logprobs, s.teacher_top_logprobs, s.evidence_ids, "
                 "s.evidence_logprobs, c.prompt_ids, c.response_ids, "
                 "c.behaviour_logprobs, c.sampling_logprobs, c.top_ids, c.top_logprobs, c.adapter_version "
                 "FROM samples s JOIN calls c USING (call_id) "
@@ -732,6 +818,7 @@ class Store:
                 topk = r["teacher_top_logprobs"] is not None and r["top_ids"] is not None
                 out.append(ReadySample(
                     call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
+                    reward_source=r["reward_source"], correction=r["correction"],
                     prompt_ids=blob_ids(r["prompt_ids"]), response_ids=blob_ids(r["response_ids"]),
                     behaviour_logprobs=blob_logprobs(r["behaviour_logprobs"]),
                     teacher_logprobs=_opt(blob_logprobs, r["teacher_logprobs"]),
@@ -757,10 +844,17 @@ class Store:
                 row = dict(r)
                 row["metrics"] = json.loads(row["metrics"])
                 row["pinned"] = bool(row["pinned"])
+                row["gate"] = json.loads(row["gate"])
                 out.append(row)
             return out
 
         return self.read(q)
+
+    def base_was_live(self) -> bool:
+        """Whether the last version sent live was the base model (a rollback to base)."""
+        row = self.read(lambda c: c.execute(
+            "SELECT subject_id FROM events WHERE kind = 'adapter.live' ORDER BY id DESC LIMIT 1").fetchone())
+        return row is not None and row[0] is None
 
     def last_train_step(self) -> dict[str, Any] | None:
         def q(c: sqlite3.Connection) -> dict[str, Any] | None:
@@ -792,6 +886,7 @@ class Store:
                 response_ids=blob_ids(call["response_ids"]),
                 behaviour_logprobs=blob_logprobs(call["behaviour_logprobs"]),
                 response_text=call["response_text"],
+                tool_calls=json.loads(call["tool_calls_json"] or "null"),
                 finish_reason=call["finish_reason"],
                 top_ids=None if call["top_ids"] is None else blob_rows(
                     blob_ids, call["top_ids"], len(call["response_ids"]) // 4),
@@ -800,6 +895,36 @@ class Store:
             )
 
         return self.read(q)
+
+
+@dataclass(frozen=True)
+class ForgetScope:
+    """One session (with every session linked to it, either way), every session last seen
+    before a time, or everything."""
+
+    session_id: str | None = None
+    before: float | None = None
+    everything: bool = False
+
+    def __post_init__(self) -> None:
+        if sum((self.session_id is not None, self.before is not None, self.everything)) != 1:
+            raise ValueError("forget one session, everything before a time, or everything")
+
+    @property
+    def kind(self) -> str:
+        return "all" if self.everything else ("session" if self.session_id is not None else "before")
+
+
+def _link_closure(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """The session and every session linked to it, in either direction (one conversation)."""
+    found, frontier = [session_id], [session_id]
+    while frontier:
+        marks = _marks(frontier)
+        rows = conn.execute(f"SELECT from_session, to_session FROM session_links WHERE from_session IN ({marks}) "
+                            f"OR to_session IN ({marks})", frontier + frontier).fetchall()
+        frontier = sorted({s for r in rows for s in r} - set(found))
+        found += frontier
+    return found
 
 
 def linked_sessions(conn: sqlite3.Connection, session_id: str) -> list[str]:

@@ -9,10 +9,18 @@ serving never waits for it. Per step:
      be on another node: no shared filesystem); the daemon commits them atomically into its
      adapters dir;
   3. the daemon validates and loads it beside the live version; only then the store commits the
-     version and marks its samples consumed (one transaction), and new requests go to it.
-A step that fails (actor crash, NaN, a version that does not load) is recorded with its error;
-its samples stay ready and the actor goes back to the live version. The actor starts lazily, at
-the first full batch, and resumes from the live version, whose files the daemon sends it.
+     version and marks its samples consumed (one transaction);
+  4. with a gate (clawback.daemon.gate) the version is a candidate until the gate has compared it
+     with the live one: promoted, new requests go to it; refused, it stays on disk out of service
+     and the next step trains from the live version again. Without a gate it goes live at once.
+Rated samples the gate holds out for its preference replay are dropped with reason `held_out`.
+A sample the trainer cannot use (empty prompt or response, logprobs that do not match its tokens)
+is quarantined with its reason before it reaches a step. A step that fails (actor crash, NaN, a
+version that does not load) is recorded with its error; the actor goes back to the live version,
+the loop waits before the next try (doubling from `retry_s` up to `retry_max_s`), and a sample
+that was in `quarantine_after` failed steps is quarantined with the last error, so that one bad
+sample cannot hold up the samples behind it. The actor starts lazily, at the first full batch,
+and resumes from the live version, whose files the daemon sends it.
 """
 
 from __future__ import annotations
@@ -20,13 +28,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable, Protocol, Sequence
 
 from clawback.records import ReadySample, StepRecord, TrainResult, version_name
 from clawback.trainer.config import TrainConfig
+from clawback.trainer.step import sample_problem
 
 from .adapters import AdapterManager
+from .gate import CandidateGate
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -71,9 +82,16 @@ class RayTrainer:
 class TrainingLoop:
     def __init__(self, store: Store, adapters: AdapterManager, cfg: TrainConfig,
                  start_worker: TrainerStarter, on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
-                 poll_s: float = 10.0) -> None:
+                 poll_s: float = 10.0, retry_s: float = 5.0, retry_max_s: float = 600.0,
+                 quarantine_after: int = 3, gate: CandidateGate | None = None,
+                 on_refused: Callable[[dict[str, Any]], None] = lambda _: None) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
+        self.retry_s, self.retry_max_s, self.quarantine_after = retry_s, retry_max_s, quarantine_after
+        self.failed_in_a_row = 0
+        self._failed_steps: Counter[str] = Counter()  # call id -> failed steps it was in
         self.start_worker = start_worker
+        self.gate = gate  # None: every version goes live as soon as it loads
+        self.on_refused = on_refused
         self.on_trained = on_trained
         self.poll_s = poll_s
         self.worker: TrainerHandle | None = None
@@ -97,7 +115,8 @@ class TrainingLoop:
             try:
                 batch = await self._next_batch()
                 if batch:
-                    await self.step(batch)
+                    if await self.step(batch) is None:
+                        await asyncio.sleep(self.retry_delay())
                     continue  # there may be another full batch waiting
             except asyncio.CancelledError:
                 raise
@@ -108,6 +127,10 @@ class TrainingLoop:
             except asyncio.TimeoutError:
                 pass
 
+    def retry_delay(self) -> float:
+        """Seconds to wait after the last failed step: doubles with each failure in a row, capped."""
+        return min(self.retry_max_s, self.retry_s * 2 ** max(0, self.failed_in_a_row - 1))
+
     async def _next_batch(self) -> list[ReadySample]:
         if await asyncio.to_thread(self.store.ready_count) < self.cfg.batch_size:
             return []
@@ -115,11 +138,20 @@ class TrainingLoop:
         live = self.adapters.live() or 0
         stale = [r.call_id for r in rows if live - (r.adapter_version or 0) > self.cfg.max_staleness]
         unusable = [r.call_id for r in rows if self.cfg.method == "opd" and r.teacher_logprobs is None]
-        if stale:
-            await self.store.drop_samples(stale, "stale")
-        if unusable:
-            await self.store.drop_samples(unusable, "no_teacher_for_opd")
-        usable = [r for r in rows if r.call_id not in set(stale) | set(unusable)]
+        held = [r.call_id for r in rows if self.gate is not None and self.gate.holds_out(r)]
+        for call_ids, reason in ((held, "held_out"), (stale, "stale"), (unusable, "no_teacher_for_opd")):
+            if call_ids:
+                await self.store.drop_samples(call_ids, reason)
+        skip = set(stale) | set(unusable) | set(held)
+        problems: dict[str, list[str]] = {}
+        for r in rows:
+            problem = None if r.call_id in skip else sample_problem(r, self.cfg.method)
+            if problem is not None:
+                problems.setdefault(problem, []).append(r.call_id)
+                skip.add(r.call_id)
+        for problem, call_ids in problems.items():
+            await self.store.drop_samples(call_ids, f"untrainable: {problem}", "quarantined")
+        usable = [r for r in rows if r.call_id not in skip]
         return usable[: self.cfg.batch_size] if len(usable) >= self.cfg.batch_size else []
 
     async def _worker(self) -> TrainerHandle:
@@ -153,15 +185,31 @@ class TrainingLoop:
             await self.adapters.load(version, path)
         except Exception as e:
             self.failures += 1
-            log.error("training step for v%d failed: %s", version, e)
-            await self.store.record_step(replace(step, error=f"{type(e).__name__}: {e}"[:1000]))
+            self.failed_in_a_row += 1
+            log.error("training step for v%d failed (%d in a row): %s", version, self.failed_in_a_row, e)
+            step = replace(step, error=f"{type(e).__name__}: {e}"[:1000])
+            await self.store.record_step(step)
+            await self._quarantine_repeat_failures(call_ids, step.error or type(e).__name__)
             await self._recover(parent, e)
+            self.busy = False
             return None
+        self.steps += 1
+        self.failed_in_a_row = 0
+        for call_id in call_ids:
+            self._failed_steps.pop(call_id, None)
+        try:
+            # With a gate the version is a candidate until the review below decides.
+            await self.store.record_step(replace(step, outcome="committed", candidate=self.gate is not None))
+            if self.gate is not None:
+                verdict = await self.gate.review(version, parent, result.metrics)
+                if not verdict.promote:
+                    await self.adapters.refuse(version, verdict.reason, verdict.report)
+                    self.on_refused({"version": version_name(version), "reason": verdict.reason})
+                    return None
+                await self.adapters.record_gate(version, verdict.report)
+            swap_s = await self.adapters.go_live(version, path)
         finally:
             self.busy = False
-        await self.store.record_step(replace(step, outcome="committed"))
-        swap_s = await self.adapters.go_live(version, path)
-        self.steps += 1
         pruned = await self.adapters.prune()  # retention: newest K good versions + pinned + live
         if pruned:
             log.info("pruned adapter versions %s", pruned)
@@ -178,6 +226,15 @@ class TrainingLoop:
                 await asyncio.wait_for(self.worker.close(), timeout_s)
             except Exception as e:
                 log.warning("trainer actor did not close cleanly: %s", e)
+
+    async def _quarantine_repeat_failures(self, call_ids: tuple[str, ...], error: str) -> None:
+        self._failed_steps.update(call_ids)
+        doomed = [c for c in call_ids if self._failed_steps[c] >= self.quarantine_after]
+        if doomed:
+            await self.store.drop_samples(doomed, f"training failed {self.quarantine_after} times: {error}"[:500],
+                                          "quarantined")
+            for call_id in doomed:
+                del self._failed_steps[call_id]
 
     async def _recover(self, parent: int | None, error: Exception) -> None:
         """After a failed step the actor must not keep weights no version holds."""

@@ -40,6 +40,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--user-llm", help="an OpenAI-compatible base URL whose model plays the user instead of the "
                    "rules (key from $CLAWBACK_USER_LLM_KEY)")
     p.add_argument("--user-llm-model", help="model name at --user-llm (required with it)")
+    p.add_argument("--no-gate", action="store_true", help="every trained version goes live (no candidate gate, no live guard)")
     p.add_argument("--plot-only", action="store_true", help="only redraw summary and plot from existing cells")
     p.set_defaults(fn=cmd_simulate)
 
@@ -122,7 +123,9 @@ def _cell_process(cell: Any, cfg: SimConfig, model_dir: Path, out: Path, args: a
 
 
 def _check_config(existing: dict[str, Any], cfg: SimConfig, path: Path) -> None:
-    defaults = SimConfig().as_dict()  # a key added since the cell ran had its default then
+    # A key added since the cell ran had its default then, except the gate: cells from before it
+    # ran without one.
+    defaults = {**SimConfig().as_dict(), "gate": False}
     diff = {k: (existing["config"].get(k, defaults[k]), v) for k, v in cfg.as_dict().items()
             if existing["config"].get(k, defaults[k]) != v}
     if diff:
@@ -145,6 +148,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = SimConfig(interactions=args.interactions, batch_size=args.batch_size, lr=args.lr, lora_rank=args.lora_rank,
                     lora_alpha=2 * args.lora_rank, max_tokens=args.max_tokens, temperature=args.temperature,
                     eval_tasks=args.eval_tasks, eval_points=args.eval_points, kl_coef=args.kl_coef, threads=args.threads,
+                    gate=not args.no_gate,
                     user_llm=f"{args.user_llm_model}@{args.user_llm}" if args.user_llm else None)
     out = Path(args.out)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
@@ -177,9 +181,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             record = read_cell(out, cell)
             assert record is not None  # the cell's process wrote it
             met = sum(r["meets"] for r in record["interactions"])
+            versions = record.get("versions", {})
             print(f"{cell.key}: score {record['curve'][0]['score']:.3f} -> {record['final_score']:.3f}, "
                   f"{met}/{len(record['interactions'])} replies met the preference, "
-                  f"{sum(s['outcome'] == 'committed' for s in record['steps'])} steps, {record['wall_s'] / 60:.1f} min",
+                  f"{sum(s['outcome'] == 'committed' for s in record['steps'])} steps "
+                  f"({len(versions.get('promoted', []))} promoted, {len(versions.get('refused', {}))} refused), "
+                  f"{record['wall_s'] / 60:.1f} min",
                   file=sys.stderr, flush=True)
     summary, pngs = write_summary(out, cells)
     print(markdown_table(summary))

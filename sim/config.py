@@ -80,6 +80,8 @@ class SimConfig:
     # Who judges replies: None = the scenario's rules; else "MODEL@URL" of an OpenAI-compatible
     # endpoint playing the user (raters.LLMRater). Part of the config so cells never mix the two.
     user_llm: str | None = None
+    # The candidate gate and the live guard (clawback.daemon.gate), as in the daemon: on by default.
+    gate: bool = True
 
     def __post_init__(self) -> None:
         if self.interactions < 1 or self.batch_size < 1 or self.max_tokens < 1:
@@ -100,7 +102,8 @@ class SimConfig:
         if not method.keeps_own_lr:
             train["lr"] = self.lr
         return {"judge": {"backend": "off"}, "train": train, "default_max_tokens": self.max_tokens,
-                "torch_threads": self.threads, "memory": method.memory}
+                "torch_threads": self.threads, "memory": method.memory,
+                "gate": {} if self.gate else {"enabled": False, "guard_replies": 0}}
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

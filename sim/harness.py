@@ -110,6 +110,8 @@ async def _settle(state: Any, batch_size: int) -> None:
     failures = trainer.failures if trainer is not None else 0
     while time.monotonic() < deadline:
         await asyncio.to_thread(state.store.flush)
+        if state.guard is not None:  # decide on a rollback now, not whenever its poll comes round
+            await state.guard.check()
         pending = await asyncio.to_thread(state.store.pending_samples, 1)
         if not pending and not state.pipeline.busy:
             if trainer is None:
@@ -221,6 +223,9 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
         steps = await asyncio.to_thread(_train_steps, state.store)
         samples = await asyncio.to_thread(_sample_counts, state.store)
         notes = await asyncio.to_thread(state.store.memory_notes)
+        versions = _versions(await asyncio.to_thread(state.store.adapters))
+    if curve[-1]["interaction"] != cfg.interactions:  # the curve runs to the end of the cell
+        curve.append({**curve[-1], "interaction": cfg.interactions, "carried": True})
     return {
         "cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": rater.name,
         "code": code, "clawback_version": __version__,
@@ -228,9 +233,17 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
         "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
         "eval_tasks": len(eval_tasks), "curve": curve, "probe": probes, "final_score": curve[-1]["score"],
         "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),
-        "steps": steps, "samples": samples, "memory_notes": [n["text"] for n in notes], "eval_replies": evals,
+        "steps": steps, "samples": samples, "versions": versions, "memory_notes": [n["text"] for n in notes],
+        "eval_replies": evals,
         "wall_s": time.time() - started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _versions(adapters: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which trained versions went live and which the gate (or the live guard) refused, and why."""
+    return {"promoted": [a["version"] for a in adapters if a["live_at"] is not None],
+            "refused": {str(a["version"]): a["reason"] for a in adapters if a["state"] == "refused"},
+            "gate_seconds": [a["gate"]["seconds"] for a in adapters if "seconds" in a["gate"]]}
 
 
 def _tally(items) -> dict[str, int]:

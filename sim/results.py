@@ -176,6 +176,9 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "samples_used_per_seed": [sum(s["samples"] for s in m["steps"] if s["outcome"] == "committed")
                                       for m in members],
             "failed_steps": sum(s["outcome"] != "committed" for m in members for s in m["steps"]),
+            "gate": [m["config"].get("gate", False) for m in members],
+            "promoted_per_seed": [len(m.get("versions", {}).get("promoted", [])) for m in members],
+            "refused_per_seed": [len(m.get("versions", {}).get("refused", {})) for m in members],
             "mean_drift": avg("drift"), "mean_entropy": avg("entropy"),
             "wall_s_per_seed": [round(m["wall_s"], 1) for m in members],
         }
@@ -252,16 +255,18 @@ def markdown_table(summary: dict[str, Any]) -> str:
     lines = [f"Code stamp {summary['code_stamp']} (commits {', '.join(c[:10] for c in summary['commits'])}).", "",
              "| scenario | method | seeds | sessions until adaptation, per seed | adapted | replies meeting the "
              "preference during the run (95% CI) | held-out score before | after (95% CI) | probe before → after "
-             "| steps/seed | wall min/cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| steps/seed | promoted/refused per seed | wall min/cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen, methods in summary["scenarios"].items():
         for method, s in methods.items():
             wall = statistics.fmean(s["wall_s_per_seed"]) / 60
+            gated = ",".join(f"{p}/{r}" if g else "no gate" for p, r, g in
+                             zip(s.get("promoted_per_seed", []), s.get("refused_per_seed", []), s.get("gate", [])))
             probe = "–" if not s.get("probe_mean") else f"{s['probe_mean'][0]:.3f} → {s['probe_mean'][-1]:.3f}"
             lines.append(
                 f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {adapt(s)} | {s['adapted']} "
                 f"| {ci(s['meets_rate'])} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
-                f"| {','.join(map(str, s['steps_per_seed']))} | {wall:.1f} |")
+                f"| {','.join(map(str, s['steps_per_seed']))} | {gated} | {wall:.1f} |")
     lines += ["", "| scenario | method − comparator | metric | seeds | per-seed differences | mean [95% CI] |",
               "|---|---|---|---|---|---|"]
     for scen, pairs in summary["paired"].items():

@@ -8,21 +8,19 @@ gives a new one. Summaries never mix cells of different stamps (results.py).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import subprocess
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import clawback.daemon
-import clawback.judge
-import clawback.sim
-import clawback.trainer
 
 
 @lru_cache(maxsize=1)
 def code_stamp() -> dict[str, Any]:
     digest = hashlib.sha256()
-    roots = [Path(m.__file__).parent for m in (clawback.daemon, clawback.judge, clawback.trainer, clawback.sim)]
+    roots = [Path(importlib.import_module(f"clawback.{name}").__file__ or "").parent
+             for name in ("daemon", "judge", "trainer", "sim")]
     for root in roots:
         for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".sql") and "__pycache__" not in p.parts):
             digest.update(f"{root.name}/{f.relative_to(root)}\0".encode())

@@ -3,11 +3,13 @@ Llama that shares its tokenizer, and a real daemon process on a free port."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -95,6 +97,7 @@ class DaemonProcess:
         self.log = data_dir / f"daemon-{self.port}.log"
 
     def start(self, timeout: float = 120) -> "DaemonProcess":
+        timeout = scaled(timeout)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "clawback.daemon.cli", "serve", "--data-dir", str(self.data_dir),
                "--model", str(self.model_dir), "--port", str(self.port), *self.extra]
@@ -159,12 +162,67 @@ def query(db: Path, sql: str, *args) -> list[sqlite3.Row]:
         conn.close()
 
 
-def wait_for(fn, timeout: float = 30, what: str = "condition"):
-    """Poll until fn() is truthy (the store is written in the background); return its value."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+# Deadlines in these tests are what a step takes on an idle 2-core machine, with a wide margin,
+# times how much slower this machine runs right now. `slowdown()` runs a fixed single-threaded
+# probe: wall time / CPU time is the share of a core this process gets (other load, a lower
+# priority), and CPU time / PROBE_IDLE_CPU_S how much slower a core is than the reference one.
+# So a test waits as long as the work needs on a busy machine and no longer than needed on a
+# quiet one; no assertion is ever about speed.
+PROBE_IDLE_CPU_S = 0.028  # the probe's CPU time on the reference machine (2 vCPU KVM guest, 2026-11-30)
+MAX_SLOWDOWN = 100.0
+
+
+def slowdown() -> float:
+    """How many times slower than the idle reference machine this one runs now (>= 1)."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    sum(i * i for i in range(1_000_000))
+    wall, cpu = time.perf_counter() - wall, max(time.thread_time() - cpu, 1e-6)
+    return min(MAX_SLOWDOWN, max(1.0, wall / cpu * max(1.0, cpu / PROBE_IDLE_CPU_S)))
+
+
+def scaled(seconds: float) -> float:
+    """A client timeout or deadline of `seconds` on the idle machine, for this machine now."""
+    return seconds * slowdown()
+
+
+def wait_for(fn, timeout: float = 30, what: str = "condition", interval: float = 0.1):
+    """Poll until fn() is truthy (the store is written in the background); return its value.
+
+    `timeout` is for the idle reference machine: the deadline stretches by the largest slowdown
+    measured while waiting (probed every few seconds)."""
+    start = time.time()
+    worst = slowdown()
+    next_probe = start + 5
+    while True:
         value = fn()
         if value:
             return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout} s")
+        now = time.time()
+        if now >= next_probe:
+            worst, next_probe = max(worst, slowdown()), now + 5
+        if now - start > timeout * worst:
+            raise AssertionError(f"{what} not met within {now - start:.0f} s ({timeout} s x slowdown {worst:.1f})")
+        time.sleep(interval)
+
+
+def stream_clients(url: str, n: int, stop: threading.Event, results: list, errors: list) -> list[threading.Thread]:
+    """`n` threads that stream side calls until `stop`: each finished stream appends (call id, the
+    version that served it) to `results`, each failure its repr to `errors`. Not started."""
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=scaled(120)) as c:
+            while not stop.is_set():
+                try:
+                    body = {"model": "clawback", "stream": True, "max_tokens": 16, "temperature": 1.0,
+                            "messages": [{"role": "user", "content": f"client {i} says hello"}]}
+                    with c.stream("POST", "/v1/chat/completions", json=body,
+                                  headers={"x-session-id": f"load-{i}", "x-turn-type": "side"}) as r:
+                        assert r.status_code == 200, r.status_code
+                        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+                    assert lines[-1] == "data: [DONE]", lines[-1]
+                    first = json.loads(lines[0][len("data: "):])
+                    results.append((r.headers["x-clawback-call-id"], first["system_fingerprint"]))
+                except Exception as e:  # every failure counts
+                    errors.append(repr(e))
+
+    return [threading.Thread(target=client, args=(i,)) for i in range(n)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, cast
 
 import torch
 from transformers import PreTrainedModel
@@ -164,9 +164,10 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
         teacher_B_T[i, :R] = torch.tensor(list(teacher))
         if use_topk:
             topk_B[i] = 1.0
-            top_ids_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.top_ids])
-            top_behaviour_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.top_logprobs])
-            top_teacher_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.teacher_top_logprobs])
+            top = cast(Any, s)  # has_topk: it carries all three
+            top_ids_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.top_ids])
+            top_behaviour_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.top_logprobs])
+            top_teacher_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.teacher_top_logprobs])
     pos_B_L = (attn_B_L.cumsum(-1) - 1).clamp(min=0)
     batch = {
         "input_ids": ids_B_L,
@@ -216,20 +217,29 @@ def response_logprobs(
     return logp_B_T, ent_B_T, top_B_T_K
 
 
+def sample_problem(s: TrainSample, method: str) -> str | None:
+    """Why one sample cannot be trained on, or None. The training loop quarantines such samples
+    before a step; `train_step` refuses a batch that holds one."""
+    R = len(s.response_ids)
+    if not s.prompt_ids or not R:
+        return "every sample needs a non-empty prompt and response"
+    if len(s.behaviour_logprobs) != R:
+        return "behaviour_logprobs must have one value per response token"
+    if s.teacher_logprobs is None:
+        if method == "opd":
+            return "method 'opd' needs teacher_logprobs on every sample"
+    elif len(s.teacher_logprobs) != R:
+        return "teacher_logprobs must have one value per response token"
+    return None
+
+
 def _check(samples: Sequence[TrainSample], cfg: TrainConfig) -> None:
     if not samples:
         raise ValueError("no samples")
     for s in samples:
-        R = len(s.response_ids)
-        if not s.prompt_ids or not R:
-            raise ValueError("every sample needs a non-empty prompt and response")
-        if len(s.behaviour_logprobs) != R:
-            raise ValueError("behaviour_logprobs must have one value per response token")
-        if s.teacher_logprobs is None:
-            if cfg.method == "opd":
-                raise ValueError("method 'opd' needs teacher_logprobs on every sample")
-        elif len(s.teacher_logprobs) != R:
-            raise ValueError("teacher_logprobs must have one value per response token")
+        problem = sample_problem(s, cfg.method)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def _abs_mean(x_B_T_K: torch.Tensor, rows_B_T: torch.Tensor) -> torch.Tensor:
@@ -245,9 +255,11 @@ def _clip_frac(batch: dict[str, torch.Tensor], rows_B_T: torch.Tensor, clip: flo
     return gap.float().mean(-1)[m].sum() / m.sum().clamp(min=1)
 
 
-def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig) -> dict[str, float]:
+def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig,
+               before_micro_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
     """One AdamW step on `samples`; gradients accumulate over micro-batches so the update equals
     the one a single batch of all samples would give. Returns the step's metrics.
+    `before_micro_batch` runs before each forward (the trainer yields to serving there).
 
     logp_old is the policy before this update. With one optimizer step per batch it is exactly
     the detached logp of the same forward pass, so it costs no second pass; the ratio is then 1
@@ -275,6 +287,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     optimizer.zero_grad(set_to_none=True)
     try:
         for group in groups:
+            before_micro_batch()
             batch = collate(group, device, cfg.opd_top_k if w_opd else 0)
             ref_B_T = None
             if cfg.kl_coef:
@@ -289,6 +302,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
             )
             topk_B_T = None
             if use_topk:
+                assert top_B_T_K is not None  # response_logprobs gathers it when top_k > 0
                 rows_B_T = batch["mask_B_T"] * batch["topk_B"][:, None]
                 top_adv_B_T_K = topk_advantages(batch["top_teacher_B_T_K"], batch["top_behaviour_B_T_K"], rows_B_T,
                                                 w_opd=w_opd, clip=cfg.opd_clip)

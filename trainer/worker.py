@@ -10,6 +10,8 @@ not hold (after a rollback, or in a fresh actor) arrive as bytes the same way.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import shutil
@@ -25,6 +27,7 @@ from clawback.adapter_format import install, list_versions, publish, read_files,
 from clawback.records import TrainResult
 
 from .config import TrainConfig
+from .priority import ServingPriority, lower_priority
 from .step import TrainSample, make_lora_model, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def release_freed_memory() -> None:
+    """Give the step's freed activations back to the OS. glibc keeps freed heap memory (and, after
+    the first large free, serves allocations up to 32 MB from the heap instead of fresh mmaps), so
+    without a trim the actor's RSS stays at its largest step and grows with fragmentation."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def ray_node_id() -> str | None:
     """The Ray node this process runs on (None outside Ray): where a version was trained."""
     import ray
@@ -71,13 +82,19 @@ def attention_for(device: torch.device) -> str:
 
 class TrainerWorker:
     def __init__(self, model_dir: str, cfg: TrainConfig, adapters_root: str | None = None, device: str = "auto",
-                 torch_threads: int = 0) -> None:
+                 torch_threads: int = 0, serving: tuple[str, str | None] | None = None) -> None:
+        """`serving`: the daemon's serving gauge and its Ray node; on that node the worker runs at
+        lower CPU priority and yields to requests between micro-batches (trainer/priority.py)."""
         from transformers import AutoModelForCausalLM
 
         if not Path(model_dir).is_dir():  # the base model is not shipped: it must be on this node
             raise FileNotFoundError(f"base model not found at {model_dir} on the trainer's node {ray_node_id()}")
         if torch_threads:
             torch.set_num_threads(torch_threads)
+        self.priority = ServingPriority(None)
+        if serving is not None and serving[1] == ray_node_id():
+            self.priority = ServingPriority(serving[0])
+            lower_priority(self.priority.daemon_pid())
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -118,7 +135,10 @@ class TrainerWorker:
     def train(self, samples: Sequence[TrainSample], version: int, meta: dict[str, Any]) -> TrainResult:
         """One optimizer step on `samples`, published as `v{version}` and returned as its files."""
         t0 = time.time()
-        metrics = train_step(self.model, self.optimizer, samples, self.cfg)
+        self.priority.start_step()
+        waited = self.priority.waited_s
+        metrics = train_step(self.model, self.optimizer, samples, self.cfg, before_micro_batch=self.priority.wait)
+        metrics["yielded_s"] = self.priority.waited_s - waited
         parent, node = self.version, ray_node_id()
         target = version_dir(self.root, version)  # the daemon numbers versions: a leftover here is not it
         shutil.rmtree(target, ignore_errors=True)
@@ -133,6 +153,7 @@ class TrainerWorker:
             raise
         self.version = version
         self._keep_only(version)
+        release_freed_memory()
         return TrainResult(version=version, parent=parent, node=node, metrics=metrics, files=files)
 
     def ping(self) -> int | None:

@@ -8,7 +8,7 @@ from typing import Any
 from clawback.engine import Engine, read_model_info
 
 
-def build_engine(settings: Any, model_dir: str) -> Engine:
+def build_engine(settings: Any, model_dir: str, torch_threads: int = 0) -> Engine:
     """The engine the daemon's `Settings` ask for; `await engine.start()` (the daemon's lifespan
     does it) launches or reaches a vLLM / SGLang server, sized for the LoRA the trainer trains."""
     name = Path(model_dir).name
@@ -16,7 +16,7 @@ def build_engine(settings: Any, model_dir: str) -> Engine:
         from .embedded import EmbeddedEngine
 
         return EmbeddedEngine(model_dir, device=settings.device, dtype=settings.dtype, name=name,
-                              torch_threads=settings.torch_threads)
+                              torch_threads=torch_threads or settings.torch_threads)
     info = read_model_info(model_dir, name)
     lora = settings.train_config()
     if settings.engine == "vllm":

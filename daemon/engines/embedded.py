@@ -1,12 +1,17 @@
 """In-process transformers + PEFT engine: CPU by default, CUDA when available.
 
 One worker thread owns the model. It takes commands (start a generation, score, load/unload an
-adapter) from a queue and steps every running generation one token at a time, round-robin, so
-concurrent requests interleave and the asyncio loop never waits on torch. Tokens reach the loop
-through `call_soon_threadsafe`. Because only the worker touches the model, adapter changes need
-no locks: they happen between steps.
+adapter) from a queue and decodes every running generation in one batched forward per step: the
+streams share one KV cache, left-padded so that each row's tokens end at the same column, with an
+attention mask over the padding and each row's own positions. Prompts that arrive together are
+prefilled in one left-padded forward and then join the batch; a finished stream leaves it. Each row is sampled with its own settings, and its
+logprob is read from its own row of the unscaled distribution, so `score()` reproduces it. Serving
+and background work (the judge) are two batches: the background one steps only when nothing is
+served, plus one step in BACKGROUND_EVERY so that it cannot starve. The asyncio loop never waits
+on torch; tokens reach it through `call_soon_threadsafe`. Because only the worker touches the
+model, adapter changes need no locks: they happen between steps.
 
-Mixed adapters in flight are served with PEFT's per-call `adapter_names`, so a generation that
+Mixed adapters in flight are served with PEFT's per-row `adapter_names`, so a generation that
 started on version N finishes on N even after N+1 is activated. Versions live in reusable PEFT
 adapter slots: a new version is read off the worker thread and copied into the slot of a retired
 one, so a hot-swap stalls the streams for a tensor copy, not for building LoRA layers.
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Sequence
 
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 from clawback.engine import EngineError, Sampling, Token, read_model_info
 
@@ -34,6 +40,7 @@ log = logging.getLogger(__name__)
 
 BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
 BACKGROUND_EVERY = 8
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily, as vLLM and SGLang do
 
 
 def pick_device(device: str) -> torch.device:
@@ -55,12 +62,120 @@ class _Generation:
     adapter: str | None
     emit: Callable[[Any], object]  # thread-safe put into the consumer's asyncio queue
     cancelled: threading.Event = field(default_factory=threading.Event)
-    cache: Any = None
-    next_input: list[int] = field(default_factory=list)
     n_generated: int = 0
+    last_token: int = 0  # the next decode step's input
     rng: torch.Generator | None = None
     background: bool = False  # judge and other internal work: yields to serving
     mask: GrammarMask | None = None  # Sampling.constraint, compiled for this stream
+
+
+GROW = 64  # KV-cache columns added at a time
+
+
+class _KV(DynamicLayer):
+    """One layer's keys and values for a batch of rows, in a buffer that grows GROW columns at a
+    time: a decode step writes one column in place, where DynamicLayer would copy the whole cache."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.kbuf = key_states.new_zeros(*key_states.shape[:2], 0, key_states.shape[3])
+        self.vbuf = value_states.new_zeros(*value_states.shape[:2], 0, value_states.shape[3])
+        self.n = 0
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.n + key_states.shape[-2]
+        if end > self.kbuf.shape[-2]:
+            self._place(self.kbuf.shape[0], end + GROW, [(slice(None), self)])
+        self.kbuf[:, :, self.n : end] = key_states
+        self.vbuf[:, :, self.n : end] = value_states
+        self.n = end
+        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.n if self.is_initialized else 0
+
+    def _place(self, rows: int, capacity: int, parts: list[tuple[Any, "_KV"]]) -> None:
+        """New zeroed buffers of `rows` x `capacity` columns; each (rows, layer) part's used columns
+        go to those rows, right-aligned at the end column max(n) (the left padding stays zero, so
+        it is finite under the mask)."""
+        end = max(kv.n for _, kv in parts)
+        k = self.kbuf.new_zeros(rows, self.kbuf.shape[1], capacity, self.kbuf.shape[3])
+        v = self.vbuf.new_zeros(rows, self.vbuf.shape[1], capacity, self.vbuf.shape[3])
+        for where, kv in parts:
+            k[where, :, end - kv.n : end] = kv.kbuf[:, :, : kv.n]
+            v[where, :, end - kv.n : end] = kv.vbuf[:, :, : kv.n]
+        self.kbuf, self.vbuf, self.n = k, v, end
+        self.keys, self.values = k[:, :, :end], v[:, :, :end]
+
+    def append_rows(self, other: "_KV") -> None:
+        b = self.kbuf.shape[0]
+        self._place(b + other.kbuf.shape[0], max(self.n, other.n) + GROW,
+                    [(slice(0, b), self), (slice(b, None), other)])
+
+    def zero_padding(self, mask: torch.Tensor) -> None:
+        """Zero the keys and values of padding columns (which attend to nothing in a prefill and
+        may hold anything), so that masking them out stays exact."""
+        keep = mask[:, None, :, None].to(self.kbuf.dtype)
+        self.kbuf[:, :, : self.n].mul_(keep)
+        self.vbuf[:, :, : self.n].mul_(keep)
+
+    def keep_rows(self, rows: torch.Tensor, start: int) -> None:
+        """Keep only `rows`, dropping the first `start` columns (padding in every kept row)."""
+        self.kbuf, self.vbuf = self.kbuf[rows][:, :, start:], self.vbuf[rows][:, :, start:]
+        self.n -= start
+        self.keys, self.values = self.kbuf[:, :, : self.n], self.vbuf[:, :, : self.n]
+
+
+class _Batch:
+    """Generations decoded together: one KV cache, left-padded so that every row's last token
+    sits in the same column; `mask` marks each row's real columns."""
+
+    def __init__(self) -> None:
+        self.pending: list[_Generation] = []  # not prefilled yet
+        self.gens: list[_Generation] = []  # row i of the cache is gens[i]
+        self.cache: Any = None
+        self.mask: torch.Tensor | None = None  # [rows, columns], 1 = a real token
+
+    def __len__(self) -> int:
+        return len(self.pending) + len(self.gens)
+
+    def merge(self, other: "_Batch") -> None:
+        """Append another batch's rows after this one's."""
+        if not self.gens:
+            self.gens, self.cache, self.mask = other.gens, other.cache, other.mask
+            return
+        if not other.gens:
+            return
+        assert self.mask is not None and other.mask is not None  # rows always come with their mask
+        end = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.append_rows(theirs)
+        self.mask = torch.cat([_pad_left(self.mask, end), _pad_left(other.mask, end)])
+        self.gens = self.gens + other.gens
+
+    def remove(self, gone: set[_Generation]) -> None:
+        keep = [i for i, g in enumerate(self.gens) if g not in gone]
+        if len(keep) == len(self.gens):
+            return
+        self.gens = [self.gens[i] for i in keep]
+        if not keep:
+            self.cache = self.mask = None
+            return
+        assert self.mask is not None
+        rows = torch.tensor(keep, device=self.mask.device)
+        mask = self.mask[rows]
+        start = int(mask.any(0).int().argmax())  # columns before it are padding in every kept row
+        self.mask = mask[:, start:]
+        for kv in self.cache.layers:
+            kv.keep_rows(rows, start)
+
+
+def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))
 
 
 _END = object()
@@ -97,7 +212,7 @@ class EmbeddedEngine:
         self._free_slots: list[str] = []  # slots of unloaded versions, refilled by the next load
         self._lock = threading.Lock()  # guards the three dicts above across loop and worker
         self._commands: queue.Queue = queue.Queue()
-        self._running: list[_Generation] = []
+        self._serving, self._background = _Batch(), _Batch()
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="clawback-engine", daemon=True)
         self._thread.start()
@@ -192,7 +307,7 @@ class EmbeddedEngine:
             return [v for v in self._adapters if v not in self._retiring]
 
     def running(self) -> int:
-        return len(self._running)
+        return len(self._serving) + len(self._background)
 
     async def close(self) -> None:
         if not self._stopped:
@@ -236,33 +351,33 @@ class EmbeddedEngine:
             while True:
                 rounds += 1
                 try:
-                    block = not self._running
+                    block = not self.running()
                     while True:
                         cmd = self._commands.get(block=block)
                         block = False
                         if cmd[0] == "stop":
-                            for gen in self._running:
-                                gen.emit(EngineError("engine stopped"))
+                            for batch in (self._serving, self._background):
+                                for gen in batch.pending + batch.gens:
+                                    gen.emit(EngineError("engine stopped"))
                             return
                         self._handle(cmd)
                 except queue.Empty:
                     pass
-                for gen in self._schedule(rounds):
-                    self._step(gen)
+                for batch in self._schedule(rounds):
+                    self._step(batch)
 
-    def _schedule(self, rounds: int) -> list[_Generation]:
+    def _schedule(self, rounds: int) -> list[_Batch]:
         """Serving first: background generations step only when no request is being served, plus
         one round in BACKGROUND_EVERY so that they cannot starve."""
-        foreground = [g for g in self._running if not g.background]
-        if not foreground or rounds % BACKGROUND_EVERY == 0:
-            return list(self._running)
-        return foreground
+        if not self._serving or rounds % BACKGROUND_EVERY == 0:
+            return [self._serving, self._background]
+        return [self._serving]
 
     def _handle(self, cmd: tuple) -> None:
         op = cmd[0]
         if op == "generate":
             gen = cmd[1]
-            self._running.append(gen)
+            (self._background if gen.background else self._serving).pending.append(gen)
             return
         reply = cmd[1]
         try:
@@ -279,45 +394,95 @@ class EmbeddedEngine:
         else:
             reply(result, None)
 
-    def _forward(self, input_ids: list[int], adapter: str | None, cache: Any) -> Any:
-        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        kwargs: dict[str, Any] = {"use_cache": True, self._cache_arg: cache}
+    def _forward(self, input_ids: torch.Tensor, adapters: Sequence[str | None], cache: Any, **kwargs: Any) -> Any:
+        kwargs.update({"use_cache": cache is not None, self._cache_arg: cache})
         if self._peft:
-            kwargs["adapter_names"] = [self._slots[adapter] if adapter else BASE]
-        return self.model(input_ids=ids, **kwargs)
+            kwargs["adapter_names"] = [self._slots[a] if a else BASE for a in adapters]
+        return self.model(input_ids=input_ids, **kwargs)
 
-    def _step(self, gen: _Generation) -> None:
-        if gen.cancelled.is_set():
+    def _step(self, batch: _Batch) -> None:
+        """One decode step for the batch's rows, then the prefill of the generations waiting to join."""
+        cancelled = {g for g in batch.gens if g.cancelled.is_set()}
+        if cancelled:
+            batch.remove(cancelled)
+            for gen in cancelled:
+                self._finish(gen, None)
+        if batch.gens:
+            try:
+                self._decode(batch)
+            except Exception as e:
+                log.exception("decode step failed")
+                gens = set(batch.gens)
+                batch.remove(gens)
+                for gen in gens:
+                    self._finish(gen, e)
+        pending, batch.pending = batch.pending, []
+        for gen in [g for g in pending if g.cancelled.is_set()]:
+            pending.remove(gen)
             self._finish(gen, None)
-            return
-        try:
-            if gen.cache is None:  # prefill
-                from transformers import DynamicCache
+        if pending:
+            try:
+                batch.merge(self._prefill(pending))
+            except Exception as e:
+                log.exception("prefill failed")
+                for gen in pending:
+                    self._finish(gen, e)
 
-                gen.cache = DynamicCache()
-                gen.next_input = gen.prompt_ids
-                if gen.sampling.seed is not None:
-                    gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
-            out = self._forward(gen.next_input, gen.adapter, gen.cache)
-            gen.cache = getattr(out, self._cache_arg)
-            token = self._pick(gen, out.logits[0, -1].float())
-            gen.n_generated += 1
-            gen.next_input = [token.id]
-            gen.emit(token)
-            done = (
-                token.id in gen.sampling.stop_token_ids
-                or gen.n_generated >= gen.sampling.max_tokens
-                or len(gen.prompt_ids) + gen.n_generated >= self.info.context_length
-            )
-            if done:
+    def _decode(self, batch: _Batch) -> None:
+        gens = batch.gens
+        ids = torch.tensor([[g.last_token] for g in gens], dtype=torch.long, device=self.device)
+        assert batch.mask is not None  # only a batch with rows is decoded
+        batch.mask = torch.nn.functional.pad(batch.mask, (0, 1), value=1)
+        positions = torch.tensor([[len(g.prompt_ids) + g.n_generated - 1] for g in gens], device=self.device)
+        out = self._forward(ids, [g.adapter for g in gens], batch.cache,
+                            attention_mask=batch.mask, position_ids=positions)
+        self._emit_rows(batch, out.logits[:, -1].float())
+
+    def _prefill(self, gens: list[_Generation]) -> _Batch:
+        """Run the waiting prompts in one left-padded forward and sample each one's first token;
+        the generations that go on, as a batch to merge."""
+        width = max(len(g.prompt_ids) for g in gens)
+        ids = torch.zeros(len(gens), width, dtype=torch.long)
+        mask = torch.zeros(len(gens), width, dtype=torch.long)
+        for i, gen in enumerate(gens):
+            ids[i, width - len(gen.prompt_ids) :] = torch.tensor(gen.prompt_ids)
+            mask[i, width - len(gen.prompt_ids) :] = 1
+            if gen.sampling.seed is not None:
+                gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        padded = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if len(gens) > 1 else {}
+        batch = _Batch()
+        batch.gens, batch.cache, batch.mask = list(gens), Cache(layer_class_to_replicate=_KV), mask
+        out = self._forward(ids, [g.adapter for g in gens], batch.cache, logits_to_keep=1, **padded)
+        if padded:
+            for kv in batch.cache.layers:
+                kv.zero_padding(mask)
+        self._emit_rows(batch, out.logits[:, -1].float())
+        return batch
+
+    def _emit_rows(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Sample each row's next token from its own logits and emit it; finished generations
+        leave the batch."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        done = {gen for gen, row, logp in zip(batch.gens, logits, logprobs) if self._advance(gen, row, logp)}
+        if done:
+            batch.remove(done)
+            for gen in done:
                 self._finish(gen, _END)
-        except Exception as e:
-            log.exception("generation failed")
-            self._finish(gen, e)
+
+    def _advance(self, gen: _Generation, logits: torch.Tensor, logprobs: torch.Tensor) -> bool:
+        """Sample the generation's next token from its row and emit it; True when it is done."""
+        token = self._pick(gen, logits, logprobs)
+        gen.n_generated += 1
+        gen.last_token = token.id
+        gen.emit(token)
+        return (
+            token.id in gen.sampling.stop_token_ids
+            or gen.n_generated >= gen.sampling.max_tokens
+            or len(gen.prompt_ids) + gen.n_generated >= self.info.context_length
+        )
 
     def _finish(self, gen: _Generation, item: Any) -> None:
-        self._running.remove(gen)
-        gen.cache = None
         if item is not None:
             gen.emit(item)
         if gen.adapter is not None:
@@ -328,13 +493,12 @@ class EmbeddedEngine:
                 self._delete_adapter(gen.adapter)
 
     @classmethod
-    def _pick(cls, gen: _Generation, logits: torch.Tensor) -> Token:
+    def _pick(cls, gen: _Generation, logits: torch.Tensor, logp: torch.Tensor) -> Token:
         """Sample one stream's next token from its logits row: through its grammar mask if it has
-        one; logprobs (and the top-k) are read from the unmasked row."""
+        one; logprobs (and the top-k) are read from the unmasked row's log_softmax `logp`."""
         token_id, sampled = cls._sample(gen.mask.apply(logits) if gen.mask else logits, gen.sampling, gen.rng)
         if gen.mask:
             gen.mask.advance(token_id)
-        logp = torch.log_softmax(logits, dim=-1)
         k = gen.sampling.top_logprobs
         if not k:
             return Token(token_id, float(logp[token_id]), sampling_logprob=sampled)
@@ -344,12 +508,13 @@ class EmbeddedEngine:
     @staticmethod
     def _sample(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> tuple[int, float | None]:
         """The drawn token and its logprob under the distribution it was drawn from (None: greedy)."""
-        if sampling.temperature <= 0:
+        if sampling.temperature < GREEDY_BELOW:  # a tiny temperature is greedy (and 1/T overflows)
             return int(torch.argmax(logits)), None
         probs = torch.softmax(logits / sampling.temperature, dim=-1)
         if sampling.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p  # always keeps the top
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p
+            keep[0] = True  # the top token always (a top_p under float32's range compares as 0)
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
             probs = probs / probs.sum()  # what multinomial draws from
         token_id = int(torch.multinomial(probs, 1, generator=rng))
@@ -362,7 +527,8 @@ class EmbeddedEngine:
             raise EngineError("prompt + response exceed the context length")
         if adapter is not None and adapter not in self._adapters:
             raise EngineError(f"adapter {adapter!r} is not loaded")
-        out = self._forward(prompt_ids + response_ids, adapter, None)
+        ids = torch.tensor([prompt_ids + response_ids], dtype=torch.long, device=self.device)
+        out = self._forward(ids, [adapter], None)
         start = len(prompt_ids) - 1
         logits = out.logits[0, start : start + len(response_ids)].float()
         logp = torch.log_softmax(logits, dim=-1)

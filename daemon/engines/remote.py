@@ -159,7 +159,7 @@ class RemoteEngine(abc.ABC):
     ) -> list[list[float]]:
         # Neither server scores arbitrary token ids per position through its public API; a
         # sample then trains token-level OPD (daemon/samples.py records why).
-        raise EngineError(f"the {self.kind} engine cannot score candidate tokens")
+        raise EngineError(f"the {type(self).__name__} engine cannot score candidate tokens")
 
     async def load_adapter(self, version: str, path: str) -> None:
         v = self._versions.get(version)

@@ -10,6 +10,10 @@
   cannot silently change what is recorded.
 - Scoring: the same endpoint with prompt+response as the prompt, `prompt_logprobs=0` and
   `max_tokens=1`; entry i is log P(token i | tokens before it).
+- Memory: on a GPU vLLM gets `--gpu-memory-utilization engine_mem_fraction` (the rest is the
+  trainer's). On CPU it would otherwise reserve 92% of the machine's RAM and refuse to start when
+  less is free: it gets `VLLM_CPU_KVCACHE_SPACE`, `engine_kv_cache_gib` or what the model needs
+  (`cpu_kv_cache_gib`).
 - Adapters: `/v1/load_lora_adapter`, `/v1/unload_lora_adapter`; a request selects one by
   `model = <adapter name>`. vLLM keys its prefix cache by (name, path): every version lives in
   its own directory and gets its own name (remote.py).
@@ -123,12 +127,55 @@ def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank:
         command += ["--dtype", settings.dtype]
     env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_API_KEY": key,
            "PYTHONUNBUFFERED": "1"}
+    if _on_gpu(settings.device):
+        command += ["--gpu-memory-utilization", str(settings.engine_mem_fraction)]
+    else:
+        gib = settings.engine_kv_cache_gib or cpu_kv_cache_gib(model_dir, info.context_length, settings.dtype,
+                                                               settings.engine_mem_fraction)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(gib)))
     env.pop("PYTHONPATH", None)  # vLLM's venv must not see clawback's packages
     base_url = f"http://127.0.0.1:{port}"
     server = ServerProcess(command, env, base_url, Path(settings.data_dir) / "logs" / "vllm.log",
                            secrets_to_mask=[key], start_timeout_s=settings.engine_start_timeout_s,
                            auto_port=not settings.engine_port)
     return VLLMEngine(info, Endpoint(base_url, key), served, server)
+
+
+FULL_CONTEXT_SEQUENCES = 4  # the KV cache holds this many sequences of the model's whole context
+
+
+def _on_gpu(device: str) -> bool:
+    if device != "auto":
+        return device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def available_memory_bytes() -> int:
+    """Memory the OS can give now (MemAvailable: free plus reclaimable cache)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_kv_cache_gib(model_dir: str, context_length: int, dtype: str, mem_fraction: float) -> int:
+    """GiB of KV cache for FULL_CONTEXT_SEQUENCES whole-context sequences of this model (keys and
+    values of every layer), at least 1 and at most `mem_fraction` of the available memory."""
+    import json
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    width = 4 if dtype == "float32" else 2
+    per_token = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * width
+    need = -(-per_token * context_length * FULL_CONTEXT_SEQUENCES // 2**30)
+    cap = int(mem_fraction * available_memory_bytes() // 2**30)
+    return max(1, min(need, cap))
 
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -85,4 +85,16 @@ describe("commands", () => {
     const off = deps({ status: async () => undefined, connection: () => ({ connected: false, pending: 2, adapterVersion: undefined, lastPushes: [] }) });
     expect((await off.cmds.clawback!.handler(ctx)).text).toBe("clawback: daemon http://127.0.0.1:30000 is not reachable\nfeedback queued here: 2");
   });
+
+  it("/clawback says when the gate did not promote the newest version, and why", async () => {
+    const refused = { adapter_version: "v6", gate: { reviewing: null, newest: { version: 7, state: "refused", reason: "retention −5.4 points" } } };
+    const { cmds } = deps({ status: async () => refused });
+    const text = (await cmds.clawback!.handler(ctx)).text;
+    expect(text).toContain("adapter: v6");
+    expect(text).toContain("v7 not promoted: retention −5.4 points");
+    const reviewing = deps({ status: async () => ({ ...refused, gate: { reviewing: 8, newest: { version: 8, state: "candidate" } } }) });
+    expect((await reviewing.cmds.clawback!.handler(ctx)).text).toContain("v8 is being checked before it goes live");
+    const live = deps({ status: async () => ({ adapter_version: "v7", gate: { newest: { version: 7, state: "live" } } }) });
+    expect((await live.cmds.clawback!.handler(ctx)).text).not.toContain("not promoted");
+  });
 });

@@ -71,6 +71,9 @@ export async function statusText(deps: CommandDeps): Promise<string> {
       lines.push(`memory: ${m.enabled === false ? "off" : "on"}, ${notes.length} note${notes.length === 1 ? "" : "s"} (clawback memory list|edit|forget)`);
       for (const n of notes) lines.push(`  ${n.note_id}. ${n.text}`);
     }
+    const newest = s.gate?.newest;
+    if (s.gate?.reviewing) lines.push(`v${s.gate.reviewing} is being checked before it goes live`);
+    else if (newest?.state === "refused") lines.push(`v${newest.version} not promoted: ${newest.reason ?? "refused"}`);
   }
   lines.push(`feedback queued here: ${c.pending}`);
   const last = c.lastPushes.filter((p) => p.type === "adapter_live" || p.type === "trained").at(-1);

@@ -1,4 +1,4 @@
-import { appendFileSync, mkdtempSync, readFileSync } from "node:fs";
+import { appendFileSync, chmodSync, mkdtempSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -25,6 +25,18 @@ describe("Outbox", () => {
     b.done("e3");
     expect(new Outbox(path).size).toBe(0);
     expect(readFileSync(path, "utf8")).toBe(""); // compacted once empty
+  });
+
+  it("keeps the file private, also one an older version left readable", () => {
+    const dir = mkdtempSync(join(tmpdir(), "cb-outbox-"));
+    const fresh = new Outbox(join(dir, "new", "o.jsonl"));
+    fresh.add(ev("p1", "correction"));
+    expect(statSync(fresh.path).mode & 0o077).toBe(0);
+    const old = join(dir, "old.jsonl");
+    writeFileSync(old, JSON.stringify({ op: "add", event: ev("p2") }) + "\n");
+    chmodSync(old, 0o644);
+    new Outbox(old);
+    expect(statSync(old).mode & 0o077).toBe(0);
   });
 
   it("adding the same event id twice keeps one copy", () => {

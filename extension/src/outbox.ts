@@ -25,7 +25,7 @@ export class Outbox {
   private doneLines = 0;
 
   constructor(readonly path: string) {
-    mkdirSync(dirname(path), { recursive: true });
+    mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
     this.load();
   }
 
@@ -50,7 +50,7 @@ export class Outbox {
   }
 
   private append(line: Line): void {
-    const fd = openSync(this.path, "a");
+    const fd = openSync(this.path, "a", 0o600); // corrections are the person's own words: private
     try {
       writeSync(fd, JSON.stringify(line) + "\n");
       fsyncSync(fd);
@@ -62,7 +62,7 @@ export class Outbox {
   /** Rewrites the file with only pending events (atomic rename). */
   compact(): void {
     const tmp = `${this.path}.tmp`;
-    const fd = openSync(tmp, "w");
+    const fd = openSync(tmp, "w", 0o600); // also makes a file left readable by an older version private
     try {
       for (const event of this.pending.values()) writeSync(fd, JSON.stringify({ op: "add", event } satisfies Line) + "\n");
       fsyncSync(fd);

@@ -88,3 +88,17 @@ def test_retention_keeps_newest_pinned_and_live(setup):
     assert not (root / "v1").exists() and states(store)[1] == "pruned"
     with pytest.raises(AdapterError):
         asyncio.run(manager.rollback(1))
+
+
+def test_restore_removes_half_written_and_unrecorded_versions(setup):
+    """A crash mid-install leaves `.vN.*.tmp`; one between install and the step's commit leaves a
+    complete `vN` the store never recorded. Neither was ever cleaned up."""
+    import shutil
+
+    manager, engine, store, root = setup
+    (root / ".v4.x1y2.tmp").mkdir()
+    (root / ".v4.x1y2.tmp" / "adapter_config.json").write_text("{}")
+    shutil.copytree(root / "v3", root / "v5")
+    asyncio.run(manager.restore())
+    assert sorted(p.name for p in root.iterdir()) == ["v1", "v2", "v3"]
+    assert manager.live() == 3

@@ -155,6 +155,19 @@ BAD = [
     ("duplicate tools", chat(tools=TOOLS + TOOLS), 400, "invalid_value"),
     ("tool_choice unknown", chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), 400, "invalid_value"),
     ("bad turn type", chat(turn_type="primary"), 400, "invalid_value"),
+    ("deep nesting", b'{"model": "policy", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "invalid_json"),
+    ("nesting over 64", json.dumps(chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": json.loads('{"x":' * 70 + "1" + "}" * 70)}}}}])).encode(), 400, "invalid_json"),
+    ("int over 4300 digits", b'{"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": '
+     + b"9" * 5000 + b"}", 400, "invalid_json"),
+    ("NaN", b'{"model": "policy", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, "invalid_json"),
+    ("seed over 64 bits", chat(seed=2**64), 400, "invalid_value"),
+    ("seed under 64 bits", chat(seed=-(2**63) - 1), 400, "invalid_value"),
+    ("lone surrogate in content", b'{"model": "policy", "messages": [{"role": "user", "content": "a\\ud800b"}]}', 400,
+     "invalid_json"),
+    ("lone surrogate in session_id", b'{"model": "policy", "session_id": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}',
+     400, "invalid_json"),
+    ("non-ASCII request_id", chat(request_id="r\u0100\u20ac"), 400, "invalid_value"),
     ("unknown model", chat(model="gpt-9"), 404, "model_not_found"),
     ("prompt over context", chat(messages=[{"role": "user", "content": "word " * 600}]), 400, "context_length_exceeded"),
 ]
@@ -173,6 +186,23 @@ def test_bad_input_gets_a_clear_4xx_and_stores_nothing(client: httpx.Client, dae
     assert err["code"] == code and err["message"]
     after = client.get("/v1/status").json()["store"]
     assert after["calls"] == before["calls"] and after["written"] == before["written"]
+
+
+def test_tiny_temperature_and_top_p_sample_the_top_token(client: httpx.Client):
+    greedy = client.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=8)).json()
+    for kw in ({"temperature": 1e-300}, {"temperature": 5e-324, "top_p": 5e-324}, {"top_p": 1e-300}):
+        r = client.post("/v1/chat/completions", json=chat(max_tokens=8, **kw))
+        assert r.status_code == 200, (kw, r.text)
+        if "temperature" in kw:
+            assert r.json()["choices"][0]["message"] == greedy["choices"][0]["message"]
+
+
+def test_a_refused_stream_leaves_no_generation_running(client: httpx.Client):
+    """A streamed call whose request id could not go in a header stayed counted as running."""
+    for _ in range(3):
+        r = client.post("/v1/chat/completions", json=chat(stream=True, request_id="r\u00e9\u0100"))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "request_id"
+    assert client.get("/v1/status").json()["generations_running"] == 0
 
 
 def test_body_over_limit_is_413(client: httpx.Client):

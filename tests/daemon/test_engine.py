@@ -234,3 +234,39 @@ def test_versions_reuse_slots_and_a_retiring_version_can_come_back(tiny_model_di
         await engine.close()
 
     run(go())
+
+
+def test_batched_streams_of_different_lengths_and_adapters_match_a_rescore(tiny_model_dir: Path,
+                                                                          adapters: dict[str, Path]):
+    """Streams that join and leave a running batch at different times, with prompts of different
+    lengths (left padding) and different adapters in one forward (PEFT per-row adapter_names):
+    each stream's logprobs are those of its own sequence under its own adapter."""
+    engine = EmbeddedEngine(tiny_model_dir)
+    rows_per_forward: list[int] = []
+    engine.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: rows_per_forward.append(args[0].shape[0]))
+    prompts = [PROMPT, PROMPT[:3], PROMPT + [77, 501, 12, 8, 9, 300, 41], [5, 6]]
+    plan = [(None, 30), ("v1", 12), ("v2", 25), ("v1", 7)]  # (adapter, max_tokens)
+
+    async def go():
+        for name, path in adapters.items():
+            await engine.load_adapter(name, str(path))
+        first = engine.generate(prompts[0], Sampling(temperature=1.0, max_tokens=plan[0][1], seed=1), plan[0][0])
+        head = [await first.__anext__() for _ in range(4)]  # the batch runs when the others join
+
+        async def rest_of_first():
+            return head + [t async for t in first]
+
+        others = [collect(engine, Sampling(temperature=0.8, top_p=0.9, max_tokens=n, seed=i), a, prompts[i])
+                  for i, (a, n) in enumerate(plan) if i]
+        outs = await asyncio.gather(rest_of_first(), *others)
+        worst = 0.0
+        for (adapter, n), prompt, toks in zip(plan, prompts, outs):
+            assert len(toks) == n
+            scored = await engine.score(prompt, [t.id for t in toks], adapter)
+            worst = max([worst] + [abs(a - t.logprob) for a, t in zip(scored, toks)])
+        await engine.close()
+        return worst
+
+    assert run(go()) < 1e-4
+    assert max(rows_per_forward) == 4, "the four streams were decoded in one forward"

@@ -179,6 +179,38 @@ def test_websocket_acks_pushes_and_survives_malformed_frames(client: httpx.Clien
         assert kinds["sample_ready"]["reward"] == 1.0 and kinds["sample_ready"]["session_id"] == "fb-6"
 
 
+HOSTILE_FRAMES = [
+    b'{"type": "ping"}',  # binary, even with valid JSON in it
+    "[" * 30_000 + "]" * 30_000,
+    '{"type": "feedback", "ts": ' + "9" * 5000 + "}",
+    '{"type": "feedback", "ts": NaN}',
+    '{"type": "feedback", "text": "\\ud800"}',
+    "x" * (70 * 1024),
+]
+
+
+def test_websocket_answers_any_frame_with_malformed_and_stays_open(daemon: DaemonProcess):
+    """Binary frames, deep JSON and huge integers closed the socket with 1006 and a traceback."""
+    with ws(daemon) as sock:
+        for frame in HOSTILE_FRAMES:
+            sock.send(frame)
+            reply = json.loads(sock.recv(timeout=10))
+            assert reply["type"] == "error" and reply["code"] == "malformed", (frame[:40], reply)
+        sock.send(json.dumps({"type": "ping"}))
+        assert json.loads(sock.recv(timeout=10))["type"] == "pong"
+    with ws(daemon, authed=False) as sock:  # before authenticating: refused, not a traceback
+        sock.send(b"\x00\x01")
+        assert json.loads(sock.recv(timeout=10))["code"] == "unauthorized"
+    assert "Traceback" not in daemon.log.read_text()
+
+
+@pytest.mark.parametrize("body", [b"[" * 30_000 + b"]" * 30_000, b'{"ts": ' + b"9" * 5000 + b"}",
+                                  b'{"text": "\\udc00"}'], ids=["deep", "huge int", "surrogate"])
+def test_hostile_http_events_are_400(client: httpx.Client, body: bytes):
+    r = client.post("/v1/feedback", content=body)
+    assert r.status_code == 400 and r.json()["code"] == "malformed", r.text
+
+
 def test_websocket_auth_frame_and_refusal(daemon: DaemonProcess):
     with ws(daemon, authed=False) as sock:
         sock.send(json.dumps({"type": "auth", "api_key": daemon.api_key}))

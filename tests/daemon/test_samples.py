@@ -358,3 +358,29 @@ def test_zero_signal_samples_count_toward_the_batch_when_asked(store, engine, re
     row = sample_row(store, call_id)
     assert (row["state"], row["reason"], row["reward"], row["teacher_logprobs"]) == ("ready", None, 0.0, None)
     assert store.ready_count() == 1
+
+
+def stored_reply(store: Store, session: str, response_ids: list[int], text: str, finish_reason: str) -> str:
+    """A main call with the given reply (as capture stores a cut or failed generation)."""
+    call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
+    store.add_call(Call(
+        call_id=call_id, session_id=session, turn_id="t", request_id=call_id, turn_type="main",
+        state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
+        request=REQUEST, prompt_text="", prompt_ids=[1, 2, 3], response_ids=response_ids,
+        behaviour_logprobs=[-1.0] * len(response_ids), response_text=text, tool_calls=None,
+        finish_reason=finish_reason))
+    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
+                                      "target": "last", "source": "cli"}, time.time()))
+    return call_id
+
+
+def test_empty_and_degenerate_replies_never_become_samples(store, engine, renderer):
+    """A 👍 on a reply with no tokens made a ready sample the trainer rejects on every step."""
+    empty = stored_reply(store, "a", [], "", "cancelled")
+    blank = stored_reply(store, "b", [2], "", "stop")  # only the end token
+    loop = stored_reply(store, "c", [5, 6, 7] * 3 + [9, 10] * 30, "ab" * 30, "length")
+    good = stored_reply(store, "d", list(range(40, 80)), "Rain is water falling from clouds.", "stop")
+    drain(pipe(store, engine, renderer, method="binary"))
+    assert {c: (sample_row(store, c)["state"], sample_row(store, c)["reason"]) for c in (empty, blank, loop, good)} == {
+        empty: ("dropped", "empty_reply"), blank: ("dropped", "no_content"),
+        loop: ("dropped", "repetition_loop"), good: ("ready", None)}

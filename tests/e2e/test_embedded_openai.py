@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 
 from clawback.daemon.store import blob_ids, blob_logprobs
-from tests.conftest import query, wait_for
+from tests.conftest import query, scaled, wait_for
 
 
 def main_headers(session: str, turn: str, done: bool = False) -> dict[str, str]:
@@ -48,7 +48,7 @@ def test_three_turns_stored_paired_and_token_exact(embedded_model_dir: Path, dae
     t0 = time.time()
     d = daemon_factory(embedded_model_dir)
     assert time.time() - t0 < 60, "the daemon answers within 60 s of its start"
-    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.api_key, max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.api_key, max_retries=0, timeout=scaled(120))
     assert client.models.list().data[0].id == "clawback"
 
     messages = [{"role": "system", "content": "You are a concise assistant."}]
@@ -113,7 +113,7 @@ def test_concurrent_streams_interleave(embedded_model_dir: Path, daemon_factory)
     """Four clients at once: each gets its complete answer, and every stream has produced its first
     token before any stream ends (requests are interleaved, not served one after another)."""
     d = daemon_factory(embedded_model_dir, "--no-auth")
-    client = openai.AsyncOpenAI(base_url=f"{d.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(base_url=f"{d.url}/v1", api_key="unused", max_retries=0, timeout=scaled(120))
 
     async def one(i: int) -> tuple[float, float, str]:
         first, text = None, ""

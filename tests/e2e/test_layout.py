@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import DaemonProcess, free_port, wait_for
+from tests.conftest import DaemonProcess, free_port, scaled, wait_for
 from tests.e2e.test_training import TRAIN_ENV, cli, rate
 
 TRAINER_LABEL = {"clawback-role": "trainer"}
@@ -120,7 +120,7 @@ def test_trainer_trains_on_the_labelled_node_and_its_versions_reach_the_daemon_t
     d = DaemonProcess(data, tiny_model_dir, "--no-auth", "--ray-address", ray_cluster.address,
                       env={**TRAIN_ENV, **ray_cluster.env}).start()
     try:
-        with httpx.Client(base_url=d.url, timeout=120) as c:
+        with httpx.Client(base_url=d.url, timeout=scaled(120)) as c:
             for k in (1, 2):  # batches of one: v1, then v2
                 rate(c, f"remote-{k}")
                 wait_for(lambda: c.get("/v1/adapters").json()["live"] == k, timeout=300, what=f"v{k} live")

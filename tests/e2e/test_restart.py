@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 
 from clawback.daemon.store import migrations
-from tests.conftest import DaemonProcess, query
+from tests.conftest import DaemonProcess, query, scaled
 
 
 def post(d: DaemonProcess, messages: list[dict], session: str, **headers: str) -> dict:
-    r = httpx.post(f"{d.url}/v1/chat/completions", timeout=60,
+    r = httpx.post(f"{d.url}/v1/chat/completions", timeout=scaled(60),
                    json={"model": "clawback", "messages": messages, "max_tokens": 6, "temperature": 0},
                    headers={"authorization": f"Bearer {d.api_key}", "x-session-id": session, "x-turn-type": "main", **headers})
     assert r.status_code == 200, r.text
@@ -62,3 +62,61 @@ def test_restart_keeps_store_and_pairing(tiny_model_dir: Path, tmp_path: Path):
     lifecycle = [k for k in kinds if k.startswith(("call.", "session."))]
     assert lifecycle == ["call.awaiting_next_state", "call.paired", "call.awaiting_next_state",
                          "call.closed_without_next_state", "session.closed"]
+
+
+def published_versions(model_dir: Path, data: Path, versions: int) -> None:
+    """Trained-looking versions v1..vN in a data dir, recorded as committed (no training run)."""
+    import asyncio
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from clawback.adapter_format import publish
+    from clawback.daemon.store import Store
+    from clawback.records import StepRecord
+    from clawback.trainer.config import TrainConfig
+    from clawback.trainer.step import make_lora_model, make_optimizer
+
+    store = Store(data / "clawback.db")
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8)
+    for v in range(1, versions + 1):
+        model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(model_dir)), cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1)
+        path = publish(data / "adapters", v, model, make_optimizer(model, cfg), {"method": "binary"})
+        asyncio.run(store.record_step(StepRecord(version=v, parent=v - 1 or None, started_at=time.time(),
+                                                 method="binary", call_ids=(), outcome="committed", path=str(path))))
+    store.close()
+
+
+def live_version(d: DaemonProcess) -> str | None:
+    return httpx.get(f"{d.url}/v1/models", timeout=60).json()["data"][0]["adapter_version"]
+
+
+def test_rollback_to_base_survives_graceful_restart_and_kill(tiny_model_dir: Path, tmp_path: Path):
+    """`clawback adapters rollback base` was undone by a restart: the newest version went live again."""
+    data = tmp_path / "data"
+    data.mkdir()
+    published_versions(tiny_model_dir, data, 2)
+    flags = ("--no-auth",)
+    env = {"CLAWBACK_TRAIN": "false"}
+    d = DaemonProcess(data, tiny_model_dir, *flags, env=env).start()
+    assert live_version(d) == "v2"
+    out = cli("adapters", "rollback", "base", "--data-dir", str(data), "--port", str(d.port), "--no-auth")
+    assert out.returncode == 0, out.stderr
+    assert live_version(d) is None
+    d.proc.kill()  # kill -9 right after the rollback was acknowledged
+    d.proc.wait()
+    d = DaemonProcess(data, tiny_model_dir, *flags, env=env).start()
+    try:
+        assert live_version(d) is None
+    finally:
+        d.stop()
+    d = DaemonProcess(data, tiny_model_dir, *flags, env=env).start()  # and after a graceful stop
+    try:
+        assert live_version(d) is None
+    finally:
+        d.stop()

@@ -13,7 +13,7 @@ import openai
 from websockets.sync.client import connect
 
 from clawback.daemon.store import blob_logprobs
-from tests.conftest import DaemonProcess, query
+from tests.conftest import DaemonProcess, query, scaled
 
 
 def event(kind: str, session: str, **kw) -> dict:
@@ -25,7 +25,7 @@ def send_and_ack(sock, ev: dict, seen: list[dict] | None = None) -> dict:
     """Send an event and return its ack; other frames (status pushes) go to `seen`."""
     sock.send(json.dumps(ev))
     while True:
-        frame = json.loads(sock.recv(timeout=60))
+        frame = json.loads(sock.recv(timeout=scaled(60)))
         if frame.get("event_id") == ev["event_id"]:
             return frame
         if seen is not None:
@@ -34,7 +34,7 @@ def send_and_ack(sock, ev: dict, seen: list[dict] | None = None) -> dict:
 
 def test_conversation_thumbs_down_and_correction_become_samples(embedded_model_dir: Path, daemon_factory):
     d = daemon_factory(embedded_model_dir)
-    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.api_key, max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.api_key, max_retries=0, timeout=scaled(120))
     messages = [{"role": "system", "content": "You are a helpful assistant."}]
     call_ids = []
     for i, user in enumerate(["What is 12 times 3?", "Explain how you got it.", "Now divide that by 4."]):
@@ -55,7 +55,7 @@ def test_conversation_thumbs_down_and_correction_become_samples(embedded_model_d
         assert (fix["type"], fix["call_id"]) == ("ack", call_ids[2])
         pushed = [f["call_id"] for f in seen if f["type"] == "sample_ready"]
         while len(pushed) < 2:  # both samples are announced on the same socket
-            frame = json.loads(sock.recv(timeout=120))
+            frame = json.loads(sock.recv(timeout=scaled(120)))
             if frame["type"] == "sample_ready":
                 pushed.append(frame["call_id"])
     assert sorted(pushed) == sorted(call_ids[1:])
@@ -78,7 +78,7 @@ def test_conversation_thumbs_down_and_correction_become_samples(embedded_model_d
 def test_acked_events_survive_kill_9(tiny_model_dir: Path, tmp_path: Path):
     data = tmp_path / "data"
     d = DaemonProcess(data, tiny_model_dir, env={"CLAWBACK_JUDGE": "off"}).start()
-    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.api_key, max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.api_key, max_retries=0, timeout=scaled(60))
     client.chat.completions.create(model="clawback", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                    extra_headers={"X-Session-Id": "k9", "X-Turn-Type": "main"})
     time.sleep(0.5)  # the call itself is written by the background writer (not acked to anyone)

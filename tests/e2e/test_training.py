@@ -18,9 +18,12 @@ import httpx
 from websockets.sync.client import connect
 
 from clawback.daemon.store import blob_ids, blob_logprobs
-from tests.conftest import DaemonProcess, query, wait_for
+from tests.conftest import DaemonProcess, query, scaled, stream_clients, wait_for
 
-TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1"}
+# Every trained version goes live at once: these tests are about swapping (tests/e2e/test_gate.py
+# covers the gate in front of it).
+TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1",
+             "CLAWBACK_GATE": '{"enabled": false, "guard_replies": 0}'}
 
 
 def rate(c: httpx.Client, session: str, kind: str = "thumbs_up") -> None:
@@ -52,25 +55,9 @@ def test_hot_swap_under_load_three_swaps_and_a_rollback(tiny_model_dir: Path, tm
                 except TimeoutError:
                     pass
 
-    def stream_client(i: int) -> None:
-        with httpx.Client(base_url=d.url, timeout=120) as c:
-            while not stop.is_set():
-                try:
-                    body = {"model": "clawback", "stream": True, "max_tokens": 16, "temperature": 1.0,
-                            "messages": [{"role": "user", "content": f"client {i} says hello"}]}
-                    with c.stream("POST", "/v1/chat/completions", json=body,
-                                  headers={"x-session-id": f"load-{i}", "x-turn-type": "side"}) as r:
-                        assert r.status_code == 200, r.status_code
-                        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
-                    assert lines[-1] == "data: [DONE]", lines[-1]
-                    first = json.loads(lines[0][len("data: "):])
-                    results.append((r.headers["x-clawback-call-id"], first["system_fingerprint"]))
-                except Exception as e:  # every failure counts
-                    errors.append(repr(e))
-
     listener = threading.Thread(target=listen)
     listener.start()
-    clients = [threading.Thread(target=stream_client, args=(i,)) for i in range(8)]
+    clients = stream_clients(d.url, 8, stop, results, errors)
     try:
         _swap_under_load(d, clients, listener, stop, results, errors, pushes)
     finally:
@@ -82,7 +69,7 @@ def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> Non
     try:
         for t in clients:
             t.start()
-        with httpx.Client(base_url=d.url, timeout=120) as c:
+        with httpx.Client(base_url=d.url, timeout=scaled(120)) as c:
             for k in range(1, 4):  # each rated reply is a batch of one: v1, v2, v3 go live in turn
                 rate(c, f"train-{k}")
                 wait_for(lambda: c.get("/v1/adapters").json()["live"] == k, timeout=120, what=f"v{k} live")
@@ -95,7 +82,7 @@ def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> Non
     finally:
         stop.set()
         for t in clients:
-            t.join(120)
+            t.join(scaled(120))
         listener.join(10)
 
     assert errors == [], errors[:3]
@@ -154,7 +141,7 @@ def test_killed_trainer_loses_nothing_and_training_resumes(embedded_model_dir: P
     d = DaemonProcess(tmp_path / "data", embedded_model_dir, "--no-auth", env=env).start()
     db = d.data_dir / "clawback.db"
     try:
-        with httpx.Client(base_url=d.url, timeout=120) as c:
+        with httpx.Client(base_url=d.url, timeout=scaled(120)) as c:
             rate(c, "crash-a")
             rate(c, "crash-b")
             # Kill the actor as soon as it exists: the step has begun (it starts the actor, which

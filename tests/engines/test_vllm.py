@@ -27,7 +27,7 @@ from clawback.engine import EngineError, Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.engines.vllm import DEFAULT_VLLM_VENV, VLLMEngine
 
-from ..conftest import wait_for
+from ..conftest import DaemonProcess, wait_for
 from .conftest import make_adapters
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def vllm_settings(data_dir: Path, python: str) -> Settings:
 
 @pytest.fixture(scope="module")
 def engine(loop, vllm_python: str, hd64_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the child inherits it
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the daemon sizes vLLM's KV cache itself
     e = build_engine(vllm_settings(tmp_path_factory.mktemp("vllm-data"), vllm_python), str(hd64_model_dir))
     loop.run(e.start())
     yield e
@@ -201,3 +201,31 @@ def test_a_killed_server_is_restarted_and_its_adapters_come_back(loop, engine, e
     assert max_diff(loop.run(engine.score(PROMPT, ids, "v2")), asyncio.run(embedded.score(PROMPT, ids, "v2"))) < TOLERANCE
     loop.run(engine.activate(None))
     loop.run(engine.unload("v2"))
+
+
+def test_clawback_serve_engine_vllm_starts_as_typed(vllm_python: str, hd64_model_dir: Path, tmp_path: Path):
+    """The plain command on an ordinary machine: vLLM-CPU used to reserve 92% of RAM and refuse to
+    start when less was free; now the daemon gives it a KV cache sized for the model."""
+    d = DaemonProcess(tmp_path / "data", hd64_model_dir, "--engine", "vllm", "--dtype", "float32", "--no-auth",
+                      env={"CLAWBACK_TRAIN": "false", "CLAWBACK_ENGINE_PYTHON": vllm_python})
+    d.env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    d.start(timeout=900)
+    try:
+        r = httpx.post(f"{d.url}/v1/chat/completions", timeout=300, json={
+            "model": "clawback", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+        log = (d.data_dir / "logs" / "vllm.log").read_text()
+        assert "KV cache" in log or "kv cache" in log.lower()
+    finally:
+        d.stop()
+
+
+def test_the_cpu_kv_cache_fits_the_model_and_the_memory_budget(embedded_model_dir: Path):
+    from clawback.daemon.engines.vllm import available_memory_bytes, cpu_kv_cache_gib
+
+    # SmolLM2-135M: 30 layers x 3 KV heads x 64 x 4 bytes x 2 = 45 KiB a token; 4 x 8192 tokens = 1.4 GiB
+    assert cpu_kv_cache_gib(str(embedded_model_dir), 8192, "float32", 0.99) == 2
+    assert cpu_kv_cache_gib(str(embedded_model_dir), 8192, "bfloat16", 0.99) == 1
+    budget = int(0.5 * available_memory_bytes() // 2**30)
+    assert cpu_kv_cache_gib(str(embedded_model_dir), 10**9, "float32", 0.5) == max(1, budget)

@@ -21,7 +21,8 @@ def simulate(model: Path, out: Path, *extra: str) -> int:
 
 def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Path, capsys):
     out = tmp_path / "sim"
-    assert simulate(ending_model_dir, out, "--method", "none,default") == 0
+    # Without the gate every rated call trains and every version goes live: exact counts.
+    assert simulate(ending_model_dir, out, "--method", "none,default", "--no-gate") == 0
 
     cell = json.loads((out / "cells/sure/default/seed1.json").read_text())
     committed = [s for s in cell["steps"] if s["outcome"] == "committed"]
@@ -50,11 +51,30 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     # Resumable: finished cells are skipped, a new method runs, the plot names what is missing.
     before = (out / "cells/sure/default/seed1.json").read_bytes()
     capsys.readouterr()
-    assert simulate(ending_model_dir, out, "--method", "default,binary", "--plot-only") == 0
+    assert simulate(ending_model_dir, out, "--method", "default,binary", "--plot-only", "--no-gate") == 0
     assert "missing cells: sure/binary/seed1" in capsys.readouterr().err
-    assert simulate(ending_model_dir, out, "--method", "default") == 0
+    assert simulate(ending_model_dir, out, "--method", "default", "--no-gate") == 0
     assert "1 already finished, 0 to run" in capsys.readouterr().err
     assert (out / "cells/sure/default/seed1.json").read_bytes() == before
+
+
+def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(tiny_model_dir: Path, tmp_path: Path, capsys):
+    out = tmp_path / "sim"
+    assert simulate(tiny_model_dir, out, "--method", "binary", "--batch-size", "1") == 0
+    cell = json.loads((out / "cells/sure/binary/seed1.json").read_text())
+    assert cell["config"]["gate"] is True
+    versions, committed = cell["versions"], [s["version"] for s in cell["steps"] if s["outcome"] == "committed"]
+    # each version was decided: it went live (and may have been rolled back later: then also refused) or was refused
+    assert set(versions["promoted"]) | {int(v) for v in versions["refused"]} == set(committed)
+    assert all(versions["refused"].values()) and len(versions["gate_seconds"]) == len(committed)
+    rated = 4 - cell["reactions"].get("moved_on", 0)
+    assert cell["samples"].get("consumed", 0) == len(committed)  # batch 1: a step per trained sample
+    assert len(committed) + cell["samples"]["dropped"].get("held_out", 0) <= rated
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("sure/binary/seed1:"))
+    assert f"({len(versions['promoted'])} promoted, {len(versions['refused'])} refused)" in line
+    # cells run before the gate existed count as ungated, so they never mix with gated ones
+    assert simulate(tiny_model_dir, out, "--method", "binary", "--batch-size", "1", "--no-gate") == 2
+    assert "'gate': (True, False)" in capsys.readouterr().err
 
 
 def test_bad_input_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path, capsys):

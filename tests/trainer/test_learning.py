@@ -263,3 +263,12 @@ def test_non_finite_gradient_skips_the_step():
         if v.requires_grad:
             assert torch.equal(v, before[k])
     assert not opt.state  # AdamW never stepped
+
+
+def test_the_step_can_yield_before_every_micro_batch():
+    """The worker waits there while the daemon serves (trainer/priority.py)."""
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8, micro_batch_tokens=16)
+    model, opt = tiny_policy(cfg)
+    calls: list[int] = []
+    metrics = train_step(model, opt, random_samples(6, seed=5), cfg, before_micro_batch=lambda: calls.append(1))
+    assert len(calls) == metrics["micro_batches"] > 1

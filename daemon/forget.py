@@ -1,0 +1,39 @@
+"""Forgetting: delete what the daemon stored about conversations, on request or by age.
+
+One function serves `clawback forget`, `POST /v1/forget` and the `retain_days` sweep. The store
+deletes the sessions' calls, next states, feedback, judge votes, samples and the preference notes
+learned from them, and rewrites its files so that none of the text remains in them (free pages and
+the WAL included); the append-only event log keeps a tombstone with counts only. Adapter versions already trained on forgotten samples
+still carry what they learnt from them: they are listed, with the rollback that removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+from .adapters import tainted_versions
+from .capture import Capture
+from .store import ForgetScope, Store
+
+
+def parse_time(value: str | float) -> float:
+    """Unix seconds, or an ISO 8601 date/time (local time when it has no zone)."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        return datetime.fromisoformat(value).timestamp()
+
+
+async def forget(store: Store, scope: ForgetScope, capture: Capture | None = None) -> dict[str, Any]:
+    """Forget `scope`; returns what was deleted and the adapter versions trained on any of it,
+    with `rollback_to`, the newest version trained before them (None: the base model)."""
+    result = await store.forget(scope)
+    if capture is not None:
+        capture.forget(None if scope.everything else result["sessions"])
+    rows = await asyncio.to_thread(store.adapters)
+    return {"scope": scope.kind, "sessions": len(result["sessions"]), "deleted": result["deleted"],
+            **tainted_versions(rows, result["trained_versions"])}

@@ -1,0 +1,298 @@
+"""The candidate gate: every trained version is checked against the live one before it serves.
+
+A version the trainer publishes is a *candidate*: loaded into the engine beside the live version,
+nothing routed to it. The gate then decides, in this order (docs/gate.md has every threshold):
+
+1. training health, from the step's own metrics: a non-finite loss or gradient norm, a gradient
+   norm above `grad_spike`× the running median of the last healthy steps, a loss above
+   `loss_spike`× their median |loss| (and above `loss_floor`). Any of these refuses at once.
+2. capability retention: the probe set (probes.py) answered greedily; the candidate's score may
+   not fall more than `retention_margin` points (of 100) below the base model's.
+3. collapse detectors on the same probe replies, against the live version's replies.
+4. preference replay on held-out rated calls (never trained on): the mean per-token logprob
+   margin of liked over disliked replies, and the distance to the corrected (hinted) behaviour,
+   candidate against live; stored token ids are scored, nothing is generated.
+
+Generations run as background work on the serving engine and every scoring pass waits for the
+engine to be free of requests, so serving keeps its latency; a request is never refused for it.
+Base and live results are cached per version: a candidate costs one probe pass and one replay
+pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from clawback.chat import ChatRenderer, ChatRequest
+from clawback.engine import Engine, Sampling
+from clawback.records import ReadySample, version_name
+
+from .config import GateConfig
+from .probes import Generation, Probe, collapse_stats, load_probes, passes
+from .store import Store, blob_ids, blob_logprobs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Verdict:
+    promote: bool
+    reasons: list[str] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def held_out(call_id: str, share: float) -> bool:
+    """A fixed share of calls, chosen by a hash of the id (stable across restarts)."""
+    return int(hashlib.sha256(call_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
+
+
+def health_reasons(metrics: dict[str, Any], history: list[dict[str, float]], cfg: GateConfig) -> list[str]:
+    """Why a step's own metrics make its version unfit to serve ([] = healthy)."""
+    loss, grad = float(metrics.get("loss", 0.0)), float(metrics.get("grad_norm", 0.0))
+    bad = [name for name, v in (("loss", loss), ("gradient norm", grad)) if not math.isfinite(v)]
+    if bad:
+        return [f"training health: non-finite {' and '.join(bad)}"]
+    if len(history) < cfg.health_min_steps:
+        return []
+    reasons = []
+    grad_median = statistics.median(h["grad_norm"] for h in history)
+    if grad_median > 0 and grad > cfg.grad_spike * grad_median:
+        reasons.append(f"training health: gradient norm {grad:.3g} > {cfg.grad_spike:g}× running median {grad_median:.3g}")
+    loss_median = statistics.median(abs(h["loss"]) for h in history)
+    if abs(loss) > max(cfg.loss_spike * loss_median, cfg.loss_floor):
+        reasons.append(f"training health: loss {loss:.3g} > {cfg.loss_spike:g}× running median |loss| "
+                       f"{loss_median:.3g} (floor {cfg.loss_floor:g})")
+    return reasons
+
+
+def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateConfig, live_name: str) -> list[str]:
+    """Collapse alarms: each detector against the live version's value (docs/gate.md)."""
+    out = []
+    if cand["min_entropy"] < cfg.entropy_low * live["min_entropy"]:
+        out.append(f"collapse: token entropy {cand['min_entropy']:.2f} vs {live['min_entropy']:.2f} nats on {live_name}")
+    if cand["min_entropy"] > cfg.entropy_high * live["min_entropy"] + 0.5:
+        out.append(f"collapse: token entropy blew up, {cand['min_entropy']:.2f} vs {live['min_entropy']:.2f} nats on {live_name}")
+    if cand["distinct_2"] < live["distinct_2"] - cfg.distinct_drop:
+        out.append(f"collapse: repetition, distinct-2 {cand['distinct_2']:.2f} vs {live['distinct_2']:.2f} on {live_name}")
+    if cand["self_similarity"] > live["self_similarity"] + cfg.similarity_rise:
+        out.append(f"collapse: same reply to different prompts, similarity {cand['self_similarity']:.2f} "
+                   f"vs {live['self_similarity']:.2f} on {live_name}")
+    a, b = cand["median_tokens"], live["median_tokens"]
+    if abs(a - b) >= cfg.length_min_change and (a > cfg.length_ratio * b or a * cfg.length_ratio < b):
+        out.append(f"collapse: reply length {a:.0f} vs {b:.0f} tokens on {live_name}")
+    for key, limit, what in (("empty_rate", cfg.empty_rise, "empty replies"), ("cut_rate", cfg.cut_rise, "cut-off replies"),
+                             ("meta_rate", cfg.meta_rise, "replies about the conversation")):
+        if cand[key] > live[key] + limit:
+            out.append(f"collapse: {what} {cand[key]:.0%} vs {live[key]:.0%} on {live_name}")
+    return out
+
+
+class CandidateGate:
+    def __init__(self, engine: Engine, renderer: ChatRenderer, store: Store, cfg: GateConfig,
+                 busy: Callable[[], int] = lambda: 0) -> None:
+        self.engine, self.renderer, self.store, self.cfg = engine, renderer, store, cfg
+        self.busy = busy  # requests being served right now: scoring waits for 0
+        probes = load_probes()
+        self.probes: list[Probe] = probes[: cfg.probes] if cfg.probes else probes
+        self._probe_cache: dict[str | None, dict[str, Any]] = {}  # engine version -> probe result
+        self._replay_cache: dict[tuple[str | None, str], float] = {}  # (version, call id) -> value
+        self._history: list[dict[str, float]] | None = None
+        self.reviewing: int | None = None
+        self.last_review_s: float | None = None
+        self.promoted = 0
+        self.refused = 0
+
+    def holds_out(self, sample: ReadySample) -> bool:
+        """Rated calls (👍/👎 or a correction) in the held-out share are never trained on."""
+        rated = sample.reward_source == "explicit" or sample.correction is not None
+        return rated and held_out(sample.call_id, self.cfg.held_out_share)
+
+    async def review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
+        """Decide whether `v{version}` (loaded, not active) may replace `live` (None = base)."""
+        started = time.perf_counter()
+        self.reviewing = version
+        try:
+            verdict = await self._review(version, live, metrics)
+        except Exception as e:  # a version the gate could not check does not serve
+            log.exception("gate: reviewing v%d failed", version)
+            verdict = Verdict(False, [f"gate failed: {type(e).__name__}: {e}"[:500]])
+        finally:
+            self.reviewing = None
+        verdict.report["seconds"] = self.last_review_s = round(time.perf_counter() - started, 3)
+        if verdict.promote:
+            self.promoted += 1
+            cached = set(self._probe_cache) | {v for v, _ in self._replay_cache}
+            self._forget(cached - {None, version_name(version)})
+        else:
+            self.refused += 1
+            self._forget({version_name(version)})
+        log.info("gate: v%d %s%s", version, "promoted" if verdict.promote else "refused: ", verdict.reason)
+        return verdict
+
+    async def _review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
+        cfg = self.cfg
+        history = await self._health_history()
+        reasons = health_reasons(metrics, history, cfg)
+        report: dict[str, Any] = {"health": {"loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
+                                             "history": len(history)}}
+        if reasons:
+            return Verdict(False, reasons, report)
+        cand_name, live_name = version_name(version), version_name(live)
+        base = await self._probe(None)
+        cand = await self._probe(cand_name)
+        ref = base if live is None else await self._probe(live_name)
+        report["retention"] = {"candidate": cand["score"], "base": base["score"], "live": ref["score"],
+                               "margin": cfg.retention_margin, "probes": len(self.probes)}
+        drop = base["score"] - cand["score"]
+        if drop > cfg.retention_margin:
+            reasons.append(f"retention −{drop:.1f} points ({cand['score']:.1f} vs base {base['score']:.1f} "
+                           f"of 100 on {len(self.probes)} probes; margin {cfg.retention_margin:g})")
+        report["collapse"] = {"candidate": cand["stats"], "live": ref["stats"]}
+        reasons += collapse_reasons(cand["stats"], ref["stats"], cfg, live_name or "base")
+        replay = await self._replay(cand_name, live_name)
+        report["replay"] = replay
+        reasons += replay.pop("reasons")
+        # What the candidate answered where the base model was right: the replies behind the score.
+        report["newly_failed"] = {pid: cand["replies"][pid] for pid in cand["failed"] if pid not in base["failed"]}
+        if reasons:
+            return Verdict(False, reasons, report)
+        history.append({"loss": float(metrics.get("loss", 0.0)), "grad_norm": float(metrics.get("grad_norm", 0.0))})
+        del history[: -cfg.health_window]
+        return Verdict(True, [], report)
+
+    # ---- training health ----
+
+    async def _health_history(self) -> list[dict[str, float]]:
+        """Loss and gradient norm of the last healthy steps (from the store after a restart)."""
+        if self._history is None:
+            def q(c: Any) -> list[dict[str, float]]:
+                import json
+
+                rows = c.execute(
+                    "SELECT t.metrics FROM train_steps t JOIN adapters a ON a.version = t.version "
+                    "WHERE t.outcome = 'committed' AND a.state != 'refused' ORDER BY t.step DESC LIMIT ?",
+                    (self.cfg.health_window,)).fetchall()
+                out = [json.loads(r[0]) for r in rows][::-1]
+                return [{"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"])} for m in out
+                        if "loss" in m and "grad_norm" in m]
+
+            self._history = await asyncio.to_thread(self.store.read, q)
+        return self._history or []
+
+    # ---- probes ----
+
+    async def _probe(self, version: str | None) -> dict[str, Any]:
+        if version not in self._probe_cache:
+            gens = await asyncio.gather(*(self._generate(p, version) for p in self.probes))
+            failed = [p.id for p, g in zip(self.probes, gens) if not passes(p, g.text)]
+            self._probe_cache[version] = {
+                "score": 100.0 * (1 - len(failed) / len(self.probes)), "failed": failed,
+                "stats": collapse_stats(list(gens)), "replies": {p.id: g.text for p, g in zip(self.probes, gens)}}
+        return self._probe_cache[version]
+
+    async def _generate(self, probe: Probe, version: str | None) -> Generation:
+        req = ChatRequest.model_validate({"model": "gate", "messages": [{"role": "user", "content": probe.prompt}],
+                                          **({"tools": list(probe.tools)} if probe.tools else {})})
+        _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
+        eos = self.engine.info.eos_token_ids
+        sampling = Sampling(temperature=0.0, max_tokens=self.cfg.probe_max_tokens, stop_token_ids=eos)
+        ids, logprobs, finish = [], [], "length"
+        stream = self.engine.generate(prompt_ids, sampling, version, background=True)
+        try:
+            async for token in stream:
+                if token.id in eos:
+                    finish = "stop"
+                    break
+                ids.append(token.id)
+                logprobs.append(token.logprob)
+        finally:
+            await stream.aclose()
+        text = self.renderer.tokenizer.decode(ids, skip_special_tokens=True)
+        return Generation(ids, logprobs, text, finish)
+
+    # ---- preference replay ----
+
+    async def _replay(self, cand: str, live: str | None) -> dict[str, Any]:
+        cfg = self.cfg
+        items = await asyncio.to_thread(self._held_out_calls)
+        rated = [i for i in items if i["reward"] in (1.0, -1.0)]
+        corrected = [i for i in items if i["teacher_logprobs"] is not None]
+        out: dict[str, Any] = {"held_out": len(items), "reasons": []}
+        liked = sum(i["reward"] > 0 for i in rated)
+        if min(liked, len(rated) - liked) >= cfg.replay_min_each:
+            margins = {}
+            for name, version in (("candidate", cand), ("live", live)):
+                lp = [await self._mean_logprob(version, i) for i in rated]
+                up = [x for x, i in zip(lp, rated) if i["reward"] > 0]
+                down = [x for x, i in zip(lp, rated) if i["reward"] < 0]
+                margins[name] = sum(up) / len(up) - sum(down) / len(down)
+            out["margin"] = margins
+            if margins["candidate"] < margins["live"] - cfg.replay_tolerance:
+                out["reasons"].append(f"replay: liked−disliked margin {margins['candidate']:+.3f} vs "
+                                      f"{margins['live']:+.3f} nats/token on {live or 'base'} ({len(rated)} held-out calls)")
+        else:
+            out["margin"] = f"skipped: {liked} liked and {len(rated) - liked} disliked held-out calls, need {cfg.replay_min_each} each"
+        if corrected:
+            gaps = {name: sum([await self._teacher_gap(version, i) for i in corrected]) / len(corrected)
+                    for name, version in (("candidate", cand), ("live", live))}
+            out["teacher_gap"] = gaps
+            if gaps["candidate"] > gaps["live"] + cfg.replay_tolerance:
+                out["reasons"].append(f"replay: further from the corrected behaviour, {gaps['candidate']:.3f} vs "
+                                      f"{gaps['live']:.3f} nats/token on {live or 'base'} ({len(corrected)} corrected calls)")
+        return out
+
+    def _held_out_calls(self) -> list[dict[str, Any]]:
+        def q(c: Any) -> list[dict[str, Any]]:
+            rows = c.execute(
+                "SELECT s.call_id, s.reward, s.reward_source, s.teacher_logprobs, c.prompt_ids, c.response_ids "
+                "FROM samples s JOIN calls c USING (call_id) WHERE s.state = 'dropped' AND s.reason = 'held_out' "
+                "ORDER BY s.updated_at DESC LIMIT ?", (self.cfg.replay_calls,)).fetchall()
+            return [{"call_id": r["call_id"], "prompt_ids": blob_ids(r["prompt_ids"]),
+                     "response_ids": blob_ids(r["response_ids"]),
+                     "reward": r["reward"] if r["reward_source"] == "explicit" else None,
+                     "teacher_logprobs": None if r["teacher_logprobs"] is None else blob_logprobs(r["teacher_logprobs"])}
+                    for r in rows]
+
+        items = self.store.read(q)
+        return [i for i in items if i["response_ids"]
+                and len(i["prompt_ids"]) + len(i["response_ids"]) <= min(self.cfg.replay_max_tokens, self.engine.info.context_length)]
+
+    async def _score(self, version: str | None, item: dict[str, Any]) -> list[float]:
+        for _ in range(200):  # each pass holds the engine for one forward: wait for a quiet moment (≤ 10 s)
+            if not self.busy():
+                break
+            await asyncio.sleep(0.05)
+        return await self.engine.score(item["prompt_ids"], item["response_ids"], version)
+
+    async def _mean_logprob(self, version: str | None, item: dict[str, Any]) -> float:
+        key = (version, "lp:" + item["call_id"])
+        if key not in self._replay_cache:
+            lp = await self._score(version, item)
+            self._replay_cache[key] = sum(lp) / len(lp)
+        return self._replay_cache[key]
+
+    async def _teacher_gap(self, version: str | None, item: dict[str, Any]) -> float:
+        """Mean per-token |logp_model − logp_teacher| on the stored reply: how far the model is
+        from the behaviour the correction asked for (the hinted teacher)."""
+        key = (version, "gap:" + item["call_id"])
+        if key not in self._replay_cache:
+            lp = await self._score(version, item)
+            self._replay_cache[key] = sum(abs(a - b) for a, b in zip(lp, item["teacher_logprobs"])) / len(lp)
+        return self._replay_cache[key]
+
+    def _forget(self, versions: set[str | None]) -> None:
+        for v in versions & set(self._probe_cache):
+            del self._probe_cache[v]
+        for k in [k for k in self._replay_cache if k[0] in versions]:
+            del self._replay_cache[k]

@@ -1,0 +1,113 @@
+"""The live guard: a version that made things worse after it went live is rolled back.
+
+For the live version it watches a fixed window, its first `guard_replies` main replies, and
+counts the ones that got a 👎 and the ones that got a correction. Each rate is compared with the
+version it replaced (its parent; the newest `guard_baseline` main replies it served) by Fisher's
+one-sided exact test, each at `guard_alpha`/2 (Bonferroni over the two rates). Replies of the
+window not yet served or rated count as good, so the p-value can only fall as feedback arrives:
+a rollback decided early is the one the full window would decide too, and watching continuously
+does not inflate the error rate. A significant rise rolls back through the ordinary hot-swap
+(no request fails) and marks the version `refused` with the test's numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from math import comb
+from typing import Any, Callable
+
+from clawback.records import version_name
+
+from .adapters import AdapterManager
+from .config import GateConfig
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+def fisher_greater(k_new: int, n_new: int, k_old: int, n_old: int) -> float:
+    """One-sided p-value of Fisher's exact test for 'the new rate k_new/n_new is higher'."""
+    k, n = k_new + k_old, n_new + n_old
+    total = comb(n, n_new)
+    return sum(comb(k, x) * comb(n - k, n_new - x) for x in range(k_new, min(k, n_new) + 1)) / total
+
+
+class LiveGuard:
+    def __init__(self, store: Store, adapters: AdapterManager, cfg: GateConfig,
+                 on_rollback: Callable[[dict[str, Any]], None] = lambda _: None, poll_s: float = 2.0) -> None:
+        self.store, self.adapters, self.cfg = store, adapters, cfg
+        self.on_rollback = on_rollback
+        self.poll_s = poll_s
+        self.rollbacks = 0
+        self.last: dict[str, Any] | None = None  # the latest comparison, for /v1/status
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("live guard check failed")
+            await asyncio.sleep(self.poll_s)
+
+    async def check(self) -> dict[str, Any] | None:
+        """Compare the live version with its parent once; roll back on a significant rise."""
+        live = self.adapters.live()
+        if live is None or self.cfg.guard_replies == 0:
+            return None
+        rows = {a["version"]: a for a in await asyncio.to_thread(self.store.adapters)}
+        if live not in rows or "promoted_by_hand" in rows[live]["gate"]:
+            return None  # a version the person put live stays live
+        parent = rows[live]["parent"]
+        if parent is not None and rows.get(parent, {}).get("state") in ("failed", "pruned", "refused"):
+            return None  # nothing to go back to
+        counts = await asyncio.to_thread(self.store.read, lambda c: _counts(c, live, parent, self.cfg))
+        n = self.cfg.guard_replies
+        result: dict[str, Any] = {"version": live, "parent": parent, "window": n, **counts, "tests": {}}
+        if counts["baseline"] == 0:
+            self.last = result
+            return result
+        reasons = []
+        for kind, label in (("thumbs_down", "👎"), ("correction", "correction")):
+            k_new, k_old = counts["new"][kind], counts["old"][kind]
+            p = fisher_greater(k_new, n, k_old, counts["baseline"])
+            result["tests"][kind] = round(p, 5)
+            if k_new / n > k_old / counts["baseline"] and p < self.cfg.guard_alpha / 2:
+                reasons.append(f"{label} rate {k_new}/{n} vs {k_old}/{counts['baseline']} on "
+                               f"{version_name(parent) or 'base'} (Fisher one-sided p={p:.3g} < "
+                               f"{self.cfg.guard_alpha / 2:g})")
+        self.last = result
+        if reasons and self.adapters.live() == live:
+            reason = "rolled back after going live: " + "; ".join(reasons)
+            await self.adapters.rollback(parent)
+            await self.adapters.refuse(live, reason, {"guard": result})
+            self.rollbacks += 1
+            result["rolled_back"] = reason
+            log.warning("live guard: v%d %s", live, reason)
+            self.on_rollback({"version": live, "to": parent, "reason": reason})
+        return result
+
+
+def _counts(c: Any, live: int, parent: int | None, cfg: GateConfig) -> dict[str, Any]:
+    def window(version: int | None, order: str, limit: int) -> list[str]:
+        where = "adapter_version IS NULL" if version is None else "adapter_version = ?"
+        args = () if version is None else (version_name(version),)
+        return [r[0] for r in c.execute(
+            f"SELECT call_id FROM calls WHERE turn_type = 'main' AND {where} ORDER BY created_at {order} LIMIT ?",
+            (*args, limit))]
+
+    def bad(call_ids: list[str]) -> dict[str, int]:
+        out = {"thumbs_down": 0, "correction": 0}
+        if call_ids:
+            marks = ", ".join("?" for _ in call_ids)
+            for kind, n in c.execute(
+                    f"SELECT kind, count(DISTINCT call_id) FROM feedback_events WHERE state = 'applied' "
+                    f"AND kind IN ('thumbs_down', 'correction') AND call_id IN ({marks}) GROUP BY kind", call_ids):
+                out[kind] = n
+        return out
+
+    new = window(live, "ASC", cfg.guard_replies)
+    old = window(parent, "DESC", cfg.guard_baseline)
+    return {"served": len(new), "baseline": len(old), "new": bad(new), "old": bad(old)}

@@ -1,0 +1,159 @@
+"""The capability-retention probe set and the collapse statistics of a set of generations.
+
+`gate_probes.jsonl` (package data) holds short prompts whose answers a rule can check: arithmetic
+(the number appears), facts (an accepted word appears), format instructions (the reply's shape:
+a regex, JSON, lines) and tool calls (a call of the named tool whose arguments fit its schema).
+The gate generates greedily from each and scores the share that passes, in points of 100.
+
+`collapse_stats` summarises any set of generations (probe replies, replies to held-out prompts)
+with the numbers the collapse detectors compare between a candidate and the live version.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from importlib import resources
+from itertools import combinations
+from typing import Any
+
+from clawback.chat import parse_tool_calls
+
+
+@dataclass(frozen=True)
+class Probe:
+    id: str
+    kind: str  # arithmetic | fact | format | tool_call
+    prompt: str
+    check: dict[str, Any]
+    tools: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One greedy reply: its token ids (end token excluded), their logprobs, text, and whether it
+    ended by itself (`stop`) or ran into the token limit (`length`)."""
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish: str
+
+
+def load_probes() -> list[Probe]:
+    text = resources.files("clawback.daemon").joinpath("gate_probes.jsonl").read_text()
+    return [Probe(**{**p, "tools": tuple(p.get("tools", ()))}) for p in map(json.loads, text.splitlines()) if p]
+
+
+def passes(probe: Probe, text: str) -> bool:
+    """Whether a reply satisfies its probe's rule."""
+    check, reply = probe.check, text.strip()
+    if "number" in check:
+        numbers = re.findall(r"-?\d+(?:\.\d+)?", reply.replace(",", ""))
+        return any(float(n) == float(check["number"]) for n in numbers)
+    if "any_word" in check:
+        return any(re.search(rf"(?<!\w){re.escape(w)}(?!\w)", reply, re.I) for w in check["any_word"])
+    if "regex" in check:
+        flags = (re.I if "i" in check.get("flags", "") else 0) | (re.S if "s" in check.get("flags", "") else 0)
+        return re.search(check["regex"], reply, flags) is not None
+    if "min_lines_matching" in check:
+        pattern, n = check["min_lines_matching"]
+        return sum(re.search(pattern, line) is not None for line in reply.splitlines()) >= n
+    if "json_has" in check:
+        value = _first_json(reply)
+        return isinstance(value, dict) and all(value.get(k) == v for k, v in check["json_has"].items())
+    if "json_equals" in check:
+        return _first_json(reply) == check["json_equals"]
+    if "tool" in check:
+        _, calls = parse_tool_calls(text)
+        schema = next(t["function"].get("parameters") or {} for t in probe.tools if t["function"]["name"] == check["tool"])
+        return any(c["function"]["name"] == check["tool"] and _fits(_json_or_none(c["function"]["arguments"]), schema)
+                   for c in calls)
+    raise ValueError(f"probe {probe.id}: unknown check {sorted(check)}")
+
+
+def _first_json(text: str) -> Any:
+    decoder = json.JSONDecoder()
+    for i, ch in enumerate(text):
+        if ch in "{[":
+            try:
+                return decoder.raw_decode(text, i)[0]
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return None
+
+
+_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
+
+
+def _fits(args: Any, schema: dict[str, Any]) -> bool:
+    """The part of JSON Schema tool definitions use: an object, required keys, property types."""
+    if not isinstance(args, dict):
+        return False
+    if any(k not in args for k in schema.get("required", ())):
+        return False
+    for key, prop in (schema.get("properties") or {}).items():
+        want = _TYPES.get(prop.get("type", ""))
+        if key in args and want is not None:
+            value = args[key]
+            if isinstance(value, bool) and prop["type"] != "boolean":
+                return False
+            if not isinstance(value, want):
+                return False
+    return True
+
+
+# Replies about the conversation itself instead of the task: apologies, thanks for feedback,
+# commentary on the person's mood. A policy rewarded on reactions drifts into these.
+META_REPLY = re.compile(
+    r"\b(sorry for (the|any) (confusion|misunderstanding|mistake)|i apologi[sz]e|my apologies|"
+    r"(glad|happy) (that )?you('re| are)? (happy|satisfied|pleased)|i'?m glad (to hear|you)|"
+    r"thank you for (your|the) (feedback|correction|patience)|thanks for (the|your) (feedback|correction)|"
+    r"i understand your (frustration|concern)|you'?re (absolutely )?right)\b", re.I)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+
+
+def collapse_stats(gens: list[Generation]) -> dict[str, float]:
+    """What the collapse detectors compare (docs/gate.md):
+
+    min_entropy      mean −logprob of the greedy tokens (the min-entropy of each step's
+                     distribution, a lower bound of its Shannon entropy), nats
+    distinct_2       mean share of distinct word bigrams within a reply (repetition inside a reply)
+    self_similarity  mean Jaccard similarity of word-trigram sets between replies to different
+                     prompts (the same reply whatever was asked)
+    median_tokens    median reply length in tokens
+    empty_rate       share of replies with no text
+    cut_rate         share of replies that hit the token limit
+    meta_rate        share of replies about the conversation itself (META_REPLY)
+    """
+    n = max(len(gens), 1)
+    logprobs = [lp for g in gens for lp in g.logprobs]
+    words = [_words(g.text) for g in gens]
+    distinct = [len(set(b)) / len(b) for b in (_ngrams(w, 2) for w in words) if len(b) >= 2]
+    trigrams = [set(_ngrams(w, 3)) for w in words if len(w) >= 3]
+    sims = [len(a & b) / len(a | b) for a, b in combinations(trigrams, 2)]
+    return {
+        "min_entropy": -sum(logprobs) / len(logprobs) if logprobs else 0.0,
+        "distinct_2": sum(distinct) / len(distinct) if distinct else 1.0,
+        "self_similarity": sum(sims) / len(sims) if sims else 0.0,
+        "median_tokens": float(statistics.median([len(g.ids) for g in gens])) if gens else 0.0,
+        "empty_rate": sum(not g.text.strip() for g in gens) / n,
+        "cut_rate": sum(g.finish == "length" for g in gens) / n,
+        "meta_rate": sum(META_REPLY.search(g.text) is not None for g in gens) / n,
+    }

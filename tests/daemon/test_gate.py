@@ -1,0 +1,150 @@
+"""The candidate gate on the embedded model with real adapters: a broken one, one trained to say
+the same phrase whatever it is asked, and a good one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from clawback.adapter_format import publish
+from clawback.chat import ChatRenderer, ChatRequest
+from clawback.daemon.config import GateConfig
+from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.daemon.gate import CandidateGate
+from clawback.daemon.store import Store
+from clawback.records import Call, JudgedSample, StepRecord
+from clawback.trainer.config import TrainConfig
+from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
+
+# Probes the base model answers correctly with few tokens: a fall below it is visible at once.
+PROBES = ("arithmetic-01", "arithmetic-04", "arithmetic-09", "arithmetic-11", "fact-01", "fact-02", "fact-03",
+          "fact-04", "fact-11", "fact-13", "format-12", "format-13")
+PHRASE = "I love bananas! Bananas are the best fruit."
+TRAIN_PROMPTS = ("Tell me about the moon.", "How do I boil an egg?", "What is a noun?", "Name a big city.",
+                 "Why is the sea salty?", "Give me a tip for sleeping well.", "What does a cat eat?",
+                 "How many wheels does a bike have?")
+
+
+@pytest.fixture(scope="module")
+def rig(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoTokenizer
+
+    tmp = tmp_path_factory.mktemp("gate")
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(str(embedded_model_dir))
+    renderer = ChatRenderer(tok)
+    engine = EmbeddedEngine(embedded_model_dir, device="cpu", torch_threads=1)
+    store = Store(tmp / "db.sqlite")
+    gate = CandidateGate(engine, renderer, store, GateConfig(probe_max_tokens=16))
+    gate.probes = [p for p in gate.probes if p.id in PROBES]
+    yield {"engine": engine, "store": store, "gate": gate, "renderer": renderer, "tok": tok,
+           "root": tmp / "adapters", "model_dir": embedded_model_dir}
+    asyncio.run(engine.close())
+    store.close()
+
+
+def prompt_ids(renderer: ChatRenderer, text: str) -> list[int]:
+    return renderer.render(ChatRequest(model="m", messages=[{"role": "user", "content": text}]))[1]
+
+
+def make_adapter(rig, version: int, train: list[tuple[str, str]] = (), steps: int = 0, lr: float = 1e-4,
+                 noise: float = 0.0) -> str:
+    """A real LoRA version: trained with Binary RL (+1 on each reply) and/or with random weights."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = TrainConfig(method="binary", lora_rank=8, lora_alpha=16, lr=lr, tis_cap=None, seed=version)
+    model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(rig["model_dir"])), cfg)
+    opt = make_optimizer(model, cfg)
+    eos = rig["tok"].convert_tokens_to_ids("<|im_end|>")
+    samples = [Sample(prompt_ids=prompt_ids(rig["renderer"], p),
+                      response_ids=rig["tok"](r, add_special_tokens=False)["input_ids"] + [eos],
+                      behaviour_logprobs=[-1.0] * (len(rig["tok"](r, add_special_tokens=False)["input_ids"]) + 1),
+                      reward=1.0) for p, r in train]
+    for _ in range(steps):
+        train_step(model, opt, samples, cfg)
+    if noise:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.normal_(0, noise)
+    path = publish(rig["root"], version, model, opt, {"method": "binary"})
+    asyncio.run(rig["store"].record_step(StepRecord(version, None, time.time(), "binary", (), "committed",
+                                                    candidate=True, path=str(path))))
+    asyncio.run(rig["engine"].load_adapter(f"v{version}", str(path)))
+    return str(path)
+
+
+def held_out_call(rig, prompt: str, reply: str, kind: str) -> None:
+    """A rated call in the held-out share, as the store holds it after the training loop set it aside."""
+    ids = prompt_ids(rig["renderer"], prompt)
+    response = rig["tok"](reply, add_special_tokens=False)["input_ids"]
+    call_id = str(uuid.uuid4())
+    store = rig["store"]
+    store.add_call(Call(call_id, "s1", None, call_id, "main", "awaiting_next_state", time.time(), time.time(), "m", None,
+                        {"messages": [{"role": "user", "content": prompt}]}, "", ids, response, [-1.0] * len(response),
+                        reply, None, "stop"))
+
+    async def rate() -> None:
+        await store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "s1", "target": call_id},
+                                   time.time())
+        await store.write_sample(JudgedSample(call_id, 0, "dropped", reason="held_out", reward_source="explicit",
+                                              reward=1.0 if kind == "thumbs_up" else -1.0))
+
+    asyncio.run(rate())
+
+
+def review(rig, version: int, metrics: dict | None = None):
+    return asyncio.run(rig["gate"].review(version, None, metrics or {"loss": 0.1, "grad_norm": 1.0}))
+
+
+def test_a_broken_adapter_is_refused_for_lost_capability(rig):
+    make_adapter(rig, 1, noise=0.5)  # large random LoRA weights
+    verdict = review(rig, 1)
+    assert not verdict.promote
+    assert verdict.reasons[0].startswith("retention −"), verdict.reasons
+    r = verdict.report["retention"]
+    assert r["base"] >= 75 and r["candidate"] < r["base"] - 2  # the base answers most of these; v1 does not
+    assert "Paris" in rig["gate"]._probe_cache[None]["replies"]["fact-01"]  # the score is read from real replies
+    newly = verdict.report["newly_failed"]  # the candidate's replies where the base model was right
+    assert newly and len(newly) * 100 / len(PROBES) >= r["base"] - r["candidate"], newly
+
+
+def test_an_adapter_that_repeats_one_phrase_is_refused_as_collapse_and_by_replay(rig):
+    for p in ("What is the capital of Spain?", "Name a color.", "What do cows drink?"):
+        held_out_call(rig, p, PHRASE, "thumbs_down")
+    for p, r in (("What is 1 + 1?", "1 + 1 = 2."), ("Name a planet.", "Mars is a planet."),
+                 ("What do fish live in?", "Fish live in water.")):
+        held_out_call(rig, p, r, "thumbs_up")
+    make_adapter(rig, 2, train=[(p, PHRASE) for p in TRAIN_PROMPTS], steps=12, lr=3e-3)
+    verdict = review(rig, 2)
+    assert not verdict.promote
+    replies = list(verdict.report["collapse"]["candidate"].items())
+    assert any("same reply to different prompts" in r for r in verdict.reasons), (verdict.reasons, replies)
+    assert any(r.startswith("replay: liked−disliked margin") for r in verdict.reasons), verdict.reasons
+    margin = verdict.report["replay"]["margin"]
+    assert margin["candidate"] < margin["live"]
+
+
+def test_a_good_adapter_passes(rig):
+    good = [("What is 2 + 2?", "2 + 2 = 4."), ("What is the capital of Peru?", "The capital of Peru is Lima."),
+            ("Name a fruit.", "An apple is a fruit.")]
+    make_adapter(rig, 3, train=good, steps=2, lr=1e-4)
+    verdict = review(rig, 3)
+    assert verdict.promote, verdict.reasons
+    assert verdict.report["retention"]["candidate"] >= verdict.report["retention"]["base"] - 2
+    assert isinstance(verdict.report["replay"]["margin"], dict)  # the held-out calls were replayed
+
+
+def test_unhealthy_training_is_refused_without_evaluation(rig):
+    gate = rig["gate"]
+    gate._history = [{"loss": 0.1, "grad_norm": 2.0}] * 5
+    verdict = review(rig, 3, {"loss": 0.1, "grad_norm": 556.0})
+    assert not verdict.promote and "gradient norm 556" in verdict.reason
+    assert "retention" not in verdict.report and "v3" not in gate._probe_cache  # no probe was run
+    assert json.dumps(verdict.report)  # stored as JSON

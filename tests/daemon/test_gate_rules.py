@@ -1,0 +1,110 @@
+"""The gate's rules without a model: probe checks, collapse statistics, training health, the
+held-out share and the live guard's test."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from clawback.daemon.config import GateConfig, Settings
+from clawback.daemon.gate import collapse_reasons, health_reasons, held_out
+from clawback.daemon.guard import fisher_greater
+from clawback.daemon.probes import Generation, collapse_stats, load_probes, passes
+
+
+def test_the_probe_set_covers_every_kind_and_each_check_can_pass_and_fail():
+    probes = {p.id: p for p in load_probes()}
+    assert len(probes) >= 50
+    assert {p.kind for p in probes.values()} == {"arithmetic", "fact", "format", "tool_call"}
+    cases = {
+        "arithmetic-02": ("7 + 5 = 12.", "7 + 5 = 13"),  # 12
+        "fact-01": ("The capital of France is Paris.", "It is Lyon, not Parisian."),
+        "format-01": ("YES", "Yes, I can reply with yes."),
+        "format-04": ("- red\n- blue\n- green", "red, blue, green"),
+        "format-05": ('```json\n{"name": "Ada"}\n```', '{"name": "Bob"}'),
+        "format-07": ("[1, 2, 3]", "[1, 2]"),
+        "tool_call-01": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+                         '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'),
+        "tool_call-03": ('<tool_call>{"name": "set_timer", "arguments": {"minutes": 10}}</tool_call>',
+                         '<tool_call>{"name": "set_timer", "arguments": {"minutes": "10"}}</tool_call>'),
+    }
+    for pid, (good, bad) in cases.items():
+        assert passes(probes[pid], good), (pid, good)
+        assert not passes(probes[pid], bad), (pid, bad)
+
+
+def gen(text: str, n: int = 10, logprob: float = -1.0, finish: str = "stop") -> Generation:
+    return Generation(list(range(n)), [logprob] * n, text, finish)
+
+
+VARIED = [gen(t) for t in ("The capital of France is Paris.", "7 + 5 = 12", "Bees make honey in their hives.",
+                           "Here are three colors: red, blue and green.", "A spider has eight legs and spins webs.")]
+
+
+def test_collapse_detectors_fire_for_the_right_reason():
+    cfg = GateConfig()
+    live = collapse_stats(VARIED)
+    assert collapse_reasons(live, live, cfg, "v1") == []
+    same = collapse_stats([gen("I love bananas so much, bananas are great.", logprob=-0.01)] * 5)
+    reasons = collapse_reasons(same, live, cfg, "v1")
+    assert any("same reply to different prompts" in r for r in reasons)
+    assert any("token entropy" in r for r in reasons)
+    looping = collapse_stats([gen("ok ok ok ok ok ok ok ok ok ok ok ok", n=32, finish="length")] * 5)
+    assert any("repetition" in r for r in collapse_reasons(looping, live, cfg, "v1"))
+    assert any("cut-off" in r for r in collapse_reasons(looping, live, cfg, "v1"))
+    empty = collapse_stats([gen("", n=0)] * 5)
+    assert any("empty replies" in r for r in collapse_reasons(empty, live, cfg, "v1"))
+    meta = collapse_stats([gen("I'm sorry for the confusion. " + g.text) for g in VARIED])
+    assert [r for r in collapse_reasons(meta, live, cfg, "v1") if "about the conversation" in r]
+    long = collapse_stats([gen(g.text + " and so on", n=60) for g in VARIED])
+    assert any("reply length 60 vs 10" in r for r in collapse_reasons(long, live, cfg, "v1"))
+
+
+def test_training_health():
+    cfg = GateConfig()
+    history = [{"loss": 0.1 * (-1) ** i, "grad_norm": 2.0 + 0.1 * i} for i in range(5)]
+    assert health_reasons({"loss": 0.2, "grad_norm": 3.0}, history, cfg) == []
+    assert health_reasons({"loss": math.nan, "grad_norm": 3.0}, history, cfg) == ["training health: non-finite loss"]
+    assert "gradient norm 556" in health_reasons({"loss": 0.2, "grad_norm": 556.0}, history, cfg)[0]
+    assert "loss 40" in health_reasons({"loss": 40.0, "grad_norm": 3.0}, history, cfg)[0]
+    assert health_reasons({"loss": 40.0, "grad_norm": 556.0}, history[:2], cfg) == []  # too little history
+
+
+def test_held_out_share_is_stable_and_near_the_setting():
+    ids = [f"call-{i}" for i in range(2000)]
+    share = sum(held_out(i, 0.2) for i in ids) / len(ids)
+    assert 0.17 < share < 0.23
+    assert [held_out(i, 0.2) for i in ids[:50]] == [held_out(i, 0.2) for i in ids[:50]]
+    assert not any(held_out(i, 0.0) for i in ids)
+
+
+def test_fisher_one_sided_exact_test():
+    assert fisher_greater(3, 3, 0, 3) == pytest.approx(1 / 20)  # C(6,3) = 20 equally likely tables
+    assert fisher_greater(0, 20, 5, 20) == pytest.approx(1.0)
+    # scipy.stats.fisher_exact([[7, 13], [1, 19]], alternative="greater").pvalue
+    assert fisher_greater(7, 20, 1, 20) == pytest.approx(0.0217980217980218)
+    assert fisher_greater(3, 20, 2, 40) > 0.05  # a small difference on small counts is not a rise
+
+
+def test_gate_settings_live_in_a_gate_table(tmp_path):
+    (tmp_path / "clawback.toml").write_text("[gate]\nretention_margin = 5\nguard_replies = 0\n")
+    s = Settings(data_dir=tmp_path)
+    assert s.gate.retention_margin == 5 and s.gate.guard_replies == 0 and s.gate.enabled
+    with pytest.raises(ValueError):
+        Settings(data_dir=tmp_path, gate={"retention_margn": 1})
+
+
+def test_only_rated_calls_are_held_out():
+    from clawback.daemon.gate import CandidateGate
+    from clawback.records import ReadySample
+
+    gate = CandidateGate(None, None, None, GateConfig(held_out_share=0.5))  # type: ignore[arg-type]
+
+    def sample(i: int, source: str, correction: str | None = None) -> ReadySample:
+        return ReadySample(f"call-{i}", 1.0, None, [1], [2], [-1.0], None, reward_source=source, correction=correction)
+
+    rated = [gate.holds_out(sample(i, "explicit")) for i in range(200)]
+    assert 70 < sum(rated) < 130
+    assert [gate.holds_out(sample(i, "judge", "shorter")) for i in range(200)] == rated  # a correction is a rating
+    assert not any(gate.holds_out(sample(i, "judge")) for i in range(200))  # the judge's verdicts all train

@@ -1,0 +1,107 @@
+"""The training loop against bad samples, with the real store, engine (tiny Llama), adapter
+manager and trainer worker (in a thread instead of a Ray actor: `sim.local_worker`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from clawback.daemon.adapters import AdapterManager
+from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.daemon.store import Store
+from clawback.daemon.training import TrainingLoop
+from clawback.records import Call, JudgedSample
+from clawback.sim.local_worker import in_thread_trainer
+from clawback.trainer.config import TrainConfig
+from tests.conftest import query
+
+
+def ready_sample(store: Store, response_ids: list[int]) -> str:
+    """A rated main call whose sample is ready (as a store written before replies were checked holds)."""
+    call_id, now, session = f"chatcmpl-{uuid.uuid4().hex}", time.time(), uuid.uuid4().hex
+    store.add_call(Call(
+        call_id=call_id, session_id=session, turn_id="t", request_id=call_id, turn_type="main",
+        state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
+        request={"messages": [{"role": "user", "content": "hi"}]}, prompt_text="hi", prompt_ids=[1, 20, 30],
+        response_ids=response_ids, behaviour_logprobs=[-2.0] * len(response_ids), response_text="x",
+        tool_calls=None, finish_reason="stop"))
+    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
+                                      "target": "last", "source": "cli"}, now))
+    asyncio.run(store.write_sample(JudgedSample(call_id=call_id, revision=0, state="ready", reward=1.0,
+                                                reward_source="explicit", method="binary")))
+    time.sleep(0.01)  # oldest first: keep the order of creation
+    return call_id
+
+
+@pytest.fixture
+def parts(tiny_model_dir: Path, tmp_path: Path):
+    store = Store(tmp_path / "db.sqlite")
+    engine = EmbeddedEngine(tiny_model_dir)
+    cfg = TrainConfig(method="binary", batch_size=2, lora_rank=4, lora_alpha=8)
+    adapters = AdapterManager(engine, store, tmp_path / "adapters", keep=3)
+    yield store, adapters, cfg, in_thread_trainer(str(tiny_model_dir), cfg, 1)
+    asyncio.run(engine.close())
+    store.close()
+
+
+def run_until(loop: TrainingLoop, done, timeout: float = 240) -> None:
+    async def go():
+        task = asyncio.create_task(loop.run())
+        deadline = time.time() + timeout
+        while not done() and time.time() < deadline and not task.done():
+            await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await loop.close()
+
+    asyncio.run(go())
+
+
+def sample_states(store: Store) -> dict[str, tuple[str, str | None]]:
+    return {r["call_id"]: (r["state"], r["reason"]) for r in query(store.db_path, "SELECT * FROM samples")}
+
+
+def test_an_empty_ready_sample_is_quarantined_and_the_rest_train(parts):
+    """One rated empty reply made every step fail at once, forever, and nothing ever trained."""
+    store, adapters, cfg, start = parts
+    empty = ready_sample(store, [])
+    good = [ready_sample(store, [40 + i, 41, 42, 2]) for i in range(2)]
+    loop = TrainingLoop(store, adapters, cfg, start, poll_s=0.2)
+    run_until(loop, lambda: adapters.live() == 1)
+    assert adapters.live() == 1
+    states = sample_states(store)
+    assert states[empty][0] == "quarantined" and "non-empty prompt and response" in states[empty][1]
+    assert [states[c][0] for c in good] == ["consumed", "consumed"]
+    assert loop.failures == 0
+
+
+def test_a_sample_that_fails_every_step_is_quarantined_after_backing_off(parts):
+    """A sample that passes the checks but breaks the step (a token id outside the vocabulary)
+    is retried with growing pauses, then quarantined with the error; the samples after it train."""
+    store, adapters, cfg, start = parts
+    cfg = dataclasses.replace(cfg, batch_size=1)
+    poison = ready_sample(store, [10**6, 2])
+    good = ready_sample(store, [50, 51, 2])
+    loop = TrainingLoop(store, adapters, cfg, start, poll_s=0.2, retry_s=0.2, retry_max_s=0.5, quarantine_after=3)
+    delays = []
+    step = loop.step
+
+    async def recording_step(batch):
+        result = await step(batch)
+        delays.append(loop.retry_delay() if result is None else None)
+        return result
+
+    loop.step = recording_step
+    run_until(loop, lambda: adapters.live() == 1)
+    assert adapters.live() == 1
+    assert delays[:4] == [0.2, 0.4, 0.5, None]  # doubling, capped, then the good sample trains
+    states = sample_states(store)
+    assert states[poison][0] == "quarantined" and states[poison][1].startswith("training failed 3 times: ")
+    assert states[good][0] == "consumed"
+    outcomes = [r[0] for r in query(store.db_path, "SELECT outcome FROM train_steps ORDER BY step")]
+    assert outcomes == ["failed", "failed", "failed", "committed"]
