@@ -104,14 +104,17 @@ class TrainSettings(BaseModel):
     # (bench/README.md, "In-context following").
     hint_template: Literal["instruction", "hint"] | None = None  # None = the preset's (seed: hint, else instruction)
     hint_placement: Literal["user", "system"] = "user"
+    # A reply cut by the token budget is no finished answer: drop its sample (reason cut_off). Off
+    # by default: a person's rating of a cut reply is still their signal about it.
+    drop_cut_replies: bool = False
 
     @model_validator(mode="after")
     def _overrides_are_train_config_fields(self) -> "TrainSettings":
         unknown = sorted(set(self.model_extra or {}) - _TRAIN_FIELDS)
         if unknown:
             raise ValueError(f"[train] has no setting {', '.join(unknown)}; besides enabled, preset, teacher, "
-                             f"count_zero_signal, keep_versions, device, threads, hint_template and "
-                             f"hint_placement it takes the fields of "
+                             f"count_zero_signal, keep_versions, device, threads, hint_template, "
+                             f"hint_placement and drop_cut_replies it takes the fields of "
                              f"TrainConfig: {', '.join(sorted(_TRAIN_FIELDS))}")
         self.config()  # a bad value is an error when the settings load, not at the first batch
         return self
@@ -171,6 +174,7 @@ class SignalConfig:
     # Positive evidence: also generate the teacher's own (greedy) reply under the hint, so that a
     # preference the policy never samples can still be learned (TrainConfig.evidence_weight > 0).
     positive_evidence: bool = False
+    drop_cut_replies: bool = False  # see TrainSettings
 
 
 # The flat keys of earlier versions and where each lives in the tree; they load as before (toml,
@@ -344,7 +348,7 @@ class Settings(BaseSettings):
                                else preset.get("count_zero_signal", False)),
             judge_context=j.context or preset.get("judge_context", "full"),
             hint_template=self.train.hint_template or preset.get("hint_template", "instruction"),
-            hint_placement=self.train.hint_placement,
+            hint_placement=self.train.hint_placement, drop_cut_replies=self.train.drop_cut_replies,
             positive_evidence=self.train_config().evidence_weight > 0,
             judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,
             judge_timeout_s=j.timeout_s, judge_retries=j.retries, concurrency=j.concurrency)

@@ -176,7 +176,8 @@ class SamplePipeline:
         votes: list[VoteRecord] = []
         sample = JudgedSample(call_id=call_id, revision=revision, state="dropped", method=cfg.method,
                               teacher=cfg.teacher)
-        why = degenerate_reply(inp) or degenerate(inp.response_ids, inp.finish_reason)
+        why = degenerate_reply(inp) or degenerate(inp.response_ids,
+                                                  inp.finish_reason if self.cfg.drop_cut_replies else None)
         if why is not None:
             await self._write(replace(sample, reason=why), votes)
             return

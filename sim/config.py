@@ -98,7 +98,7 @@ class SimConfig:
         train: dict[str, Any] = {"enabled": method.trains, "preset": method.preset or "combined",
                                  "batch_size": self.batch_size, "lora_rank": self.lora_rank,
                                  "lora_alpha": self.lora_alpha, "seed": seed, "threads": self.threads,
-                                 "kl_coef": self.kl_coef, **method.train}
+                                 "kl_coef": self.kl_coef, "drop_cut_replies": True, **method.train}
         if not method.keeps_own_lr:
             train["lr"] = self.lr
         return {"judge": {"backend": "off"}, "train": train, "default_max_tokens": self.max_tokens,

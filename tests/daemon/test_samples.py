@@ -280,16 +280,17 @@ def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, ren
     assert (row["state"], row["reason"], row["teacher_logprobs"]) == ("dropped", "teacher_version_unloaded", None)
 
 
-@pytest.mark.parametrize("finish_reason, ids, reason", [
-    ("length", None, "cut_off"),
-    ("stop", [], "empty_response"),
-    ("stop", [5, 6, 7, 8, 9, 10] * 3 + [11], "repetition_loop"),
+@pytest.mark.parametrize("finish_reason, ids, drop_cut, outcome", [
+    ("length", None, True, ("dropped", "cut_off")),
+    ("length", None, False, ("ready", None)),  # by default a rated cut reply is still trained on
+    ("stop", [], False, ("dropped", "empty_reply")),
+    ("stop", [5, 6, 7, 8, 9, 10] * 3 + [11], False, ("dropped", "repetition_loop")),
 ])
-def test_degenerate_replies_are_dropped_with_a_reason(store, engine, renderer, finish_reason, ids, reason):
+def test_degenerate_replies_are_dropped_with_a_reason(store, engine, renderer, finish_reason, ids, drop_cut, outcome):
     call_id = served_call(store, renderer, engine, None, finish_reason=finish_reason, response_ids=ids)
     feedback(store, "thumbs_down")
-    drain(pipe(store, engine, renderer, None, method="binary"))
-    assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == ("dropped", reason)
+    drain(pipe(store, engine, renderer, None, method="binary", drop_cut_replies=drop_cut))
+    assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == outcome
 
 
 def test_degenerate():
