@@ -58,9 +58,9 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     assert (out / "cells/sure/default/seed1.json").read_bytes() == before
 
 
-def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(tiny_model_dir: Path, tmp_path: Path, capsys):
+def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(ending_model_dir: Path, tmp_path: Path, capsys):
     out = tmp_path / "sim"
-    assert simulate(tiny_model_dir, out, "--method", "binary", "--batch-size", "1") == 0
+    assert simulate(ending_model_dir, out, "--method", "binary", "--batch-size", "1") == 0
     cell = json.loads((out / "cells/sure/binary/seed1.json").read_text())
     assert cell["config"]["gate"] is True
     versions, committed = cell["versions"], [s["version"] for s in cell["steps"] if s["outcome"] == "committed"]
@@ -73,7 +73,7 @@ def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(tiny_model
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("sure/binary/seed1:"))
     assert f"({len(versions['promoted'])} promoted, {len(versions['refused'])} refused)" in line
     # cells run before the gate existed count as ungated, so they never mix with gated ones
-    assert simulate(tiny_model_dir, out, "--method", "binary", "--batch-size", "1", "--no-gate") == 2
+    assert simulate(ending_model_dir, out, "--method", "binary", "--batch-size", "1", "--no-gate") == 2
     assert "'gate': (True, False)" in capsys.readouterr().err
 
 
