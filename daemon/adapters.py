@@ -180,6 +180,11 @@ class AdapterManager:
         raise AdapterError(f"no adapter version {version}")
 
 
+def promoted_summary(out: dict[str, Any]) -> str:
+    """What `AdapterManager.promote` did, in words: the CLI prints it, the dashboard shows it."""
+    return f"v{out['live']} is live; this overrides the gate: {out['overrides'] or 'nothing (it was %s)' % out['previous_state']}"
+
+
 def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str, Any]:
     """Versions that carry forgotten samples (trained on them, or descended from one that was),
     and the newest good version trained before the first of them (None = the base model): the

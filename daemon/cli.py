@@ -136,9 +136,9 @@ def cmd_adapters(args: argparse.Namespace) -> int:
     if args.action in ("rollback", "pin", "unpin", "promote") and args.version is None:
         raise ValueError(f"adapters {args.action} needs a version (N, vN, or 'base' for rollback)")
     if args.action == "promote":
-        out = _call("POST", f"{url}/v1/adapters/promote", headers, {"version": args.version})
-        overrides = out["overrides"] or f"nothing (it was {out['previous_state']})"
-        print(f"v{out['live']} is live; this overrides the gate: {overrides}")
+        from .adapters import promoted_summary
+
+        print(promoted_summary(_call("POST", f"{url}/v1/adapters/promote", headers, {"version": args.version})))
         return 0
     if args.action == "rollback":
         out = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version})

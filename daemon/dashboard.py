@@ -8,7 +8,8 @@ Security: the page is behind the API key. Logging in (with the key, or with a on
 `clawback dashboard`) gives an HttpOnly, SameSite=Strict session cookie scoped to /ui. Every POST
 must carry the session's CSRF token in a header (htmx sends it) and come from this origin
 (`Sec-Fetch-Site`, or `Origin` from browsers without Fetch Metadata). A Content-Security-Policy
-allows nothing from another origin. Actions call the same code as the HTTP API and the CLI (`AdapterManager`).
+allows nothing from another origin. Actions call the same code as the HTTP API and the CLI
+(`AdapterManager`, `forget()`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from fastapi.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clawback.records import parse_version
+
+from .forget import forget
+from .store import ForgetScope
 
 PREFIX = "/ui"
 COOKIE = "clawback_ui"
@@ -203,12 +207,14 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
     @ui.post("/adapters/{action}")
     async def adapter_action(request: Request, action: str, version: str = Form("")) -> Response:
         """The same operations as `POST /v1/adapters/...` and `clawback adapters ...`."""
-        from .adapters import AdapterError
+        from .adapters import AdapterError, promoted_summary
 
         checked_post(request)
-        error = None
+        error = notice = None
         try:
-            if action == "rollback":
+            if action == "promote":
+                notice = promoted_summary(await state.adapters.promote(int(version)))
+            elif action == "rollback":
                 await state.adapters.rollback(None if version == "base" else int(version))
             elif action in ("pin", "unpin"):
                 await state.adapters.pin(int(version), action == "pin")
@@ -218,7 +224,16 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
                 return Response(status_code=404)
         except (AdapterError, ValueError) as e:
             error = str(e) if isinstance(e, AdapterError) else f"not a version: {version!r}"
-        return page(request, "ui/part_versions.html", p=await data.part("versions"), error=error)
+        return page(request, "ui/part_versions.html", p=await data.part("versions"), error=error, notice=notice)
+
+    @ui.post("/forget")
+    async def forget_session(request: Request, session_id: str = Form("")) -> Response:
+        """The same `forget()` as `POST /v1/forget` and `clawback forget --session`."""
+        checked_post(request)
+        if not session_id:
+            return page(request, "ui/forgotten.html", 400, error="name the session to forget")
+        report = await forget(state.store, ForgetScope(session_id=session_id), state.capture)
+        return page(request, "ui/forgotten.html", session_id=session_id, report=report, live=state.adapters.live())
 
     @ui.get("/events")
     async def events(request: Request) -> Response:

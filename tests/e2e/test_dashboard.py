@@ -1,9 +1,11 @@
 """The dashboard at /ui in a real headless Chromium (Debian's `chromium`, driven by Playwright for
-Python) against a real daemon (tiny random Llama, Ray trainer, auth on): log in, read the health
-of a daemon that served a tagged conversation with feedback, watch a new version go live without a
-reload, roll back with a click and see the engine serve the old version; a request without the
-cookie and cross-site POSTs are refused; `clawback dashboard`'s link logs in once. Screenshots go
-to $CLAWBACK_SCREENSHOTS (default: the test's tmp dir)."""
+Python) against a real daemon (tiny random Llama, Ray trainer, gate, auth on): log in, read the
+health of a daemon that served a tagged conversation with feedback, watch a new version appear
+without a reload, refused by the gate, and promote it with a click; roll back with a click and see
+the engine serve the old version; forget a conversation with a click and roll back the versions
+trained on it; a request without the cookie and cross-site POSTs are refused; `clawback
+dashboard`'s link logs in once. Screenshots go to $CLAWBACK_SCREENSHOTS (default: the test's tmp
+dir)."""
 
 from __future__ import annotations
 
@@ -20,12 +22,16 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.conftest import DaemonProcess, free_port, wait_for
+from tests.conftest import DaemonProcess, free_port, query, wait_for
 
 CHROMIUM = os.environ.get("CLAWBACK_CHROMIUM", "/usr/bin/chromium")  # install.sh --test installs it
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1"}
+# The gate refuses every version (any token entropy is below 1000× the live one's: "collapse"), on
+# 2 short probes; each goes live by a click on Promote.
+TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1",
+             "CLAWBACK_GATE": '{"entropy_low": 1000, "probes": 2, "probe_max_tokens": 4, "held_out_share": 0, '
+                              '"guard_replies": 0}'}
 TRAIN_TIMEOUT_S = 300  # the first step starts Ray on a busy 2-core machine
 UI_TIMEOUT_MS = TRAIN_TIMEOUT_S * 1000
 
@@ -42,6 +48,10 @@ def converse(c: httpx.Client, session: str, messages: list[dict], kind: str = "t
 
 def live_version(c: httpx.Client) -> int | None:
     return c.get("/v1/adapters").json()["live"]
+
+
+def state_of(c: httpx.Client, version: int) -> str | None:
+    return next((a["state"] for a in c.get("/v1/adapters").json()["data"] if a["version"] == version), None)
 
 
 @pytest.fixture
@@ -85,7 +95,7 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     chat = converse(c, "chat-1", [{"role": "user", "content": "What is a LoRA?"}])
     untagged = {"model": "clawback", "max_tokens": 4, "messages": [{"role": "user", "content": "an untagged call"}]}
     c.post("/v1/chat/completions", json=untagged).raise_for_status()
-    wait_for(lambda: live_version(c) == 1, TRAIN_TIMEOUT_S, "v1 live")
+    wait_for(lambda: state_of(c, 1) == "refused", TRAIN_TIMEOUT_S, "v1 refused")
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
@@ -93,9 +103,18 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     page.on("console", lambda m: console.append(m.text))
     page.on("pageerror", lambda e: console.append(f"page error: {e}"))
     page.on("request", lambda r: requests.append(r.url))
+    page.on("dialog", lambda dialog: dialog.accept())  # the confirmations of Promote and Forget
     log_in(page, d.url, d.api_key)
     cookie = next(ck for ck in context.cookies() if ck["name"] == "clawback_ui")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+
+    # The gate refused v1; Promote (as `clawback adapters promote 1`) puts it live and says what
+    # that overrides.
+    expect(page.locator("#health-live")).to_have_text("base")
+    expect(page.locator("#versions tr[data-version=v1] .state")).to_contain_text("refusedcollapse: token entropy")
+    page.click("#versions tr[data-version=v1] button:has-text('Promote')")
+    expect(page.locator("#versions .notice")).to_contain_text("v1 is live; this overrides the gate: collapse: token")
+    assert live_version(c) == 1
 
     # Health of a daemon that served a tagged conversation with feedback and trained once.
     expect(page.locator("#health-live")).to_have_text("v1")
@@ -110,9 +129,11 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     # The conversation goes on (its first reply is now paired with a next state) and the second
     # rated reply trains v2; the page shows it without a reload.
     converse(c, "chat-1", [*chat, {"role": "user", "content": "And what is a hot swap?"}])
-    expect(page.locator("#health-live")).to_have_text("v2", timeout=UI_TIMEOUT_MS)
+    expect(page.locator("#versions tr[data-version=v2]")).to_have_class("refused", timeout=UI_TIMEOUT_MS)
+    page.click("#versions tr[data-version=v2] button:has-text('Promote')")
+    expect(page.locator("#health-live")).to_have_text("v2")
     expect(page.locator("#versions tr[data-version=v2]")).to_have_class("live")
-    expect(page.locator("#versions tr[data-version=v1] .state")).to_have_text("retired")
+    expect(page.locator("#versions tr[data-version=v1] .state")).to_contain_text("retiredpromoted over: collapse")
     expect(page.locator("#steps tbody tr")).to_have_count(2)
     expect(page.locator("#health-main")).to_contain_text("100% paired with a next state")
     expect(page.locator(".chart .uplot")).not_to_have_count(0)  # uPlot drew the curves
@@ -128,12 +149,6 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
                                              "messages": [{"role": "user", "content": "which version?"}]})
     assert r.headers["x-clawback-adapter"] == "v1"
     assert page.evaluate("window.sameDocument") is True
-
-    # Browse a conversation.
-    page.click("#conversations a:has-text('chat-1')")
-    expect(page.locator("#conversation")).to_contain_text("What is a LoRA?")
-    expect(page.locator("#conversation")).to_contain_text("Next user: And what is a hot swap?")
-    expect(page.locator("#conversation .said")).to_have_count(2)  # both replies rated
 
     # Nothing came from another origin, and the CSP never had to block anything.
     assert all(u.startswith(d.url) for u in requests), [u for u in requests if not u.startswith(d.url)]
@@ -155,17 +170,37 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     _cross_site_posts_refused(page, d, tmp_path)
     assert live_version(c) == 1
 
+    # Browse a conversation.
+    page.click("#conversations a:has-text('chat-1')")
+    expect(page.locator("#conversation")).to_contain_text("What is a LoRA?")
+    expect(page.locator("#conversation")).to_contain_text("Next user: And what is a hot swap?")
+    expect(page.locator("#conversation .said")).to_have_count(2)  # both replies rated
+
+    # Forget it from its page (`forget()`, as `clawback forget`): what was deleted, the versions
+    # trained on it and the rollback that stops serving them, which a click does.
+    page.click("#conversation button.forget")
+    expect(page.locator("#conversation")).to_contain_text("Forgot session chat-1")
+    expect(page.locator("#conversation")).to_contain_text("2 calls")
+    expect(page.locator("#forgotten-trained")).to_contain_text("v1, v2 were trained on it")
+    expect(page.locator("#conversations")).not_to_contain_text("chat-1")  # the list refreshed itself
+    assert not query(d.data_dir / "clawback.db", "SELECT 1 FROM calls WHERE session_id = 'chat-1'")
+    assert query(d.data_dir / "clawback.db", "SELECT 1 FROM calls WHERE session_id LIKE 'anon-%'")  # the others stay
+    page.click("#conversation button:has-text('Roll back to base')")
+    expect(page.locator("#health-live")).to_have_text("base")
+    assert live_version(c) is None
+
     # Without the cookie: the page sends you to log in, its parts and actions refuse.
     anon = httpx.Client(base_url=d.url, timeout=60)
     assert anon.get("/ui/").headers["location"] == "/ui/login"
     assert anon.get("/ui/part/versions").status_code == 401
     assert anon.get("/ui/events").status_code == 401
-    keyed = c.post("/ui/adapters/rollback", data={"version": "base"})  # the bearer key is not a session
+    keyed = c.post("/ui/adapters/rollback", data={"version": "1"})  # the bearer key is not a session
     assert keyed.status_code == 401
+    assert c.post("/ui/forget", data={"session_id": "x"}).status_code == 401
     page.click("text=Log out")
     page.wait_for_url("**/ui/login")
     assert page.request.get(f"{d.url}/ui/part/health").status == 401
-    assert live_version(c) == 1
+    assert live_version(c) is None
 
     _one_time_link(browser, d)
 
@@ -187,7 +222,7 @@ def _one_time_link(browser, d: DaemonProcess) -> None:
     first = browser.new_context().new_page()
     first.goto(link)
     assert first.url == f"{d.url}/ui/"
-    expect(first.locator("#health-live")).to_have_text("v1")
+    expect(first.locator("#health-live")).to_have_text("base")
     second = browser.new_context().new_page()
     second.goto(link)
     expect(second.get_by_role("alert")).to_contain_text("used already")
