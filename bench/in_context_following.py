@@ -1,12 +1,14 @@
 """How often does the base model follow a preference when it is told it in context?
 
 OPD's teacher is the model given the user's correction as a hint, so OPD can only teach what the
-model already does when told. For each candidate preference this generates greedy replies to the
-same tasks twice, plainly and with the preference appended as the teacher's hint
-(daemon.samples.teacher_messages), and reports the share of replies that pass the preference's
-check (for the student and teacher scenarios: the mean rating over all their checks).
+model already does when told. For each scenario and candidate preference this generates greedy
+replies to the same train tasks untold and told, where "told" is the person's full correction (the
+scenario's complaint and every ask, as the simulated user writes it) given to the teacher in each
+wording and placement of `daemon.samples.teacher_messages` (template x user/system). It reports the
+share of replies that meet the preference (every check passed, after the cut/meta gates of
+sim/scenarios.py), the mean rating, and how many replies the token budget cut.
 
-    .venv/bin/python bench/in_context_following.py [--tasks 8] [--max-tokens 96] [--out FILE]
+    .venv/bin/python bench/in_context_following.py [--tasks 8] [--max-tokens 400] [--out FILE]
 """
 
 from __future__ import annotations
@@ -22,14 +24,24 @@ from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.samples import teacher_messages
-from clawback.sim.scenarios import CANDIDATE_CHECKS, SURE, STUDENT, TEACHER, Scenario
+from clawback.sim.scenarios import CANDIDATE_CHECKS, STUDENT, SURE, TEACHER, Check, Rating, Scenario
+
+# The OpenClaw-RL wording where it put it, and the instruction wording in both places.
+VARIANTS = [("hint", "user"), ("instruction", "user"), ("instruction", "system")]
 
 
-async def reply(engine, renderer, messages, max_tokens: int) -> str:
+async def reply(engine, renderer, messages, max_tokens: int) -> tuple[str, bool]:
+    """The greedy reply and whether it finished (False: cut by the budget)."""
     _, ids = renderer.render(ChatRequest.model_validate({"model": "m", "messages": messages}))
-    sampling = Sampling(temperature=0.0, max_tokens=max_tokens, stop_token_ids=engine.info.eos_token_ids)
+    stops = engine.info.eos_token_ids
+    sampling = Sampling(temperature=0.0, max_tokens=max_tokens, stop_token_ids=stops)
     out = [t.id async for t in engine.generate(ids, sampling)]
-    return renderer.tokenizer.decode(out, skip_special_tokens=True)
+    return renderer.tokenizer.decode(out, skip_special_tokens=True), bool(out) and out[-1] in stops
+
+
+def _single(name: str, check: Check) -> Scenario:
+    """One candidate check as a scenario of its own (the gates apply to it too)."""
+    return Scenario(name, check.ask, (), (), (check,), "Hmm.")
 
 
 async def measure(args) -> dict:
@@ -43,30 +55,31 @@ async def measure(args) -> dict:
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir))
     rows = []
     # Candidates are asked about the student tasks (math word problems).
-    cases: list[tuple[str, Scenario | None, object, list]] = [
-        ("student (all checks)", STUDENT, None, list(STUDENT.train[: args.tasks])),
-        ("teacher (all checks)", TEACHER, None, list(TEACHER.train[: args.tasks])),
-        ("sure (all checks)", SURE, None, list(SURE.train[: args.tasks])),
-        *[(name, None, check, list(STUDENT.train[: args.tasks])) for name, check in CANDIDATE_CHECKS.items()],
-    ]
+    cases: list[tuple[str, Scenario, list]] = [
+        (s.name, s, list(s.train[: args.tasks])) for s in (STUDENT, TEACHER, SURE)
+    ] + [(name, _single(name, check), list(STUDENT.train[: args.tasks])) for name, check in CANDIDATE_CHECKS.items()]
     if args.only:
-        cases = [c for c in cases if c[0].split(" ")[0] in args.only.split(",")]
-    for name, scen, check, tasks in cases:
-        hint = scen.preference if scen else f"Please {check.ask}."
-        told, untold, examples = [], [], []
+        cases = [c for c in cases if c[0] in args.only.split(",")]
+    for name, scen, tasks in cases:
+        hint = scen.correction(Rating(0.0, scen.checks))  # everything failed: the full correction
+        results: dict[str, list[tuple[Rating, bool]]] = {}
+        examples = []
         for task in tasks:
             msgs = [{"role": "user", "content": task.prompt}]
-            plain = await reply(engine, renderer, msgs, args.max_tokens)
-            hinted = await reply(engine, renderer, teacher_messages(msgs, hint), args.max_tokens)
-            rate = (lambda r: scen.rate(r, task).score) if scen else (lambda r: float(check.passes(r, task)))
-            untold.append(rate(plain))
-            told.append(rate(hinted))
-            examples.append({"task": task.prompt, "plain": plain, "hinted": hinted})
-        row = {"preference": name, "hint": hint, "untold": sum(untold) / len(untold), "told": sum(told) / len(told),
-               "n": len(tasks), "examples": examples[:2]}
+            ex = {"task": task.prompt}
+            for variant in [None, *VARIANTS]:
+                key = "untold" if variant is None else "/".join(variant)
+                text, done = await reply(engine, renderer, msgs if variant is None else
+                                         teacher_messages(msgs, hint, *variant), args.max_tokens)
+                results.setdefault(key, []).append((scen.rate(text, task, done), done))
+                ex[key] = text
+            examples.append(ex)
+        row = {"preference": name, "hint": hint, "n": len(tasks), "examples": examples[:2], "variants": {
+            k: {"meets": sum(r.meets for r, _ in v) / len(v), "score": sum(r.score for r, _ in v) / len(v),
+                "cut": sum(not d for _, d in v), "meta": sum(r.gate == "meta" for r, _ in v)}
+            for k, v in results.items()}}
         rows.append(row)
-        print(f"{name:<22} untold {row['untold']:.2f}  told {row['told']:.2f}  (+{row['told'] - row['untold']:.2f})",
-              file=sys.stderr, flush=True)
+        print(name, json.dumps(row["variants"]), file=sys.stderr, flush=True)
     await engine.close()
     return {"model": str(model_dir), "max_tokens": args.max_tokens, "tasks": args.tasks, "rows": rows,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -76,7 +89,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--tasks", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--out", default="bench/results/in_context_following.json")
     p.add_argument("--only", help="comma list of preferences to (re)measure; the other rows of --out are kept")
     args = p.parse_args()
@@ -87,9 +100,12 @@ def main() -> None:
         result["rows"] = [fresh.pop(r["preference"], r) for r in old] + list(fresh.values())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print("| preference | hint | followed untold | followed when told | gain |\n|---|---|---|---|---|")
+    keys = ["untold", *("/".join(v) for v in VARIANTS)]
+    print("| preference | " + " | ".join(keys) + " |\n|---" * (len(keys) + 1) + "|")
     for r in result["rows"]:
-        print(f"| {r['preference']} | {r['hint']} | {r['untold']:.2f} | {r['told']:.2f} | {r['told'] - r['untold']:+.2f} |")
+        cells = [f"{r['variants'][k]['meets']:.2f} ({r['variants'][k]['score']:.2f}; cut {r['variants'][k]['cut']}, "
+                 f"meta {r['variants'][k]['meta']})" for k in keys]
+        print(f"| {r['preference']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

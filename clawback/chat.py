@@ -8,6 +8,7 @@ so one parser reads tool calls back from every model.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import uuid
@@ -436,3 +437,17 @@ class TextGate:
                     held = max(held, k)
                     break
         return held
+
+
+def append_text(messages: list[dict[str, Any]], role: str, text: str) -> list[dict[str, Any]]:
+    """A copy of `messages` with `text` appended to the last message of `role` (a new one, placed
+    first for a system message and last for a user message, if there is none)."""
+    out = copy.deepcopy(messages)
+    for m in reversed(out):
+        if m.get("role") == role:
+            if isinstance(m.get("content"), list):
+                m["content"].append({"type": "text", "text": text})
+            else:
+                m["content"] = ((m.get("content") or "") + "\n\n" + text).lstrip("\n")
+            return out
+    return [{"role": role, "content": text}, *out] if role == "system" else [*out, {"role": role, "content": text}]

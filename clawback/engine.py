@@ -54,9 +54,14 @@ class Token:
     most likely first (empty when not asked for); the sampled token may or may not be among them."""
 
     id: int
-    logprob: float
+    logprob: float  # under the unscaled (temperature-1) distribution
+    # The k most likely tokens at this position and their temperature-1 logprobs, most likely
+    # first; empty unless Sampling.top_logprobs asked for them.
     top_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
+    # Logprob under the distribution the token was actually drawn from (temperature, top-p and a
+    # constraint's mask applied); None for greedy decoding or an engine that cannot report it.
+    sampling_logprob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,14 @@ class Engine(Protocol):
         self, prompt_ids: Sequence[int], response_ids: Sequence[int], adapter: str | None = None
     ) -> list[float]:
         """Logprob of each response token given the prompt and the tokens before it."""
+        ...
+
+    async def score_candidates(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int], candidates: Sequence[Sequence[int]],
+        adapter: str | None = None,
+    ) -> list[list[float]]:
+        """Logprob of each candidate token id at each response position (candidates[t] at position
+        t, given the prompt and response_ids[:t]): a teacher's view of the student's top-K."""
         ...
 
     async def load_adapter(self, version: str, path: str) -> None: ...

@@ -53,6 +53,11 @@ class Call:
     tool_calls: list[dict[str, Any]] | None
     finish_reason: str
     timings: dict[str, float] = field(default_factory=dict)
+    # Logprob of each token under the distribution it was drawn from (temperature, top-p): the
+    # importance-weight reference. None: greedy, or the engine cannot report it.
+    sampling_logprobs: list[float] | None = None
+    top_ids: list[list[int]] | None = None  # T x K: the policy's K most likely tokens per position
+    top_logprobs: list[list[float]] | None = None  # T x K, temperature 1
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class SampleInputs:
     feedback: tuple[Feedback, ...]
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str = "stop"
+    top_ids: list[list[int]] | None = None  # recorded at serve time, for the teacher to score (top-K OPD)
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,11 @@ class JudgedSample:
     teacher_messages: list[dict[str, Any]] | None = None
     teacher_prompt_ids: list[int] | None = None
     teacher_logprobs: list[float] | None = None
+    teacher_top_logprobs: list[list[float]] | None = None  # T x K: the teacher's logprobs of calls.top_ids
+    # Positive evidence: the teacher's own reply under the hint, and the policy's logprobs of it
+    # in the original context (the sample's prompt, no hint).
+    evidence_ids: list[int] | None = None
+    evidence_logprobs: list[float] | None = None
     votes: tuple[VoteRecord, ...] = ()
 
 
@@ -131,6 +142,14 @@ class ReadySample:
     response_ids: list[int]
     behaviour_logprobs: list[float]
     teacher_logprobs: list[float] | None
+    sampling_logprobs: list[float] | None = None  # the importance-weight reference (see Call)
+    # Top-K OPD, T x K each: the policy's K most likely ids at serve time, their behaviour
+    # (temperature-1) logprobs, and the teacher's logprobs of the same ids. All three or none.
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+    teacher_top_logprobs: list[list[float]] | None = None
+    evidence_ids: list[int] | None = None  # see JudgedSample
+    evidence_logprobs: list[float] | None = None
     reward_source: str | None = None  # explicit | judge | none
     correction: str | None = None  # the person's correction, if any
 

@@ -38,6 +38,7 @@ from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
 from .engines import grammar
 from .feedback import FeedbackEvent, Hub, add_feedback_routes
 from .forget import forget, parse_time
+from .memory import inject
 from .store import ForgetScope, Store, StoreBusy
 
 if TYPE_CHECKING:
@@ -260,6 +261,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     async def status() -> dict:
         counts = await asyncio.to_thread(state.store.counts)
         last_step = await asyncio.to_thread(state.store.last_train_step)
+        notes = await asyncio.to_thread(state.store.memory_notes)
         return {
             "version": _version(),
             "model": state.engine.info.name,
@@ -282,6 +284,9 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
                 "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step
                 "last_step": last_step,
             },
+            # The preference notes main calls get in their system prompt (the extension's /clawback).
+            "memory": {"enabled": state.settings.memory, "notes": [{"note_id": n["note_id"], "text": n["text"]}
+                                                                   for n in notes]},
             "gate": await _gate_status(state),
             "store": {
                 "path": str(state.store.db_path),
@@ -299,6 +304,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
 
     add_feedback_routes(app, state)
     _add_adapter_routes(app, state)
+    _add_memory_routes(app, state)
     _add_forget_route(app, state)
     add_dashboard_routes(app, state)
     _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
@@ -306,6 +312,39 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
                            ("/v1/forget", "post"): ForgetBody})
 
     return Gate(app, state)
+
+
+def _add_memory_routes(app: FastAPI, state: AppState) -> None:
+    """The person's preference notes (daemon/memory.py): list, edit one, forget one or all."""
+
+    async def notes() -> dict:
+        return {"enabled": state.settings.memory, "max_notes": state.settings.memory_max_notes,
+                "data": await asyncio.to_thread(state.store.memory_notes)}
+
+    @app.get("/v1/memory")
+    async def list_notes() -> dict:
+        return await notes()
+
+    @app.put("/v1/memory/{note_id}")
+    async def edit_note(note_id: int, request: Request) -> dict:
+        raw = await _read_json(request, 64 * 1024)
+        text = raw.get("text") if isinstance(raw, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            raise ApiError(400, 'body must be {"text": "<the note>"} with a non-empty text', param="text")
+        if not await state.store.edit_note(note_id, text):
+            raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
+        return await notes()
+
+    @app.delete("/v1/memory/{note_id}")
+    async def forget_note(note_id: int) -> dict:
+        if not await state.store.forget_notes(note_id):
+            raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
+        return await notes()
+
+    @app.delete("/v1/memory")
+    async def forget_all() -> dict:
+        await state.store.forget_notes()
+        return await notes()
 
 
 class VersionBody(BaseModel):
@@ -467,7 +506,8 @@ INLINE_RENDER_BYTES = 16 * 1024
 
 @dataclass
 class _Prepared:
-    req: ChatRequest
+    req: ChatRequest  # as received (session pairing compares what the client sent)
+    served: ChatRequest  # as rendered for the model: with the preference notes, when any
     meta: CallMeta
     prompt_text: str
     prompt_ids: list[int]
@@ -506,12 +546,19 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         meta = parse_meta(request.headers, req)
     except MetaError as e:
         raise ApiError(400, str(e), param=e.param, code="invalid_value") from None
+    served = req
+    if meta.turn_type == "main" and state.settings.memory:
+        # The person's preference notes join the system prompt; the request is stored as served.
+        notes = [n["text"] for n in await asyncio.to_thread(state.store.memory_notes)]
+        if notes:
+            body = req.model_dump(exclude_none=True)
+            served = ChatRequest.model_validate({**body, "messages": inject(body["messages"], notes)})
     try:
         length = request.headers.get("content-length", "")  # absent when chunked: render off the loop
         if length.isdigit() and len(length) <= 6 and int(length) < INLINE_RENDER_BYTES:
-            prompt_text, prompt_ids = state.renderer.render(req)
+            prompt_text, prompt_ids = state.renderer.render(served)
         else:
-            prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, req)
+            prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, served)
     except Exception as e:  # the chat template rejected this conversation (role order etc.)
         raise ApiError(400, f"the model's chat template cannot render these messages: {e}",
                        param="messages", code="invalid_messages") from None
@@ -527,11 +574,25 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         max_tokens=min(wanted, ctx - len(prompt_ids)),  # the room left in the context
         seed=req.seed,
         stop_token_ids=state.engine.info.eos_token_ids,
-        top_logprobs=req.top_logprobs or 0,
+        # Main calls keep the policy's top-K per token too, for top-K OPD's teacher to score.
+        top_logprobs=max(req.top_logprobs or 0, state.settings.train_config().opd_top_k if meta.turn_type == "main" else 0),
         constraint=constraint,
     )
-    return _Prepared(req, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
+    return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
                      f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
+
+
+def _top_matrix(tokens: list[Token], field: str) -> list[list[Any]] | None:
+    """T x K `top_ids` or `top_logprobs`; None unless every position has the same K > 0."""
+    rows = [list(getattr(t, field)) for t in tokens]
+    widths = {len(r) for r in rows}
+    return rows if len(widths) == 1 and 0 not in widths else None
+
+
+def _sampling_logprobs(tokens: list[Token]) -> list[float] | None:
+    """Each token's logprob under the distribution it was drawn from; None if any is unknown (greedy)."""
+    values = [t.sampling_logprob for t in tokens]
+    return None if not values or None in values else [float(v) for v in values if v is not None]
 
 
 class _Run:
@@ -587,8 +648,9 @@ class _Run:
             text = decode([token_id])
             return {"token": text, "logprob": lp, "bytes": list(text.encode())}
 
+        n = self.p.req.top_logprobs or 0  # the engine may hold more: main calls keep top-K for OPD
         return {"content": [{**entry(t.id, t.logprob),
-                             "top_logprobs": [entry(i, lp) for i, lp in zip(t.top_ids, t.top_logprobs)]}
+                             "top_logprobs": [entry(i, lp) for i, lp in zip(t.top_ids[:n], t.top_logprobs[:n])]}
                             for t in self.tokens]}
 
     @property
@@ -606,8 +668,10 @@ class _Run:
             call_id=p.call_id, session_id=p.meta.session_id, turn_id=p.meta.turn_id,
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
-            adapter_version=parse_version(p.adapter), request=p.req.openai_body(), prompt_text=p.prompt_text,
+            adapter_version=parse_version(p.adapter), request=p.served.openai_body(), prompt_text=p.prompt_text,
             prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=[t.logprob for t in self.tokens],
+            sampling_logprobs=_sampling_logprobs(self.tokens), top_ids=_top_matrix(self.tokens, "top_ids"),
+            top_logprobs=_top_matrix(self.tokens, "top_logprobs"),
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,
             timings={"render_s": p.rendered - p.arrived, "ttft_s": ttft, "total_s": now - p.arrived,

@@ -264,6 +264,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_memory(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    url, headers = _daemon(args, s)
+    if args.action == "edit":
+        if args.note is None or not args.text:
+            raise ValueError("memory edit needs a note id and the new text: clawback memory edit 3 'Use short replies.'")
+        out = _call("PUT", f"{url}/v1/memory/{int(args.note)}", headers, {"text": " ".join(args.text)})
+    elif args.action == "forget":
+        if args.note is None:
+            raise ValueError("memory forget needs a note id, or 'all'")
+        target = "" if args.note == "all" else f"/{int(args.note)}"
+        out = _call("DELETE", f"{url}/v1/memory{target}", headers)
+    else:
+        out = _call("GET", f"{url}/v1/memory", headers)
+    print(f"memory {'on' if out['enabled'] else 'off'}: {len(out['data'])} of at most {out['max_notes']} notes")
+    for n in out["data"]:
+        print(f"{n['note_id']:>4}  {n['text']}  ({n['source']})")
+    return 0
+
+
 def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
     from . import export
     from .models import EMBEDDED_MODEL, find_gguf, resolve_model
@@ -306,6 +326,14 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_adapters)
+
+    p = sub.add_parser("memory", help="the preference notes learned from your corrections: list, edit, forget")
+    _settings_flags(p)
+    p.add_argument("action", choices=["list", "edit", "forget"])
+    p.add_argument("note", nargs="?", help="note id (forget: or 'all')")
+    p.add_argument("text", nargs="*", help="edit: the note's new text")
+    p.add_argument("--url", help="daemon URL (default from settings)")
+    p.set_defaults(fn=cmd_memory)
 
     p = sub.add_parser("dashboard", help="open the dashboard with a one-time login link")
     _settings_flags(p)

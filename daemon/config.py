@@ -74,7 +74,7 @@ def default_data_dir() -> Path:
 # "seed", the original OpenClaw-RL recipe: the teacher is the frozen base model + hint, the judge
 # sees only the reply and its next state, and samples without a signal count toward the batch.
 PRESET_SIGNALS: dict[str, dict[str, Any]] = {
-    "seed": {"teacher": "base", "judge_context": "response_only", "count_zero_signal": True},
+    "seed": {"teacher": "base", "judge_context": "response_only", "count_zero_signal": True, "hint_template": "hint"},
 }
 _TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -99,13 +99,22 @@ class TrainSettings(BaseModel):
     keep_versions: int = Field(default=5, ge=1)  # retention: the newest K good versions, plus pinned and live
     device: str = "auto"  # the trainer's torch device
     threads: int = Field(default=0, ge=0)  # torch threads of the trainer; 0 = from the CPU budget (see torch_threads)
+    # How the person's correction reaches the OPD teacher (daemon/samples.py HINT_TEMPLATES): its
+    # wording, and whether it goes into the last user message or the system prompt
+    # (bench/README.md, "In-context following").
+    hint_template: Literal["instruction", "hint"] | None = None  # None = the preset's (seed: hint, else instruction)
+    hint_placement: Literal["user", "system"] = "user"
+    # A reply cut by the token budget is no finished answer: drop its sample (reason cut_off). Off
+    # by default: a person's rating of a cut reply is still their signal about it.
+    drop_cut_replies: bool = False
 
     @model_validator(mode="after")
     def _overrides_are_train_config_fields(self) -> "TrainSettings":
         unknown = sorted(set(self.model_extra or {}) - _TRAIN_FIELDS)
         if unknown:
             raise ValueError(f"[train] has no setting {', '.join(unknown)}; besides enabled, preset, teacher, "
-                             f"count_zero_signal, keep_versions, device and threads it takes the fields of "
+                             f"count_zero_signal, keep_versions, device, threads, hint_template, "
+                             f"hint_placement and drop_cut_replies it takes the fields of "
                              f"TrainConfig: {', '.join(sorted(_TRAIN_FIELDS))}")
         self.config()  # a bad value is an error when the settings load, not at the first batch
         return self
@@ -160,6 +169,12 @@ class SignalConfig:
     concurrency: int = 2
     judge_context: Literal["full", "response_only"] = "full"
     count_zero_signal: bool = False
+    hint_template: Literal["instruction", "hint"] = "instruction"
+    hint_placement: Literal["user", "system"] = "user"
+    # Positive evidence: also generate the teacher's own (greedy) reply under the hint, so that a
+    # preference the policy never samples can still be learned (TrainConfig.evidence_weight > 0).
+    positive_evidence: bool = False
+    drop_cut_replies: bool = False  # see TrainSettings
 
 
 # The flat keys of earlier versions and where each lives in the tree; they load as before (toml,
@@ -271,6 +286,11 @@ class Settings(BaseSettings):
     # Forget sessions last seen more than this many days ago (as `clawback forget --before`); 0 = keep.
     retain_days: float = Field(0.0, ge=0)
 
+    # Preference notes from corrections and 👎 reasons, injected into main calls' system prompt
+    # (daemon/memory.py); at most memory_max_notes are kept.
+    memory: bool = True
+    memory_max_notes: int = Field(8, ge=1)
+
     # [train] and [judge]: what the daemon learns from and how (TrainSettings, JudgeSettings below).
     # The flat keys they replace (`method`, `lr`, `judge_url`, `train = false`, ...) still load:
     # LEGACY_KEYS maps each to its place in the tree.
@@ -327,6 +347,9 @@ class Settings(BaseSettings):
             count_zero_signal=(self.train.count_zero_signal if self.train.count_zero_signal is not None
                                else preset.get("count_zero_signal", False)),
             judge_context=j.context or preset.get("judge_context", "full"),
+            hint_template=self.train.hint_template or preset.get("hint_template", "instruction"),
+            hint_placement=self.train.hint_placement, drop_cut_replies=self.train.drop_cut_replies,
+            positive_evidence=self.train_config().evidence_weight > 0,
             judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,
             judge_timeout_s=j.timeout_s, judge_retries=j.retries, concurrency=j.concurrency)
 

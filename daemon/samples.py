@@ -19,24 +19,32 @@ It runs as a bounded pool of asyncio tasks beside the server, never on the servi
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
+import math
 from dataclasses import replace
 from typing import Any, Callable, Literal, Sequence
 
-from clawback.chat import ChatRenderer, ChatRequest
-from clawback.engine import Engine
+from clawback.chat import ChatRenderer, ChatRequest, append_text
+from clawback.engine import Engine, EngineError, Sampling
 from clawback.judge.backends import JudgeBackend
-from clawback.judge.prm import Vote, VoteOptions, judge_hint, judge_prm
-from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, parse_version
+from clawback.judge.prm import Vote, VoteOptions, candidate_hints, judge_hint, judge_prm
+from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, version_name
 
 from .config import SignalConfig
 from .store import Store
 
 log = logging.getLogger(__name__)
 
-# Appended to the last user message of the request to build the teacher context.
-HINT_FORMAT = "\n\n[Hint for a better reply] {hint}"
+# How the hint reaches the teacher. "instruction" states the person's correction as an
+# instruction about the reply to write, so the teacher writes that reply instead of answering a
+# complaint about an earlier one; "hint" is the OpenClaw-RL wording. Placement: appended to the
+# last user message ("user") or to the system prompt ("system"). bench/in_context_following.py
+# measures every combination per scenario (bench/README.md, "In-context following").
+HINT_TEMPLATES = {
+    "instruction": "When you write your reply, follow this instruction from the user about it: {hint}",
+    "hint": "[Hint for a better reply] {hint}",
+}
+HINT_FORMAT = "\n\n" + HINT_TEMPLATES["hint"]
 MAX_RAW_HINT_CHARS = 1000
 MAX_ATTEMPTS = 3
 
@@ -74,19 +82,26 @@ def latest_correction(feedback: Sequence[Feedback]) -> str | None:
     return texts[-1].strip() if texts else None
 
 
-def teacher_messages(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
-    """The request with the hint appended to its last user message (a new one if there is none)."""
-    out = copy.deepcopy(messages)
-    suffix = HINT_FORMAT.format(hint=hint)
-    for m in reversed(out):
-        if m.get("role") == "user":
-            if isinstance(m.get("content"), list):
-                m["content"].append({"type": "text", "text": suffix.lstrip("\n")})
-            else:
-                m["content"] = (m.get("content") or "") + suffix
-            return out
-    out.append({"role": "user", "content": suffix.lstrip("\n")})
-    return out
+def teacher_messages(messages: list[dict[str, Any]], hint: str, template: str = "hint",
+                     placement: str = "user") -> list[dict[str, Any]]:
+    """The request with the hint, worded by `template`, in the last user message or the system prompt."""
+    return append_text(messages, placement, HINT_TEMPLATES[template].format(hint=hint))
+
+
+def degenerate(response_ids: list[int], finish_reason: str | None, ngram: int = 6, repeats: int = 3) -> str | None:
+    """Why a reply cannot be trained on, or None: empty, cut off by the token budget (no finished
+    answer), or a repetition loop (some `ngram`-token run occurring `repeats` or more times)."""
+    if not response_ids:
+        return "empty_response"
+    if finish_reason == "length":
+        return "cut_off"
+    counts: dict[tuple[int, ...], int] = {}
+    for i in range(len(response_ids) - ngram + 1):
+        key = tuple(response_ids[i:i + ngram])
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] >= repeats:
+            return "repetition_loop"
+    return None
 
 
 def _vote_records(kind: Literal["prm", "hint"], backend_name: str, votes: Sequence[Vote]) -> list[VoteRecord]:
@@ -161,9 +176,10 @@ class SamplePipeline:
         votes: list[VoteRecord] = []
         sample = JudgedSample(call_id=call_id, revision=revision, state="dropped", method=cfg.method,
                               teacher=cfg.teacher)
-        degenerate = degenerate_reply(inp)
-        if degenerate is not None:
-            await self._write(replace(sample, reason=degenerate), votes)
+        why = degenerate_reply(inp) or degenerate(inp.response_ids,
+                                                  inp.finish_reason if self.cfg.drop_cut_replies else None)
+        if why is not None:
+            await self._write(replace(sample, reason=why), votes)
             return
         judge_kw: VoteOptions = {"m": cfg.judge_votes, "temperature": cfg.judge_temperature,
                                  "max_tokens": cfg.judge_max_tokens, "timeout_s": cfg.judge_timeout_s,
@@ -190,6 +206,9 @@ class SamplePipeline:
                 hv = await judge_hint(backend, messages, response, hint_evidence, **judge_kw)
                 votes += _vote_records("hint", backend.name, hv.votes)
                 hint, source = hv.hint, ("correction" if correction else "next_state")
+                candidates = candidate_hints(hv.votes)
+                if len(candidates) > 1 and inp.top_ids:
+                    hint = await self._closest_hint(inp, candidates, hint)
             if hint is None and correction:  # the person's own words are the best hint we have
                 hint, source = correction[:MAX_RAW_HINT_CHARS], "correction_raw"
             if hint is not None:
@@ -204,19 +223,66 @@ class SamplePipeline:
             self.on_ready({"call_id": call_id, "session_id": inp.session_id, "reward": reward,
                            "reward_source": reward_source, "hint": sample.hint is not None})
 
+    async def _closest_hint(self, inp: SampleInputs, candidates: list[str], default: str | None) -> str | None:
+        """Of several judge hints, the one under which the teacher puts the most probability on
+        the student's recorded top-K tokens (mean over positions): the hint whose teacher stays
+        closest to what the student does, so the distillation signal stays on the student's support."""
+        adapter = version_name(inp.adapter_version) if self.cfg.teacher == "self" else None
+        best, best_mass = candidates[0], -1.0
+        for hint in candidates:
+            msgs = teacher_messages(inp.request["messages"], hint, self.cfg.hint_template, self.cfg.hint_placement)
+            _, ids = await asyncio.to_thread(self.renderer.render, ChatRequest.model_validate({**inp.request, "messages": msgs}))
+            try:
+                rows = await self.engine.score_candidates(ids, inp.response_ids, inp.top_ids or [], adapter)
+            except EngineError:  # cannot compare (a model server, a version unloaded): the judge's pick
+                return default
+            mass = sum(sum(math.exp(lp) for lp in row) for row in rows) / max(len(rows), 1)
+            if mass > best_mass:
+                best, best_mass = hint, mass
+        return best
+
     async def _teacher(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
         """The sample with the teacher logprobs of the exact stored response ids under the hinted
-        context, or with the reason there are none."""
+        context and, where the engine can score them, of the policy's recorded top-K at each
+        position (top-K OPD); or with the reason there are none.
+
+        The self-teacher is the adapter version that served the call, so the teacher differs from
+        the behaviour policy by the hint alone; if that version is no longer loaded the sample has
+        no teacher (reason teacher_version_unloaded)."""
         assert sample.hint is not None
-        msgs = teacher_messages(inp.request["messages"], sample.hint)
+        msgs = teacher_messages(inp.request["messages"], sample.hint, self.cfg.hint_template, self.cfg.hint_placement)
         req = ChatRequest.model_validate({**inp.request, "messages": msgs})
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         if len(prompt_ids) + len(inp.response_ids) > self.engine.info.context_length:
             return replace(sample, reason="teacher_context_too_long")
-        adapter = self.engine.active_version() if self.cfg.teacher == "self" else None
+        adapter = version_name(inp.adapter_version) if self.cfg.teacher == "self" else None
+        if adapter is not None and adapter not in self.engine.loaded_versions():
+            return replace(sample, reason="teacher_version_unloaded")
         logprobs = await self.engine.score(prompt_ids, inp.response_ids, adapter)
-        return replace(sample, teacher_adapter=parse_version(adapter), teacher_messages=msgs,
-                       teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs)
+        top = None
+        if inp.top_ids:
+            try:
+                top = await self.engine.score_candidates(prompt_ids, inp.response_ids, inp.top_ids, adapter)
+            except EngineError as e:  # e.g. a model server: the sample trains token-level OPD
+                log.debug("no top-K teacher for %s: %s", inp.call_id, e)
+        sample = replace(sample, teacher_adapter=inp.adapter_version if adapter else None, teacher_messages=msgs,
+                         teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top)
+        return await self._evidence(inp, prompt_ids, adapter, sample) if self.cfg.positive_evidence else sample
+
+    async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], adapter: str | None,
+                        sample: JudgedSample) -> JudgedSample:
+        """The teacher's own greedy reply under the hinted context and the policy's logprobs of it
+        in the original context; none when that reply is degenerate (cut, empty, a loop)."""
+        room = self.engine.info.context_length - max(len(prompt_ids), len(inp.prompt_ids))
+        budget = min(2 * len(inp.response_ids) + 32, room)
+        if budget <= 0:
+            return sample
+        stops = self.engine.info.eos_token_ids
+        sampling = Sampling(temperature=0.0, max_tokens=budget, stop_token_ids=stops)
+        ids = [t.id async for t in self.engine.generate(prompt_ids, sampling, adapter, background=True)]
+        if degenerate(ids, "stop" if ids and ids[-1] in stops else "length") is not None:
+            return sample
+        return replace(sample, evidence_ids=ids, evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, adapter))
 
     async def _write(self, sample: JudgedSample, votes: list[VoteRecord]) -> bool:
         return await self.store.write_sample(replace(sample, votes=tuple(votes)))

@@ -56,7 +56,7 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
                                                     settings.train.threads)
     engine = build_engine(settings, model_dir, engine_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    store = Store(settings.db_path, queue_size=settings.store_queue_size)
+    store = Store(settings.db_path, queue_size=settings.store_queue_size, memory_max_notes=settings.memory_max_notes)
     renderer, hub = ChatRenderer(tokenizer), Hub()
     judge_name, judge = _judge(settings, engine, renderer, tokenizer)
     pipeline = SamplePipeline(store, engine, renderer, judge, settings.signal_config(),

@@ -31,6 +31,8 @@ import numpy as np
 
 from clawback.records import Call, Feedback, JudgedSample, ReadySample, SampleInputs, StepRecord, parse_version, version_name
 
+from . import memory
+
 log = logging.getLogger(__name__)
 
 _STOP = object()
@@ -47,11 +49,11 @@ def _marks(values: Any) -> str:
     return ", ".join("?" for _ in values)
 
 
-def ids_blob(ids: list[int]) -> bytes:
+def ids_blob(ids: list[int] | list[list[int]]) -> bytes:
     return np.asarray(ids, dtype="<i4").tobytes()
 
 
-def logprobs_blob(logprobs: list[float]) -> bytes:
+def logprobs_blob(logprobs: list[float] | list[list[float]]) -> bytes:
     return np.asarray(logprobs, dtype="<f4").tobytes()
 
 
@@ -61,6 +63,17 @@ def blob_ids(blob: bytes) -> list[int]:
 
 def blob_logprobs(blob: bytes) -> list[float]:
     return np.frombuffer(blob, dtype="<f4").tolist()
+
+
+def blob_rows(decode: Callable[[bytes], list], blob: bytes, rows: int) -> list[list]:
+    """A T x K matrix stored row-major as one blob."""
+    flat = decode(blob)
+    k = len(flat) // rows if rows else 0
+    return [flat[i * k:(i + 1) * k] for i in range(rows)]
+
+
+def _opt(decode: Callable[[bytes], list], blob: bytes | None) -> list | None:
+    return None if blob is None else decode(blob)
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -130,7 +143,8 @@ def _split_sql(sql: str) -> list[str]:
 CALL_COLUMNS = (
     "call_id", "session_id", "turn_id", "request_id", "turn_type", "state", "created_at", "finished_at", "model",
     "adapter_version", "request_json", "prompt_text", "prompt_ids", "response_ids", "behaviour_logprobs",
-    "response_text", "tool_calls_json", "finish_reason", "timings_json")
+    "response_text", "tool_calls_json", "finish_reason", "timings_json", "sampling_logprobs", "top_ids",
+    "top_logprobs")
 NEXT_STATE_COLUMNS = ("call_id", "next_call_id", "messages_json", "roles", "reply_matched", "created_at")
 FEEDBACK_COLUMNS = ("event_id", "kind", "session_id", "target", "text", "source", "ts", "received_at", "state",
                     "call_id", "reason", "payload")
@@ -158,8 +172,9 @@ class _Flush:
 
 
 class Store:
-    def __init__(self, db_path: Path, queue_size: int = 10_000) -> None:
+    def __init__(self, db_path: Path, queue_size: int = 10_000, memory_max_notes: int = 8) -> None:
         self.db_path = Path(db_path)
+        self.memory_max_notes = memory_max_notes
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self.db_path)
         self.schema_version = migrate(self._conn)
@@ -218,7 +233,7 @@ class Store:
 
     async def forget(self, scope: ForgetScope) -> dict[str, Any]:
         """Delete what was stored about the sessions in `scope` (calls, next states, feedback, votes,
-        samples, links, the sessions) and rewrite the database files so that none of it remains in
+        samples, the preference notes learned from them, links, the sessions) and rewrite the database files so that none of it remains in
         them; the event log keeps a tombstone with counts only. Returns the counts, the forgotten
         session ids and the adapter versions trained on the forgotten samples."""
         return await self._commit(_Write("forget", partial(self._write_forget, scope)))
@@ -247,6 +262,14 @@ class Store:
                 raise ValueError(f"unknown adapter state {state!r}")
             changes["state"] = state
         await self._commit(_Write("adapter_update", partial(self._write_adapter_update, version, changes)))
+
+    async def edit_note(self, note_id: int, text: str) -> bool:
+        """Replace a preference note's text (False: no such note)."""
+        return await self._commit(_Write("memory_edit", partial(self._write_note_edit, note_id, text)))
+
+    async def forget_notes(self, note_id: int | None = None) -> int:
+        """Delete one preference note, or all of them (None); returns how many went."""
+        return await self._commit(_Write("memory_forget", partial(self._write_forget_notes, note_id)))
 
     def _submit(self, write: _Write) -> bool:
         try:
@@ -400,7 +423,10 @@ class Store:
             "prompt_ids": ids_blob(c.prompt_ids), "response_ids": ids_blob(c.response_ids),
             "behaviour_logprobs": logprobs_blob(c.behaviour_logprobs), "response_text": c.response_text,
             "tool_calls_json": json.dumps(c.tool_calls) if c.tool_calls else None,
-            "finish_reason": c.finish_reason, "timings_json": json.dumps(c.timings)})
+            "finish_reason": c.finish_reason, "timings_json": json.dumps(c.timings),
+            "sampling_logprobs": None if c.sampling_logprobs is None else logprobs_blob(c.sampling_logprobs),
+            "top_ids": ids_blob(c.top_ids) if c.top_ids else None,
+            "top_logprobs": logprobs_blob(c.top_logprobs) if c.top_logprobs else None})
         self._event(f"call.{c.state}", c.call_id, {"session_id": c.session_id, "turn_type": c.turn_type})
         if c.turn_type == "main":
             self._resolve_orphans(c)
@@ -483,9 +509,60 @@ class Store:
             "received_at": received_at, "state": state, "call_id": call_id, "reason": reason,
             "payload": json.dumps(ev, ensure_ascii=False)})
         self._event(f"feedback.{state}", ev["event_id"], {"kind": kind, "call_id": call_id, "reason": reason})
+        if kind in ("correction", "thumbs_down") and (ev.get("text") or "").strip():
+            self._remember(ev["text"], kind, call_id, received_at)
         if call_id is not None and kind in SIGNAL_KINDS:
             self._want_sample(call_id, kind)
         return {"status": state, "call_id": call_id, "reason": reason}
+
+    # ---- preference notes (daemon/memory.py) ----
+
+    def _remember(self, text: str, source: str, call_id: str | None, now: float) -> None:
+        for note in memory.notes_from(text):
+            self._put_note(note, source, call_id, now)
+        # Bounded: the least recently confirmed notes go first.
+        self._conn.execute(
+            "DELETE FROM memory_notes WHERE note_id NOT IN "
+            "(SELECT note_id FROM memory_notes ORDER BY updated_at DESC, note_id DESC LIMIT ?)",
+            (self.memory_max_notes,))
+
+    def _put_note(self, text: str, source: str, call_id: str | None, now: float, replace_id: int | None = None) -> int:
+        """Insert a note; one on the same topic is replaced (newest wins). Returns its id."""
+        t = memory.topic(text)
+        if replace_id is not None:  # an edit: its new topic may now collide with another note
+            self._conn.execute("DELETE FROM memory_notes WHERE topic = ? AND note_id != ?", (t, replace_id))
+            self._conn.execute("UPDATE memory_notes SET text = ?, topic = ?, source = ?, updated_at = ? "
+                               "WHERE note_id = ?", (text, t, source, now, replace_id))
+            note_id = replace_id
+        else:
+            note_id = self._conn.execute(
+                "INSERT INTO memory_notes(text, topic, source, call_id, created_at, updated_at) VALUES (?,?,?,?,?,?) "
+                "ON CONFLICT(topic) DO UPDATE SET text = excluded.text, source = excluded.source, "
+                "call_id = excluded.call_id, updated_at = excluded.updated_at RETURNING note_id",
+                (text, t, source, call_id, now, now)).fetchone()[0]
+        self._event("memory.noted", str(note_id), {"source": source, "call_id": call_id})
+        return note_id
+
+    def _write_note_edit(self, note_id: int, text: str) -> bool:
+        if self._conn.execute("SELECT 1 FROM memory_notes WHERE note_id = ?", (note_id,)).fetchone() is None:
+            return False
+        self._put_note(" ".join(text.split())[: memory.MAX_NOTE_CHARS], "edit", None, time.time(), note_id)
+        return True
+
+    def _write_forget_notes(self, note_id: int | None) -> int:
+        """Delete one note, or every note (None); returns how many went."""
+        if note_id is None:
+            n = self._conn.execute("DELETE FROM memory_notes").rowcount
+        else:
+            n = self._conn.execute("DELETE FROM memory_notes WHERE note_id = ?", (note_id,)).rowcount
+        self._event("memory.forgotten", None if note_id is None else str(note_id), {"notes": n})
+        return n
+
+    def memory_notes(self) -> list[dict[str, Any]]:
+        """The person's preference notes, oldest first (the order they are injected in)."""
+        return self.read(lambda c: [dict(r) for r in c.execute(
+            "SELECT note_id, text, source, call_id, created_at, updated_at FROM memory_notes "
+            "ORDER BY created_at, note_id")])
 
     def _session_known(self, session_id: str) -> bool:
         return self._conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is not None
@@ -554,6 +631,12 @@ class Store:
             values["teacher_prompt_ids"] = ids_blob(sample.teacher_prompt_ids)
         if sample.teacher_logprobs is not None:
             values["teacher_logprobs"] = logprobs_blob(sample.teacher_logprobs)
+        if sample.teacher_top_logprobs is not None:
+            values["teacher_top_logprobs"] = logprobs_blob(sample.teacher_top_logprobs)
+        if sample.evidence_ids is not None:
+            values["evidence_ids"] = ids_blob(sample.evidence_ids)
+        if sample.evidence_logprobs is not None:
+            values["evidence_logprobs"] = logprobs_blob(sample.evidence_logprobs)
         assignments = ", ".join(f"{k} = ?" for k in values)
         cur = self._conn.execute(
             f"UPDATE samples SET {assignments}, updated_at = ? "
@@ -597,6 +680,8 @@ class Store:
         deleted: dict[str, int] = {}
         for table, where, args in (
             ("votes", f"call_id {in_c}", ()),
+            # preference notes learned from the forgotten replies; forgetting everything takes them all
+            ("memory_notes", "1" if scope.everything else f"call_id {in_c}", ()),
             ("samples", f"call_id {in_c}", ()),
             ("next_states", f"call_id {in_c} OR next_call_id {in_c}", ()),
             ("feedback_events", f"session_id {in_s} OR call_id {in_c}", ()),
@@ -722,16 +807,30 @@ class Store:
 
         def q(c: sqlite3.Connection) -> list[ReadySample]:
             rows = c.execute(
-                "SELECT s.call_id, s.reward, s.reward_source, s.correction, s.teacher_logprobs, c.prompt_ids, c.response_ids, "
-                "c.behaviour_logprobs, c.adapter_version FROM samples s JOIN calls c USING (call_id) "
+                "SELECT s.call_id, s.reward, s.reward_source, s.correction, s.teacher_logprobs, s.teacher_top_logprobs, s.evidence_ids, "
+                "s.evidence_logprobs, c.prompt_ids, c.response_ids, "
+                "c.behaviour_logprobs, c.sampling_logprobs, c.top_ids, c.top_logprobs, c.adapter_version "
+                "FROM samples s JOIN calls c USING (call_id) "
                 "WHERE s.state = 'ready' ORDER BY s.updated_at LIMIT ?", (limit,)).fetchall()
-            return [ReadySample(
-                call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
-                reward_source=r["reward_source"], correction=r["correction"],
-                prompt_ids=blob_ids(r["prompt_ids"]), response_ids=blob_ids(r["response_ids"]),
-                behaviour_logprobs=blob_logprobs(r["behaviour_logprobs"]),
-                teacher_logprobs=blob_logprobs(r["teacher_logprobs"]) if r["teacher_logprobs"] is not None else None,
-            ) for r in rows]
+            out = []
+            for r in rows:
+                T = len(r["response_ids"]) // 4
+                topk = r["teacher_top_logprobs"] is not None and r["top_ids"] is not None
+                out.append(ReadySample(
+                    call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
+                    reward_source=r["reward_source"], correction=r["correction"],
+                    prompt_ids=blob_ids(r["prompt_ids"]), response_ids=blob_ids(r["response_ids"]),
+                    behaviour_logprobs=blob_logprobs(r["behaviour_logprobs"]),
+                    teacher_logprobs=_opt(blob_logprobs, r["teacher_logprobs"]),
+                    sampling_logprobs=_opt(blob_logprobs, r["sampling_logprobs"]),
+                    # Top-K OPD needs all three; without the teacher's view the sample is token-level.
+                    top_ids=blob_rows(blob_ids, r["top_ids"], T) if topk else None,
+                    top_logprobs=blob_rows(blob_logprobs, r["top_logprobs"], T) if topk else None,
+                    teacher_top_logprobs=blob_rows(blob_logprobs, r["teacher_top_logprobs"], T) if topk else None,
+                    evidence_ids=_opt(blob_ids, r["evidence_ids"]),
+                    evidence_logprobs=_opt(blob_logprobs, r["evidence_logprobs"]),
+                ))
+            return out
 
         return self.read(q)
 
@@ -789,6 +888,8 @@ class Store:
                 response_text=call["response_text"],
                 tool_calls=json.loads(call["tool_calls_json"] or "null"),
                 finish_reason=call["finish_reason"],
+                top_ids=None if call["top_ids"] is None else blob_rows(
+                    blob_ids, call["top_ids"], len(call["response_ids"]) // 4),
                 next_state=json.loads(nxt[0]) if nxt else None,
                 feedback=tuple(Feedback(f["kind"], f["text"], f["received_at"]) for f in feedback),
             )

@@ -115,6 +115,16 @@ def majority(scores: Iterable[int | None]) -> int | None:
     return counts[0][0]
 
 
+def candidate_hints(votes: Iterable[Vote], limit: int = 3) -> list[str]:
+    """The distinct hints (over MIN_HINT_CHARS) of positive votes, in vote order, at most `limit`."""
+    out: list[str] = []
+    for vote in votes:
+        hint = (vote.hint or "").strip()
+        if vote.score == 1 and len(hint) > MIN_HINT_CHARS and hint not in out:
+            out.append(hint)
+    return out[:limit]
+
+
 def select_hint(votes: Iterable[Vote]) -> str | None:
     """The longest hint (over MIN_HINT_CHARS) among positive votes; the first such on a length tie."""
     best: str | None = None

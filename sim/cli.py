@@ -33,6 +33,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=SimConfig.max_tokens)
     p.add_argument("--temperature", type=float, default=SimConfig.temperature)
     p.add_argument("--eval-tasks", type=int, default=SimConfig.eval_tasks, help="0 = all held-out tasks")
+    p.add_argument("--eval-points", type=int, default=SimConfig.eval_points,
+                   help="greedy held-out evaluations after the start, evenly spaced (the probe runs on every version)")
+    p.add_argument("--kl-coef", type=float, default=SimConfig.kl_coef, help="KL-to-base anchor of the training methods")
     p.add_argument("--threads", type=int, default=SimConfig.threads, help="torch threads (default 1)")
     p.add_argument("--user-llm", help="an OpenAI-compatible base URL whose model plays the user instead of the "
                    "rules (key from $CLAWBACK_USER_LLM_KEY)")
@@ -90,7 +93,7 @@ async def _run(cell: Any, cfg: SimConfig, model_dir: Path, data_dir: Path, on_pr
 
 
 def _units(cfg: SimConfig, cell: Any) -> int:
-    return cfg.interactions if METHODS[cell.method].trains else 1
+    return cfg.interactions
 
 
 def _cell_process(cell: Any, cfg: SimConfig, model_dir: Path, out: Path, args: argparse.Namespace,
@@ -144,7 +147,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError("--seeds must be at least 1")
     cfg = SimConfig(interactions=args.interactions, batch_size=args.batch_size, lr=args.lr, lora_rank=args.lora_rank,
                     lora_alpha=2 * args.lora_rank, max_tokens=args.max_tokens, temperature=args.temperature,
-                    eval_tasks=args.eval_tasks, threads=args.threads, gate=not args.no_gate,
+                    eval_tasks=args.eval_tasks, eval_points=args.eval_points, kl_coef=args.kl_coef, threads=args.threads,
+                    gate=not args.no_gate,
                     user_llm=f"{args.user_llm_model}@{args.user_llm}" if args.user_llm else None)
     out = Path(args.out)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
@@ -176,8 +180,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             progress.done += _units(cfg, cell)
             record = read_cell(out, cell)
             assert record is not None  # the cell's process wrote it
+            met = sum(r["meets"] for r in record["interactions"])
             versions = record.get("versions", {})
             print(f"{cell.key}: score {record['curve'][0]['score']:.3f} -> {record['final_score']:.3f}, "
+                  f"{met}/{len(record['interactions'])} replies met the preference, "
                   f"{sum(s['outcome'] == 'committed' for s in record['steps'])} steps "
                   f"({len(versions.get('promoted', []))} promoted, {len(versions.get('refused', {}))} refused), "
                   f"{record['wall_s'] / 60:.1f} min",

@@ -8,9 +8,8 @@ runs on a `Settings` built here.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
 
 
 @dataclass(frozen=True)
@@ -18,6 +17,8 @@ class Method:
     name: str
     preset: str | None = None  # the daemon's [train] preset; None = no training
     keeps_own_lr: bool = False  # the preset's lr is part of the recipe (seed): --lr does not apply
+    memory: bool = False  # the person's preference notes in the prompt (the daemon's default is on)
+    train: dict[str, Any] = field(default_factory=dict)  # more [train] values (TrainConfig fields)
 
     @property
     def trains(self) -> bool:
@@ -26,13 +27,20 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("none"),  # the base model throughout: the baseline every curve starts from
+    # The daemon's defaults: combined top-K OPD + Binary RL, with preference notes in the prompt.
+    Method("default", "combined", memory=True),
+    Method("memory", memory=True),  # preference notes only, no training
     Method("binary", "binary"),
-    Method("opd", "opd"),
-    Method("combined", "combined"),
+    Method("opd", "opd"),  # top-K OPD (opd_top_k = 4)
+    Method("opd_token", "opd", train={"opd_top_k": 0}),  # OPD on the sampled token only
+    # Top-K OPD plus the teacher's own hinted reply as positive evidence (advantage 1 per token).
+    Method("opd_evidence", "opd", train={"evidence_weight": 1.0}),
+    Method("combined", "combined"),  # top-K, without memory
     # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
-    # PRESETS "seed"): combined advantage, teacher = the frozen base model + hint, a judge that sees
-    # only the reply and the next state, zero-signal samples counted toward the batch, no
-    # importance sampling correction, Adam lr 1e-5, weight decay 0.1, betas (0.9, 0.98).
+    # PRESETS "seed"): combined advantage on the sampled token with its hint wording, teacher = the
+    # frozen base model + hint, a judge that sees only the reply and the next state, zero-signal
+    # samples counted toward the batch, no importance sampling correction, Adam lr 1e-5, weight
+    # decay 0.1, betas (0.9, 0.98).
     Method("seed", "seed", keeps_own_lr=True),
 )}
 
@@ -49,14 +57,20 @@ def parse_methods(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class SimConfig:
-    interactions: int = 48  # tasks the simulated user sends (and reacts to) per cell
+    interactions: int = 48  # tasks (one session each) the simulated user sends and reacts to per cell
     batch_size: int = 4  # ready samples per training step
     lr: float = 1e-4  # binary/opd/combined; seed keeps its recipe's 1e-5
     lora_rank: int = 16
     lora_alpha: int = 32
-    max_tokens: int = 96  # per reply (training and eval)
+    # Per reply (training and eval): large enough that a finished reply is never cut (a cut reply
+    # fails every check; bench/README.md counts the cut ones).
+    max_tokens: int = 400
     temperature: float = 0.7  # replies during interactions (sampled with a per-request seed)
-    eval_tasks: int = 0  # held-out tasks scored after every version; 0 = all of the scenario's
+    eval_tasks: int = 0  # held-out tasks of the greedy evaluation; 0 = all of the scenario's
+    # Greedy evaluation on the held-out tasks before the first interaction and at this many evenly
+    # spaced points after it (the last at the end); the generation-free probe runs on every version.
+    eval_points: int = 2
+    kl_coef: float = 0.0  # KL-to-base anchor of every training method
     threads: int = 1  # torch threads for the engine and the trainer (they never run at once)
     # The simulated user: 👍 when a reply passes every check; below `thumbs_down_below` 👎 and a
     # correction; in between a correction alone, or, with probability `move_on`, no feedback at all
@@ -74,18 +88,22 @@ class SimConfig:
             raise ValueError("interactions, batch_size and max_tokens must be at least 1")
         if not (self.lr > 0 and 0 <= self.move_on <= 1 and 0 <= self.thumbs_down_below <= 1):
             raise ValueError("need lr > 0 and move_on, thumbs_down_below in [0, 1]")
-        if self.temperature < 0 or self.eval_tasks < 0 or self.threads < 0:
-            raise ValueError("temperature, eval_tasks and threads must not be negative")
+        if self.temperature < 0 or self.eval_tasks < 0 or self.threads < 0 or self.eval_points < 1:
+            raise ValueError("temperature, eval_tasks and threads must not be negative; eval_points >= 1")
+        if self.kl_coef < 0:
+            raise ValueError("kl_coef must not be negative")
 
     def settings_for(self, method: Method, seed: int) -> dict[str, Any]:
         """The `Settings` values of one cell besides its paths: the method's preset, the run's sizes."""
         train: dict[str, Any] = {"enabled": method.trains, "preset": method.preset or "combined",
                                  "batch_size": self.batch_size, "lora_rank": self.lora_rank,
-                                 "lora_alpha": self.lora_alpha, "seed": seed, "threads": self.threads}
+                                 "lora_alpha": self.lora_alpha, "seed": seed, "threads": self.threads,
+                                 "kl_coef": self.kl_coef, "drop_cut_replies": True, **method.train}
         if not method.keeps_own_lr:
             train["lr"] = self.lr
         return {"judge": {"backend": "off"}, "train": train, "default_max_tokens": self.max_tokens,
-                "torch_threads": self.threads, "gate": {} if self.gate else {"enabled": False, "guard_replies": 0}}
+                "torch_threads": self.threads, "memory": method.memory,
+                "gate": {} if self.gate else {"enabled": False, "guard_replies": 0}}
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

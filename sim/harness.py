@@ -8,8 +8,15 @@ actor (local_worker.py), handed to `build_state` as the trainer to start.
 
 The user waits for the daemon to settle after each reaction (its sample judged and, when a
 batch is full, the step trained and swapped in) before sending the next task, so a cell is
-reproducible and its curve does not depend on machine speed. After every new adapter version the
-held-out tasks are answered greedily (side calls, never trained) and rated.
+reproducible and its curve does not depend on machine speed.
+
+Each interaction is one session: a task, the policy's first reply, the user's reaction. Whether
+that reply meets the preference, session by session, gives sessions until adaptation
+(results.py). The generation-free probe (probe.py) runs on the base model and on every new
+version, over all held-out tasks; the held-out tasks (`eval_tasks` of them) are answered greedily
+(main calls in one-call sessions that end at once, so they see the preference notes like any
+main call and are never trained) before the first interaction and at `eval_points` evenly spaced
+points after it.
 """
 
 from __future__ import annotations
@@ -24,13 +31,16 @@ from typing import Any, Callable
 
 import httpx
 
+from clawback import __version__
 from clawback.daemon.config import Settings
 from clawback.daemon.server import build_state, daemon_app
 
 from .config import METHODS, SimConfig
 from .local_worker import in_thread_trainer
+from .probe import opener_mass
 from .raters import RuleRater
 from .scenarios import Task, scenario
+from .stamp import code_stamp
 from .user import SimulatedUser
 
 SETTLE_TIMEOUT_S = 1800.0  # a step on a busy 2-core laptop takes seconds; this only catches a hang
@@ -56,12 +66,14 @@ def _request_seed(seed: int, i: int) -> int:
 
 
 async def _chat(client: httpx.AsyncClient, messages: list[dict[str, Any]], headers: dict[str, str],
-                **sampling: Any) -> tuple[str, str]:
+                **sampling: Any) -> tuple[str, bool]:
+    """The reply's text and whether it finished (False: the token budget cut it)."""
     r = await client.post("/v1/chat/completions", json={"model": "clawback", "messages": messages, **sampling},
                           headers=headers)
     if r.status_code != 200:
         raise SimError(f"chat completion failed: {r.status_code} {r.text[:500]}")
-    return r.json()["choices"][0]["message"]["content"] or "", r.headers["x-clawback-call-id"]
+    choice = r.json()["choices"][0]
+    return choice["message"]["content"] or "", choice["finish_reason"] != "length"
 
 
 async def _feedback(client: httpx.AsyncClient, session: str, target: str, kind: str, text: str | None = None) -> None:
@@ -72,18 +84,24 @@ async def _feedback(client: httpx.AsyncClient, session: str, target: str, kind: 
         raise SimError(f"feedback {kind} failed: {r.status_code} {r.text[:500]}")
 
 
-async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...], max_tokens: int) -> dict[str, Any]:
-    """Greedy first replies to the held-out tasks, judged: the score and each check's pass rate."""
+async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...], max_tokens: int,
+                   point: int) -> dict[str, Any]:
+    """Greedy first replies to the held-out tasks, judged: the score, the share that meets the
+    preference, each check's pass rate, how many the budget cut."""
     judgements, replies = [], []
     for j, task in enumerate(tasks):
-        reply, _ = await _chat(client, [{"role": "user", "content": task.prompt}],
-                               {"x-session-id": f"eval-{j}", "x-turn-type": "side"},
-                               temperature=0.0, max_tokens=max_tokens)
-        judgements.append(await rater.judge(reply, task))
+        reply, complete = await _chat(client, [{"role": "user", "content": task.prompt}],
+                                      {"x-session-id": f"eval-{point}-{j}", "x-turn-type": "main",
+                                       "x-session-done": "true"},
+                                      temperature=0.0, max_tokens=max_tokens)
+        judgements.append(await rater.judge(reply, task, complete))
         replies.append(reply)
     names = judgements[0].checks or {}
     checks = {name: sum(bool(g.checks and g.checks[name]) for g in judgements) / len(judgements) for name in names}
-    return {"score": sum(g.score for g in judgements) / len(judgements), "checks": checks, "replies": replies}
+    n = len(judgements)
+    return {"score": sum(g.score for g in judgements) / n, "meets": sum(g.meets for g in judgements) / n,
+            "checks": checks, "cut": sum(g.gate == "cut" for g in judgements),
+            "meta": sum(g.gate == "meta" for g in judgements), "replies": replies}
 
 
 async def _settle(state: Any, batch_size: int) -> None:
@@ -110,7 +128,7 @@ def _train_steps(store: Any) -> list[dict[str, Any]]:
     import json
 
     keep = ("loss", "drift", "entropy", "adv", "ratio", "tis", "grad_norm", "reward_mean", "reward_pos",
-            "reward_neg", "clip_frac", "response_len", "step_time_s", "samples")
+            "reward_neg", "clip_frac", "response_len", "step_time_s", "samples", "kl", "topk_adv", "topk_clip")
     rows = store.read(lambda c: c.execute(
         "SELECT version, parent, samples, outcome, error, metrics, started_at, finished_at FROM train_steps "
         "ORDER BY step").fetchall())
@@ -141,7 +159,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
     """Run one cell in a fresh data dir; returns its result record (see results.py).
 
     `rater` judges replies for the user and for the score (default: the scenario's rules)."""
-    started = time.time()
+    started, code = time.time(), code_stamp()  # the code this process imported, before anything runs
     scen, method = scenario(cell.scenario), METHODS[cell.method]
     rater = rater or RuleRater(scen)
     eval_tasks = scen.eval[: cfg.eval_tasks] if cfg.eval_tasks else scen.eval
@@ -151,56 +169,72 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
     state = build_state(settings, in_thread_trainer(str(model_dir), settings.train_config(), cfg.threads))
     app = daemon_app(settings, state)
     curve: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
     interactions: list[dict[str, Any]] = []
     evals: dict[str, Any] = {}
+    marks = sorted({round(cfg.interactions * (k + 1) / cfg.eval_points) for k in range(cfg.eval_points)})
     transport = httpx.ASGITransport(app=app)
     fastapi_app = getattr(app, "app", app)  # daemon_app wraps FastAPI in its auth/counting gate
     async with fastapi_app.router.lifespan_context(fastapi_app), httpx.AsyncClient(
             transport=transport, base_url="http://clawback.sim", timeout=3600) as client:
 
+        async def probe_now(i: int) -> None:
+            mass = await opener_mass(state, scen, scen.eval)  # one forward pass a task: all of them
+            probes.append({"interaction": i, "version": state.adapters.live(), "mass": mass})
+
         async def score_now(i: int) -> None:
             version = state.adapters.live()
-            result = await evaluate(client, rater, eval_tasks, cfg.max_tokens)
-            curve.append({"interaction": i, "version": version, "score": result["score"], "checks": result["checks"]})
-            evals["before" if version is None else "last"] = {"version": version, "replies": result["replies"]}
+            result = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i)
+            curve.append({"interaction": i, "version": version, "score": result["score"], "meets": result["meets"],
+                          "checks": result["checks"], "cut": result["cut"], "meta": result["meta"]})
+            evals["before" if i == 0 else "last"] = {"interaction": i, "version": version, "replies": result["replies"]}
             on_progress({"interaction": i, "version": version, "score": result["score"]})
 
+        await probe_now(0)
         await score_now(0)
-        if method.trains:
-            user = SimulatedUser(scen, cell.seed, cfg.interactions, cfg.thumbs_down_below, cfg.move_on)
-            session = f"sim-{cell.scenario}-{cell.seed}"
-            for i, task in enumerate(user.tasks):
-                request_id = f"task-{i}"
-                headers = {"x-session-id": session, "x-turn-type": "main", "x-request-id": request_id}
-                reply, _ = await _chat(client, [{"role": "user", "content": task.prompt}], headers,
-                                       temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                                       seed=_request_seed(cell.seed, i))
-                await asyncio.to_thread(state.store.flush)  # the call is stored before it is rated
-                reaction = user.react(i, await rater.judge(reply, task))
-                if reaction.thumbs:
-                    await _feedback(client, session, request_id, reaction.thumbs)
-                if reaction.correction:
-                    await _feedback(client, session, request_id, "correction", reaction.correction)
-                live_before = state.adapters.live()
-                await _settle(state, cfg.batch_size)
-                interactions.append({"i": i, "adapter": live_before, "rating": round(reaction.judgement.score, 4),
-                                     "reaction": reaction.kind})
-                on_progress({"interaction": i + 1})
-                if state.adapters.live() != live_before:
-                    await score_now(i + 1)
-            await _feedback(client, session, "last", "session_end")
+        user = SimulatedUser(scen, cell.seed, cfg.interactions, cfg.thumbs_down_below, cfg.move_on)
+        session = f"sim-{cell.scenario}-{cell.seed}"
+        for i, task in enumerate(user.tasks):
+            request_id = f"task-{i}"
+            headers = {"x-session-id": session, "x-turn-type": "main", "x-request-id": request_id}
+            reply, complete = await _chat(client, [{"role": "user", "content": task.prompt}], headers,
+                                          temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                          seed=_request_seed(cell.seed, i))
+            await asyncio.to_thread(state.store.flush)  # the call is stored before it is rated
+            reaction = user.react(i, await rater.judge(reply, task, complete))
+            if reaction.thumbs:
+                await _feedback(client, session, request_id, reaction.thumbs)
+            if reaction.correction:
+                await _feedback(client, session, request_id, "correction", reaction.correction)
+            live_before = state.adapters.live()
             await _settle(state, cfg.batch_size)
+            interactions.append({"i": i, "adapter": live_before, "rating": round(reaction.judgement.score, 4),
+                                 "meets": reaction.judgement.meets, "gate": reaction.judgement.gate,
+                                 "reaction": reaction.kind})
+            on_progress({"interaction": i + 1})
+            # The probe on every new version, and where the greedy evaluation runs (the preference
+            # notes change the prompt without a new version).
+            if state.adapters.live() != live_before or i + 1 in marks:
+                await probe_now(i + 1)
+            if i + 1 in marks:
+                await score_now(i + 1)
+        await _feedback(client, session, "last", "session_end")
+        await _settle(state, cfg.batch_size)
         steps = await asyncio.to_thread(_train_steps, state.store)
         samples = await asyncio.to_thread(_sample_counts, state.store)
+        notes = await asyncio.to_thread(state.store.memory_notes)
         versions = _versions(await asyncio.to_thread(state.store.adapters))
     if curve[-1]["interaction"] != cfg.interactions:  # the curve runs to the end of the cell
         curve.append({**curve[-1], "interaction": cfg.interactions, "carried": True})
     return {
         "cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": rater.name,
-        "settings": cfg.settings_for(method, cell.seed), "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
-        "eval_tasks": len(eval_tasks), "curve": curve, "final_score": curve[-1]["score"],
+        "code": code, "clawback_version": __version__,
+        "settings": settings.model_dump(mode="json", exclude={"data_dir", "model", "config_file"}),
+        "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
+        "eval_tasks": len(eval_tasks), "curve": curve, "probe": probes, "final_score": curve[-1]["score"],
         "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),
-        "steps": steps, "samples": samples, "versions": versions, "eval_replies": evals,
+        "steps": steps, "samples": samples, "versions": versions, "memory_notes": [n["text"] for n in notes],
+        "eval_replies": evals,
         "wall_s": time.time() - started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from clawback.daemon.training import TrainerStarter
 from clawback.records import ReadySample, TrainResult
 from clawback.trainer.config import TrainConfig
+from clawback.trainer.worker import TrainerWorker  # at import: a cell runs the code its stamp hashed
 
 T = TypeVar("T")
 
@@ -66,8 +67,6 @@ def _trim() -> None:
 
 def in_thread_trainer(model_dir: str, cfg: TrainConfig, threads: int) -> TrainerStarter:
     def start() -> InThreadTrainer:  # blocking (model load): the training loop runs it in a thread
-        from clawback.trainer.worker import TrainerWorker
-
         # No adapters dir, as for the Ray actor: the worker keeps its own and versions reach the
         # daemon's dir as bytes (the same path as with a remote trainer).
         return InThreadTrainer(TrainerWorker(model_dir, cfg, None, "cpu", threads))

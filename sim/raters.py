@@ -24,6 +24,12 @@ class Judgement:
     score: float  # 0..1
     correction: str | None  # the user's words when the reply fell short; None when it was perfect
     checks: dict[str, bool] | None = None  # rule-based only: each check's outcome
+    gate: str | None = None  # rule-based only: "cut" | "meta" when the reply failed every check at once
+
+    @property
+    def meets(self) -> bool:
+        """The reply gives the person what they want (every check; a 10/10 from the LLM user)."""
+        return self.score >= 1
 
 
 class RuleRater:
@@ -32,13 +38,13 @@ class RuleRater:
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
 
-    def judge_now(self, reply: str, task: Task) -> Judgement:
-        rating = self.scenario.rate(reply, task)
+    def judge_now(self, reply: str, task: Task, complete: bool = True) -> Judgement:
+        rating = self.scenario.rate(reply, task, complete)
         return Judgement(rating.score, self.scenario.correction(rating) if rating.failed else None,
-                         {c.name: c not in rating.failed for c in self.scenario.checks})
+                         {c.name: c not in rating.failed for c in self.scenario.checks}, rating.gate)
 
-    async def judge(self, reply: str, task: Task) -> Judgement:
-        return self.judge_now(reply, task)
+    async def judge(self, reply: str, task: Task, complete: bool = True) -> Judgement:
+        return self.judge_now(reply, task, complete)
 
 
 USER_LLM_SYSTEM = """You play a person using an AI assistant. What you want: {description}.
@@ -60,8 +66,10 @@ class LLMRater:
         self.client = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s,
                                         transport=transport)
 
-    async def judge(self, reply: str, task: Task) -> Judgement:
+    async def judge(self, reply: str, task: Task, complete: bool = True) -> Judgement:
         s = self.scenario
+        if not complete:  # a cut reply fails, whoever rates it
+            return Judgement(0.0, f"{s.complaint} It was cut off. {s.preference}", gate="cut")
         messages = [{"role": "system", "content": USER_LLM_SYSTEM.format(description=s.description,
                                                                           preference=s.preference)},
                     {"role": "user", "content": f"The message you sent:\n{task.prompt}\n\nThe reply:\n{reply}"}]

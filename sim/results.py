@@ -2,10 +2,22 @@
 
 Layout under the output dir:
   cells/<scenario>/<method>/seed<k>.json   one finished cell (written atomically, never partial)
-  summary.json                             every scenario × method: curve mean and 95% interval
-  <scenario>.png                           score vs interactions, all methods side by side
-A curve is a step function: at interaction x the score is that of the newest version evaluated at
-or before x. Seeds are averaged per x; the interval is mean ± t(0.975, n−1)·sd/√n.
+  summary.json                             per scenario × method: adaptation, curves, paired differences
+  <scenario>.png                           probe and held-out score vs interactions, methods side by side
+
+Primary metric, **sessions until adaptation**: the 1-based number of the first session whose
+first reply meets the preference and is followed by two more that do (3 in a row). A run with no
+such streak is *not adapted*: it is counted as such and never enters a mean as a number.
+
+Methods are compared **paired**: the same seed means the same tasks, order and user coins, so
+per seed the difference method − comparator is taken and its mean gets a t-interval
+(mean ± t(0.975, n−1)·sd/√n). Sessions-until-adaptation differences use the seeds where both
+adapted (how many is reported beside them).
+
+A summary only ever holds cells of one code stamp (stamp.py): by default the newest cell's;
+cells of other code are listed as excluded, never mixed in.
+
+A curve is a step function: at interaction x the value is that of the newest point at or before x.
 """
 
 from __future__ import annotations
@@ -58,6 +70,26 @@ def all_cells(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/*/seed*.json"))]
 
 
+def stamp_of(cell: dict[str, Any]) -> str:
+    return (cell.get("code") or {}).get("stamp") or "unstamped"
+
+
+def sessions_to_adapt(meets: list[bool], streak: int = 3) -> int | None:
+    """1-based session where the first run of `streak` consecutive successes starts; None if none."""
+    run = 0
+    for i, ok in enumerate(meets):
+        run = run + 1 if ok else 0
+        if run == streak:
+            return i - streak + 2
+    return None
+
+
+# Comparisons reported as paired differences (method, comparator), when both have cells.
+COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combined"), ("memory", "none"),
+               ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
+               ("combined", "none"))
+
+
 def step_curve(curve: list[dict[str, Any]], interactions: int) -> list[float]:
     """Score at x = 0..interactions: the newest evaluation at or before x."""
     points = sorted((p["interaction"], p["score"]) for p in curve)
@@ -78,15 +110,50 @@ def mean_ci(values: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None) -> dict[str, Any]:
+def _probe_curve(m: dict[str, Any], n_int: int) -> list[float] | None:
+    points = [{"interaction": p["interaction"], "score": p["mass"]} for p in m.get("probe", []) if p["mass"] is not None]
+    return step_curve(points, n_int) if points else None
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, Any] | None:
+    """Mean of a[seed] − b[seed] over the seeds both have, with its 95% t-interval."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    diffs = [a[k] - b[k] for k in seeds]
+    m, lo, hi = mean_ci(diffs)
+    return {"seeds": seeds, "diffs": diffs, "mean": m, "low": lo, "high": hi}
+
+
+def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, stamp: str | None = None) -> dict[str, Any]:
+    if cells and stamp is None:  # the newest cell's code
+        stamp = stamp_of(max(cells, key=lambda c: c.get("finished_at", "")))
+    excluded = sorted(f"{c['cell']['scenario']}/{c['cell']['method']}/seed{c['cell']['seed']} ({stamp_of(c)})"
+                      for c in cells if stamp_of(c) != stamp)
+    cells = [c for c in cells if stamp_of(c) == stamp]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for c in cells:
         groups.setdefault((c["cell"]["scenario"], c["cell"]["method"]), []).append(c)
-    summary: dict[str, Any] = {"scenarios": {}, "missing": []}
+    commits = sorted({(c.get("code") or {}).get("commit") or "?" for c in cells})
+    summary: dict[str, Any] = {"code_stamp": stamp, "commits": commits, "excluded_other_code": excluded,
+                               "scenarios": {}, "paired": {}, "missing": []}
+    per_seed: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
     for (scen, method), members in sorted(groups.items()):
         n_int = max(m["config"]["interactions"] for m in members)
         curves = [step_curve(m["curve"], n_int) for m in members]
         per_x = [mean_ci([c[x] for c in curves]) for x in range(n_int + 1)]
+        probes = [p for p in (_probe_curve(m, n_int) for m in members) if p is not None]
+        adapt = {m["cell"]["seed"]: sessions_to_adapt([r["meets"] for r in m["interactions"]]) for m in members}
+        meets_rate = {m["cell"]["seed"]: statistics.fmean([r["meets"] for r in m["interactions"]])
+                      for m in members if m["interactions"]}
+        per_seed[(scen, method)] = {
+            "sessions_to_adapt": {k: float(v) for k, v in adapt.items() if v is not None},
+            "meets_rate": meets_rate,
+            "final_score": {m["cell"]["seed"]: m["curve"][-1]["score"] for m in members},
+            "probe_mean": {m["cell"]["seed"]: statistics.fmean(p) for m, p in
+                           ((m, _probe_curve(m, n_int)) for m in members) if p is not None},
+        }
+        adapted = [v for v in adapt.values() if v is not None]
         steps = [s for m in members for s in m["steps"] if s["outcome"] == "committed"]
 
         def avg(key: str) -> float | None:
@@ -96,7 +163,12 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None) -
         summary["scenarios"].setdefault(scen, {})[method] = {
             "seeds": sorted(m["cell"]["seed"] for m in members),
             "interactions": n_int,
+            "sessions_to_adapt": {str(k): v for k, v in sorted(adapt.items())},  # None = not adapted
+            "adapted": f"{len(adapted)}/{len(adapt)}",
+            "sessions_to_adapt_adapted": mean_ci([float(v) for v in adapted]) if adapted else None,
+            "meets_rate": mean_ci(list(meets_rate.values())) if meets_rate else None,
             "mean": [p[0] for p in per_x], "low": [p[1] for p in per_x], "high": [p[2] for p in per_x],
+            "probe_mean": [statistics.fmean(p[x] for p in probes) for x in range(n_int + 1)] if probes else None,
             "before": mean_ci([c[0] for c in curves]), "final": mean_ci([c[-1] for c in curves]),
             # The score averaged over the whole run (area under the curve / N): how soon it learned.
             "run_mean": mean_ci([statistics.fmean(c) for c in curves]),
@@ -110,13 +182,20 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None) -
             "mean_drift": avg("drift"), "mean_entropy": avg("entropy"),
             "wall_s_per_seed": [round(m["wall_s"], 1) for m in members],
         }
+    for scen in summary["scenarios"]:
+        for a, b in COMPARISONS:
+            if (scen, a) in per_seed and (scen, b) in per_seed:
+                summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = {
+                    metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
+                    for metric in ("sessions_to_adapt", "meets_rate", "final_score", "probe_mean")}
     have = {(c["cell"]["scenario"], c["cell"]["method"], c["cell"]["seed"]) for c in cells}
     summary["missing"] = [c.key for c in expected or [] if (c.scenario, c.method, c.seed) not in have]
     return summary
 
 
 def plot(summary: dict[str, Any], out: Path) -> list[Path]:
-    """One PNG per scenario: mean score vs interactions with its 95% band, one line per method."""
+    """One PNG per scenario: the probe on every version (left) and the held-out greedy score at the
+    evaluation points with its 95% band (right), one line per method, means over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,27 +203,27 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
 
     paths = []
     for scen, methods in summary["scenarios"].items():
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+        fig, (ax_p, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
         for method, s in methods.items():
             xs = list(range(len(s["mean"])))
-            line, = ax.step(xs, s["mean"], where="post", label=f"{method} (n={len(s['seeds'])})")
+            label = f"{method} (n={len(s['seeds'])}, adapted {s['adapted']})"
+            line, = ax_s.step(xs, s["mean"], where="post", label=label)
             if len(s["seeds"]) > 1:
-                ax.fill_between(xs, s["low"], s["high"], step="post", alpha=0.15, color=line.get_color())
+                ax_s.fill_between(xs, s["low"], s["high"], step="post", alpha=0.15, color=line.get_color())
+            if s.get("probe_mean"):
+                ax_p.step(xs, s["probe_mean"], where="post", color=line.get_color(), label=label)
         missing = [k for k in summary["missing"] if k.startswith(f"{scen}/")]
-        title = f"{scen}: held-out score vs interactions (mean, 95% interval over seeds)"
+        title = f"{scen} (code {summary['code_stamp']})"
         if missing:
-            by_method: dict[str, list[str]] = {}
-            for k in missing:
-                _, method, seed = k.split("/")
-                by_method.setdefault(method, []).append(seed.removeprefix("seed"))
-            text = "; ".join(f"{m} seed {','.join(s)}" for m, s in by_method.items())
-            title += "\n" + textwrap.fill(f"missing cells: {text}", 110)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("interactions")
-        ax.set_ylabel("score (0..1)")
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+            title += "\n" + textwrap.fill(f"missing cells: {', '.join(k.split('/', 1)[1] for k in missing)}", 120)
+        fig.suptitle(title, fontsize=9)
+        ax_p.set_title("probe: mass on rule-meeting openers (every version)", fontsize=9)
+        ax_s.set_title("held-out greedy score (mean, 95% interval over seeds)", fontsize=9)
+        for ax in (ax_p, ax_s):
+            ax.set_xlabel("interactions (sessions)")
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+        ax_s.legend(fontsize=7, loc="best")
         fig.tight_layout()
         path = out / f"{scen}.png"
         fig.savefig(path, dpi=110)
@@ -161,29 +240,41 @@ def write_summary(out: Path, expected: list[Cell]) -> tuple[dict[str, Any], list
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """Per scenario and method: seeds, score before/after with 95% intervals, steps, samples, time."""
+    """Per scenario and method: adaptation, the rate of replies meeting the preference during the
+    run, held-out score before/after, the probe; then the paired differences."""
 
-    def ci(t: list[float]) -> str:
+    def ci(t: list[float] | None, fmt: str = ".3f") -> str:
+        if t is None:
+            return "–"
         m, lo, hi = t
-        return f"{m:.3f}" if math.isnan(lo) else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+        return format(m, fmt) if math.isnan(lo) else f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
-    def opt(x: float | None, fmt: str) -> str:
-        return "–" if x is None else format(x, fmt)
+    def adapt(s: dict[str, Any]) -> str:
+        return ", ".join("not adapted" if v is None else str(v) for v in s["sessions_to_adapt"].values())
 
-    lines = ["| scenario | method | seeds | score before | score after N interactions (95% CI) "
-             "| mean score over the run (95% CI) | N | steps/seed | promoted/refused per seed | samples used/seed "
-             "| mean drift | mean entropy | wall min/cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Code stamp {summary['code_stamp']} (commits {', '.join(c[:10] for c in summary['commits'])}).", "",
+             "| scenario | method | seeds | sessions until adaptation, per seed | adapted | replies meeting the "
+             "preference during the run (95% CI) | held-out score before | after (95% CI) | probe before → after "
+             "| steps/seed | promoted/refused per seed | wall min/cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen, methods in summary["scenarios"].items():
         for method, s in methods.items():
             wall = statistics.fmean(s["wall_s_per_seed"]) / 60
             gated = ",".join(f"{p}/{r}" if g else "no gate" for p, r, g in
                              zip(s.get("promoted_per_seed", []), s.get("refused_per_seed", []), s.get("gate", [])))
+            probe = "–" if not s.get("probe_mean") else f"{s['probe_mean'][0]:.3f} → {s['probe_mean'][-1]:.3f}"
             lines.append(
-                f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {ci(s['before'])} | {ci(s['final'])} "
-                f"| {ci(s['run_mean'])} "
-                f"| {s['interactions']} | {','.join(map(str, s['steps_per_seed']))} "
-                f"| {gated} "
-                f"| {','.join(map(str, s['samples_used_per_seed']))} | {opt(s['mean_drift'], '.2g')} "
-                f"| {opt(s['mean_entropy'], '.2f')} | {wall:.1f} |")
+                f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {adapt(s)} | {s['adapted']} "
+                f"| {ci(s['meets_rate'])} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
+                f"| {','.join(map(str, s['steps_per_seed']))} | {gated} | {wall:.1f} |")
+    lines += ["", "| scenario | method − comparator | metric | seeds | per-seed differences | mean [95% CI] |",
+              "|---|---|---|---|---|---|"]
+    for scen, pairs in summary["paired"].items():
+        for name, metrics in pairs.items():
+            for metric, d in metrics.items():
+                if d is None:
+                    continue
+                lines.append(f"| {scen} | {name} | {metric} | {','.join(map(str, d['seeds']))} "
+                             f"| {', '.join(f'{x:+.3g}' for x in d['diffs'])} "
+                             f"| {ci([d['mean'], d['low'], d['high']], '+.3f')} |")
     return "\n".join(lines)

@@ -4,6 +4,11 @@ A scenario's rating of a reply is the fraction of its checks the reply passes (0
 is a plain, documented rule on the reply text, so a score can be recomputed by hand. Each check
 also carries what a person says when the reply fails it; the simulated user's correction is built
 from the failed checks only, so it states what it wanted, like a person would.
+
+Two gates come before the checks, so that no rule can be passed by accident: a reply that was cut
+by the token budget (finish_reason "length") and a reply that talks to the person about their
+feedback (apologising, acknowledging, promising to do better) fail every check. A reply *meets the
+preference* when it passes every check; sessions until adaptation count those (sim/results.py).
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ class Check:
 class Rating:
     score: float  # fraction of checks passed
     failed: tuple[Check, ...]
+    gate: str | None = None  # "cut" | "meta": why every check failed at once
+
+    @property
+    def meets(self) -> bool:
+        return not self.failed
 
 
 @dataclass(frozen=True)
@@ -43,15 +53,24 @@ class Scenario:
     eval: tuple[Task, ...]
     checks: tuple[Check, ...]
     complaint: str  # how the correction starts ("That looks AI-written.")
+    # The generation-free probe (sim/probe.py): does a first token of the reply, as text, open a
+    # reply that meets the preference? None: the scenario's rules are not about the opening.
+    good_opener: Callable[[str], bool] | None = None
 
-    def rate(self, reply: str, task: Task) -> Rating:
+    def rate(self, reply: str, task: Task, complete: bool = True) -> Rating:
+        gate = "cut" if not complete else ("meta" if talks_about_feedback(reply) else None)
+        if gate:
+            return Rating(0.0, self.checks, gate)
         failed = tuple(c for c in self.checks if not c.passes(reply, task))
         return Rating(1 - len(failed) / len(self.checks), failed)
 
     def correction(self, rating: Rating) -> str:
-        """The user's own words: the complaint, then one request per failed check."""
+        """The user's own words: the complaint, then one request per failed check (a reply that
+        was cut off or talked about the feedback is told so first)."""
         asks = [c.ask for c in rating.failed]
-        return f"{self.complaint} Please {_join(asks)}."
+        lead = {"cut": " It was cut off.", "meta": " Just answer, don't talk about my feedback."}.get(
+            rating.gate or "", "")
+        return f"{self.complaint}{lead} Please {_join(asks)}."
 
     @property
     def preference(self) -> str:
@@ -82,6 +101,20 @@ ENCOURAGING = ("great", "good", "nice", "well done", "excellent", "keep it up", 
                "good job", "great job", "nice work", "impressive", "brilliant")
 
 
+# Talking to the person about their feedback instead of doing the task: apologising,
+# acknowledging, promising. A reply like "I'm glad you're happy with your student's answer. I'll
+# make sure to provide a more accurate..." answers the complaint, not the message.
+_META = re.compile(
+    r"\b(?:sorry|apologi[sz]e|apologies|feedback|my (?:previous|last|earlier) (?:reply|answer|response|comment)"
+    r"|i(?:'ll| will) (?:make sure|keep (?:that|this) in mind|try to|do better)|you(?:'re| are) right"
+    r"|thank(?:s| you) for (?:the|your) (?:feedback|correction|hint|note|reminder)"
+    r"|glad you(?:'re| are) happy|as you (?:asked|requested)|hint)\b", re.IGNORECASE)
+
+
+def talks_about_feedback(text: str) -> bool:
+    return bool(_META.search(text))
+
+
 def has_digit(text: str) -> bool:
     return bool(re.search(r"\d", text))
 
@@ -103,20 +136,27 @@ def _student_task(p) -> Task:
     return Task(f"Can you help me with my homework? {p.question}", (p.answer,), p.unit)
 
 
+# Guards the other checks against an empty or evasive reply scoring full marks.
+SHOWS_WORK = Check("shows_work", lambda r, t: len(words(r)) >= 12 and has_digit(r),
+                   "write the work out in plain sentences with the numbers")
+
 STUDENT_CHECKS = (
     Check("no_bold", lambda r, t: not _BOLD.search(r), "don't use bold"),
     Check("no_headers", lambda r, t: not _HEADER.search(r), "don't use headers"),
     Check("no_numbered_steps", lambda r, t: not _NUMBERED.search(r), "don't use numbered lists or numbered steps"),
     Check("no_bullets", lambda r, t: not _BULLET.search(r), "don't use bullet points"),
     Check("no_ai_phrases", lambda r, t: not _AI_PHRASES.search(r), "don't end with answer labels like 'Final answer:', 'The answer is:' or '#### 7'"),
-    # Guards the others against an empty or evasive reply scoring full marks.
-    Check("shows_work", lambda r, t: len(words(r)) >= 12 and has_digit(r),
-          "write the work out in plain sentences with the numbers"),
+    # What a tutor does and the base model does not (bench/README.md, "In-context following").
+    Check("asks_back", lambda r, t: r.rstrip(" \n*_").endswith("?"),
+          "end with a question that checks I understood"),
+    SHOWS_WORK,
 )
 
 
 def _answer_numbers(a) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(re.findall(r"\d+", a.answer)))
+    """Numbers the student wrote that are not in the problem: echoing the problem is not specific."""
+    given = set(re.findall(r"\d+", a.problem.question))
+    return tuple(n for n in dict.fromkeys(re.findall(r"\d+", a.answer)) if n not in given)
 
 
 def _teacher_task(a) -> Task:
@@ -127,7 +167,8 @@ def _teacher_task(a) -> Task:
 
 TEACHER_CHECKS = (
     Check("specific", lambda r, t: mentions_a_number_of(r, t),
-          "refer to a specific step or number from the student's answer"),
+          "refer to a specific step or number from the student's answer (one they worked out, not one "
+          "from the problem)"),
     Check("friendly", lambda r, t: encouraging(r), "be friendly and encouraging (say what they did well)"),
     Check("length", lambda r, t: 15 <= len(words(r)) <= 80, "keep it between 15 and 80 words"),
 )
@@ -143,13 +184,15 @@ _teacher_train, _teacher_eval = _split(STUDENT_ANSWERS, EVAL_ANSWERS, _teacher_t
 
 STUDENT = Scenario(
     "student", "homework help that must not look AI-written: no bold, headers, numbered steps, bullets "
-    "or 'Final answer'; the work in plain sentences",
-    _student_train, _student_eval, STUDENT_CHECKS, "That looks AI-written.")
+    "or 'Final answer'; the work in plain sentences, ending with a question that checks understanding",
+    _student_train, _student_eval, STUDENT_CHECKS, "That looks AI-written.",
+    good_opener=lambda tok: not re.match(r"\s*(?:#|\*|-|•|\d+[.)]|step\b)", tok, re.IGNORECASE))
 
 TEACHER = Scenario(
     "teacher", "grading comments that are specific (name a number from the answer), friendly "
     "(an encouraging word) and 15-80 words long",
-    _teacher_train, _teacher_eval, TEACHER_CHECKS, "That comment is not what I need.")
+    _teacher_train, _teacher_eval, TEACHER_CHECKS, "That comment is not what I need.",
+    good_opener=lambda tok: encouraging(tok.strip()) and len(tok.strip()) > 2)
 
 # Candidate preferences for the third scenario, measured by bench/in_context_following.py: the
 # rate at which the base model follows each when told in context, against its rate untold.
@@ -166,7 +209,8 @@ CANDIDATE_CHECKS = {
 # "In-context following": 0.00 untold, 0.88 told), so OPD's teacher really differs from the student.
 SURE = Scenario(
     "sure", "homework help that opens with 'Sure!' and shows the work",
-    _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], STUDENT_CHECKS[-1]), "Hmm.")
+    _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], SHOWS_WORK), "Hmm.",
+    good_opener=lambda tok: tok.strip().lower().startswith("sure"))
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE)}
 

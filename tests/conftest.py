@@ -60,6 +60,29 @@ def tiny_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFa
                            intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
 
 
+@pytest.fixture(scope="session")
+def ending_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama made to end its replies after a token or two: a random model never
+    samples its end token by chance, and a reply cut by the token budget is not trained on. A
+    large constant in one residual dimension (an attention output bias) meets a matching weight in
+    the end token's (tied) embedding row, so that token's logit is about 8 nats above the rest."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from clawback.engine import read_model_info
+
+    out = make_tiny_llama(embedded_model_dir, tmp_path_factory.mktemp("ending-llama"), hidden_size=32,
+                          intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, attention_bias=True)
+    model = LlamaForCausalLM.from_pretrained(str(out))
+    with torch.no_grad():
+        model.model.layers[-1].self_attn.o_proj.bias.zero_()[0] = 100.0
+        model.model.norm.weight[0] = 1.0
+        for eos in read_model_info(out).eos_token_ids:
+            model.model.embed_tokens.weight[eos, 0] = 1.5
+    model.save_pretrained(str(out))
+    return out
+
+
 class DaemonProcess:
     """`clawback serve` as a child process, exactly as a user runs it."""
 

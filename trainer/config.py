@@ -25,6 +25,20 @@ class TrainConfig:
     method: Method = "combined"
     w_binary: float = 1.0
     w_opd: float = 1.0
+    # Top-K OPD (opd, combined): the OPD term covers the policy's K most likely tokens at each
+    # response position (recorded at serve time, scored by the teacher under the hinted context),
+    # not only the sampled one. For each such token k: A_k = w_opd·clip(teacher_k − behaviour_k,
+    # −opd_clip, opd_clip), and the position's loss is −Σ_k π(k)·A_k (gradient Σ_k π(k)·A_k·∇log π(k),
+    # the expectation of the sampled-token estimator over those K tokens), times its TIS weight.
+    # A sample without recorded top-K (an engine that cannot score candidates) trains token-level.
+    # 0 = token-level OPD: A_t = w_opd·(teacher_t − behaviour_t) on the sampled token, unclipped.
+    opd_top_k: int = 4
+    opd_clip: float = 1.0
+    # Positive evidence (opd, combined): a sample that carries the teacher's own reply under the
+    # hint adds that reply as one more row of the batch, in the sample's original context, with
+    # A_t = evidence_weight on every token (weighted distillation of the teacher's reply; its
+    # behaviour logprobs are the policy's own, so the importance weight is 1). 0 = off.
+    evidence_weight: float = 0.0
 
     # PPO clipped surrogate on ratio = exp(logp_new − logp_old), clipped to [1−clip_low, 1+clip_high].
     clip_low: float = 0.2
@@ -33,7 +47,8 @@ class TrainConfig:
     # min(exp(logp_old − logp_behaviour), tis_cap), detached. It corrects for samples served by
     # an older adapter (and for engine/trainer numeric drift). None turns the correction off.
     tis_cap: float | None = 2.0
-    # KL penalty to the base model (the adapter disabled), added per token as kl_coef·k3 with the
+    # KL penalty to the base model (the adapter disabled): an anchor that keeps the policy near
+    # what it was, added per token as kl_coef·k3 with the
     # low-variance "k3" estimator k3 = exp(ref − logp) − (ref − logp) − 1 ≥ 0 (Schulman, "Approximating
     # KL divergence"), on the sampled tokens. 0 disables it and skips the reference forward pass.
     # This is the only place the KL coefficient is defined.
@@ -71,6 +86,8 @@ class TrainConfig:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
         if self.tis_cap is not None and self.tis_cap < 1:
             raise ValueError("tis_cap must be >= 1 (or None to disable)")
+        if self.opd_top_k < 0 or self.opd_clip <= 0 or self.evidence_weight < 0:
+            raise ValueError("need opd_top_k >= 0, opd_clip > 0 and evidence_weight >= 0")
         if self.lora_rank < 1 or self.batch_size < 1 or self.micro_batch_tokens < 1:
             raise ValueError("lora_rank, batch_size and micro_batch_tokens must be positive")
 
@@ -94,7 +111,7 @@ PRESETS: dict[str, TrainConfig] = {
     # design: its OPD baseline was the trainer's recomputed logprob (so drift leaked into A_t),
     # and it summed per-sample means over the batch where we average them (a constant lr factor).
     "seed": TrainConfig(
-        method="combined", tis_cap=None, kl_coef=0.0, lr=1e-5, weight_decay=0.1, betas=(0.9, 0.98)
+        method="combined", tis_cap=None, kl_coef=0.0, lr=1e-5, weight_decay=0.1, betas=(0.9, 0.98), opd_top_k=0
     ),
 }
 

@@ -21,15 +21,33 @@ def advantages(
     *,
     w_binary: float,
     w_opd: float,
+    bonus_B: Tensor | None = None,
 ) -> Tensor:
-    """A_t = w_binary·r + w_opd·(teacher_t − behaviour_t), zero on padding.
+    """A_t = w_binary·r + w_opd·(teacher_t − behaviour_t) (+ bonus_B per sample), zero on padding.
 
     Binary RL is w_opd = 0, OPD is w_binary = 0 (TrainConfig.advantage_weights). The OPD baseline
     is the recorded behaviour logprob, not the trainer's recomputed one, so engine/trainer drift
     does not leak into the advantage. Pass teacher = behaviour for a sample without a teacher.
     """
     adv_B_T = w_binary * reward_B[:, None] + w_opd * (teacher_logp_B_T - behaviour_logp_B_T)
+    if bonus_B is not None:  # positive evidence rows (TrainConfig.evidence_weight)
+        adv_B_T = adv_B_T + bonus_B[:, None]
     return torch.where(mask_B_T.bool(), adv_B_T, 0.0)
+
+
+def topk_advantages(
+    teacher_B_T_K: Tensor, behaviour_B_T_K: Tensor, mask_B_T: Tensor, *, w_opd: float, clip: float
+) -> Tensor:
+    """A_k = w_opd·clip(teacher_k − behaviour_k, −clip, clip) for each of the K tokens, 0 on padding."""
+    adv = w_opd * (teacher_B_T_K - behaviour_B_T_K).clamp(-clip, clip)
+    return torch.where(mask_B_T.bool()[..., None], adv, 0.0)
+
+
+def topk_policy_term(logp_B_T_K: Tensor, adv_B_T_K: Tensor) -> Tensor:
+    """Per position −Σ_k π(k)·A_k with π(k) detached in the weight: its gradient is
+    −Σ_k π(k)·A_k·∇log π(k), the sampled-token policy gradient in expectation over the K tokens."""
+    weight = logp_B_T_K.detach().exp() * adv_B_T_K
+    return -(weight * logp_B_T_K).sum(-1)
 
 
 def masked_mean(x_B_T: Tensor, mask_B_T: Tensor) -> Tensor:
@@ -57,13 +75,19 @@ def policy_loss(
     kl_coef: float = 0.0,
     entropy_B_T: Tensor | None = None,
     entropy_coef: float = 0.0,
+    topk_B_T: Tensor | None = None,
+    sampling_logp_B_T: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per token: tis·max(−ratio·A, −clip(ratio)·A) + kl_coef·k3 − entropy_coef·H; token-mean per
     sample, then mean over the batch.
 
     logp: current policy, with grad. old: the same policy before this update (no grad).
     behaviour: what the serving engine recorded when it sampled the token. ref: the base model,
-    needed only when kl_coef > 0. entropy: full-vocabulary entropy at each position.
+    needed only when kl_coef > 0. entropy: full-vocabulary entropy at each position. topk: the
+    top-K OPD term per position (topk_policy_term). sampling: the logprob of each token under the
+    distribution it was actually drawn from (temperature, top-p); when given, the TIS weight is
+    min(exp(old − sampling), tis_cap), which corrects for sampling at a temperature other than 1
+    as well as for staleness; without it the weight is against `behaviour` (temperature 1).
 
     Metrics are 0-dim detached tensors, token-means over all real tokens of the batch:
     clip_low / clip_high (fraction of tokens whose gradient the clip removed on that side),
@@ -79,8 +103,11 @@ def policy_loss(
     if tis_cap is None:
         tis_B_T = torch.ones_like(pg_B_T)
     else:
-        tis_B_T = torch.exp(old_logp_B_T - behaviour_logp_B_T.detach()).clamp(max=tis_cap)
+        reference_B_T = behaviour_logp_B_T if sampling_logp_B_T is None else sampling_logp_B_T
+        tis_B_T = torch.exp(old_logp_B_T - reference_B_T.detach()).clamp(max=tis_cap)
     per_token_B_T = tis_B_T * pg_B_T
+    if topk_B_T is not None:  # a sum over actions, not a sampled one: no importance weight
+        per_token_B_T = per_token_B_T + topk_B_T
 
     kl_B_T = None
     if ref_logp_B_T is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, cast
 
 import torch
 from transformers import PreTrainedModel
@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from clawback.adapter_format import lora_targets
 
 from .config import TrainConfig
-from .losses import advantages, policy_loss
+from .losses import advantages, policy_loss, topk_advantages, topk_policy_term
 
 
 class TrainSample(Protocol):
@@ -29,6 +29,8 @@ class TrainSample(Protocol):
     def reward(self) -> float: ...
     @property
     def teacher_logprobs(self) -> Sequence[float] | None: ...  # None: no teacher
+    # Optional (read with getattr): sampling_logprobs, and top_ids / top_logprobs /
+    # teacher_top_logprobs for top-K OPD; see `Sample`.
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,30 @@ class Sample:
     behaviour_logprobs: Sequence[float]  # temperature-1 logprobs of the policy that served them
     reward: float
     teacher_logprobs: Sequence[float] | None = None
+    # Logprobs under the distribution actually sampled from (temperature, top-p): the TIS reference.
+    sampling_logprobs: Sequence[float] | None = None
+    # Top-K OPD, T x K each: the policy's K most likely ids at serve time, their behaviour
+    # (temperature-1) logprobs, and the teacher's logprobs of the same ids. All three or none.
+    top_ids: Sequence[Sequence[int]] | None = None
+    top_logprobs: Sequence[Sequence[float]] | None = None
+    teacher_top_logprobs: Sequence[Sequence[float]] | None = None
+    # Positive evidence: the teacher's own reply under the hint and the policy's logprobs of it
+    # (no hint); `with_evidence` turns it into a row of its own. `bonus` is that row's advantage.
+    evidence_ids: Sequence[int] | None = None
+    evidence_logprobs: Sequence[float] | None = None
+    bonus: float = 0.0
+
+
+def with_evidence(samples: Sequence[TrainSample], weight: float) -> list[Any]:
+    """The samples plus, for each that carries positive evidence, a row of the teacher's reply in
+    the sample's own context with advantage `weight` on every token (no OPD term, no reward)."""
+    out: list[Any] = list(samples)
+    if weight > 0:
+        for s in samples:
+            ids, lps = getattr(s, "evidence_ids", None), getattr(s, "evidence_logprobs", None)
+            if ids and lps and len(ids) == len(lps):
+                out.append(Sample(s.prompt_ids, ids, lps, 0.0, lps, bonus=weight))
+    return out
 
 
 def make_lora_model(base_model: PreTrainedModel, cfg: TrainConfig) -> Any:
@@ -94,7 +120,14 @@ def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[lis
     return out
 
 
-def collate(samples: Sequence[TrainSample], device: torch.device) -> dict[str, torch.Tensor]:
+def has_topk(s: Any, k: int) -> bool:
+    """The sample carries at least k recorded top tokens per position, with the teacher's view."""
+    rows = getattr(s, "top_ids", None)
+    return bool(k and rows and getattr(s, "teacher_top_logprobs", None) and getattr(s, "top_logprobs", None)
+                and len(rows) == len(s.response_ids) and all(len(r) >= k for r in rows))
+
+
+def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0) -> dict[str, torch.Tensor]:
     """Prompts right-aligned at column C, responses left-aligned from C:
 
         [pad pad p p p | r r r pad]
@@ -110,16 +143,31 @@ def collate(samples: Sequence[TrainSample], device: torch.device) -> dict[str, t
     ids_B_L = torch.zeros(B, C + T, dtype=torch.long)
     attn_B_L = torch.zeros(B, C + T, dtype=torch.long)
     behaviour_B_T = torch.zeros(B, T)
+    sampling_B_T = torch.zeros(B, T)
     teacher_B_T = torch.zeros(B, T)
+    K = max(top_k, 1)
+    top_ids_B_T_K = torch.zeros(B, T, K, dtype=torch.long)
+    top_behaviour_B_T_K = torch.zeros(B, T, K)
+    top_teacher_B_T_K = torch.zeros(B, T, K)
+    topk_B = torch.zeros(B)
     for i, s in enumerate(samples):
         P, R = len(s.prompt_ids), len(s.response_ids)
         ids_B_L[i, C - P : C] = torch.tensor(list(s.prompt_ids))
         ids_B_L[i, C : C + R] = torch.tensor(list(s.response_ids))
         attn_B_L[i, C - P : C + R] = 1
         behaviour_B_T[i, :R] = torch.tensor(list(s.behaviour_logprobs))
-        # No teacher: teacher = behaviour, so the OPD term of the advantage is exactly 0.
-        teacher = s.teacher_logprobs if s.teacher_logprobs is not None else s.behaviour_logprobs
+        sampled = getattr(s, "sampling_logprobs", None)
+        sampling_B_T[i, :R] = torch.tensor(list(sampled if sampled is not None else s.behaviour_logprobs))
+        # No teacher, or a top-K teacher: the sampled-token OPD term is exactly 0 (teacher = behaviour).
+        use_topk = has_topk(s, top_k)
+        teacher = s.teacher_logprobs if s.teacher_logprobs is not None and not use_topk else s.behaviour_logprobs
         teacher_B_T[i, :R] = torch.tensor(list(teacher))
+        if use_topk:
+            topk_B[i] = 1.0
+            top = cast(Any, s)  # has_topk: it carries all three
+            top_ids_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.top_ids])
+            top_behaviour_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.top_logprobs])
+            top_teacher_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.teacher_top_logprobs])
     pos_B_L = (attn_B_L.cumsum(-1) - 1).clamp(min=0)
     batch = {
         "input_ids": ids_B_L,
@@ -128,16 +176,23 @@ def collate(samples: Sequence[TrainSample], device: torch.device) -> dict[str, t
         "target_B_T": ids_B_L[:, C:],
         "mask_B_T": attn_B_L[:, C:].float(),
         "behaviour_B_T": behaviour_B_T,
+        "sampling_B_T": sampling_B_T,
         "teacher_B_T": teacher_B_T,
+        "top_ids_B_T_K": top_ids_B_T_K,
+        "top_behaviour_B_T_K": top_behaviour_B_T_K,
+        "top_teacher_B_T_K": top_teacher_B_T_K,
+        "topk_B": topk_B,
         "reward_B": torch.tensor([float(s.reward) for s in samples]),
+        "bonus_B": torch.tensor([float(getattr(s, "bonus", 0.0)) for s in samples]),
     }
     return {k: v.to(device) for k, v in batch.items()}
 
 
 def response_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], entropy_grad: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """logp_B_T of the response tokens and the full-vocabulary entropy_B_T at those positions.
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], entropy_grad: bool = False, top_k: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """logp_B_T of the response tokens, the full-vocabulary entropy_B_T at those positions and,
+    with `top_k`, the logprobs of batch["top_ids_B_T_K"] (else None).
 
     Only the T response positions get logits; logp = logit[target] − logsumexp(logits), which
     avoids materialising a second B×T×V log_softmax tensor for autograd. The entropy carries a
@@ -155,10 +210,11 @@ def response_logprobs(
     logits_B_T_V = out.logits[:, :-1].float()  # column C−1+t predicts response token t
     lse_B_T = torch.logsumexp(logits_B_T_V, dim=-1)
     logp_B_T = logits_B_T_V.gather(-1, target_B_T.unsqueeze(-1)).squeeze(-1) - lse_B_T
+    top_B_T_K = logits_B_T_V.gather(-1, batch["top_ids_B_T_K"]) - lse_B_T[..., None] if top_k else None
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         probs_B_T_V = torch.softmax(logits_B_T_V, dim=-1)
         ent_B_T = lse_B_T - (probs_B_T_V * logits_B_T_V).sum(-1)
-    return logp_B_T, ent_B_T
+    return logp_B_T, ent_B_T, top_B_T_K
 
 
 def sample_problem(s: TrainSample, method: str) -> str | None:
@@ -186,6 +242,19 @@ def _check(samples: Sequence[TrainSample], cfg: TrainConfig) -> None:
             raise ValueError(problem)
 
 
+def _abs_mean(x_B_T_K: torch.Tensor, rows_B_T: torch.Tensor) -> torch.Tensor:
+    """Mean |x| over the K tokens of the positions in rows (0 when there are none)."""
+    m = rows_B_T.bool()
+    return x_B_T_K.abs().mean(-1)[m].sum() / m.sum().clamp(min=1)
+
+
+def _clip_frac(batch: dict[str, torch.Tensor], rows_B_T: torch.Tensor, clip: float) -> torch.Tensor:
+    """Share of top-K advantages the ±clip bound changed."""
+    gap = (batch["top_teacher_B_T_K"] - batch["top_behaviour_B_T_K"]).abs() > clip
+    m = rows_B_T.bool()
+    return gap.float().mean(-1)[m].sum() / m.sum().clamp(min=1)
+
+
 def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig,
                before_micro_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
     """One AdamW step on `samples`; gradients accumulate over micro-batches so the update equals
@@ -199,13 +268,16 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
 
     Metrics: loss, clip_low, clip_high, clip_frac, ratio, tis, adv, drift, entropy, kl (only when
     kl_coef > 0: it needs a reference pass), grad_norm, response_len, reward_mean, reward_pos,
-    reward_neg, samples, tokens, pad_frac, micro_batches, step_time_s, tokens_per_s.
+    reward_neg, samples, evidence_rows (positive evidence), tokens, pad_frac, micro_batches, step_time_s,
+    tokens_per_s.
     Raises FloatingPointError, with the model and optimizer untouched, if the gradient is not finite.
     """
     _check(samples, cfg)
     t0 = time.perf_counter()
     device = next(p for p in model.parameters() if p.requires_grad).device
     w_binary, w_opd = cfg.advantage_weights
+    given = samples
+    samples = with_evidence(samples, cfg.evidence_weight if w_opd else 0.0)
     n = len(samples)
     groups = micro_batches(samples, cfg.micro_batch_tokens)
     loss_sum = torch.zeros((), device=device)
@@ -216,20 +288,34 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     try:
         for group in groups:
             before_micro_batch()
-            batch = collate(group, device)
+            batch = collate(group, device, cfg.opd_top_k if w_opd else 0)
             ref_B_T = None
             if cfg.kl_coef:
                 with torch.no_grad(), model.disable_adapter():
-                    ref_B_T, _ = response_logprobs(model, batch)
-            logp_B_T, ent_B_T = response_logprobs(model, batch, entropy_grad=bool(cfg.entropy_coef))
+                    ref_B_T, _, _ = response_logprobs(model, batch)
+            use_topk = bool(batch["topk_B"].any())
+            logp_B_T, ent_B_T, top_B_T_K = response_logprobs(
+                model, batch, entropy_grad=bool(cfg.entropy_coef), top_k=use_topk)
             adv_B_T = advantages(
                 batch["reward_B"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
-                w_binary=w_binary, w_opd=w_opd,
+                w_binary=w_binary, w_opd=w_opd, bonus_B=batch["bonus_B"] if w_opd else None,
             )
+            topk_B_T = None
+            if use_topk:
+                assert top_B_T_K is not None  # response_logprobs gathers it when top_k > 0
+                rows_B_T = batch["mask_B_T"] * batch["topk_B"][:, None]
+                top_adv_B_T_K = topk_advantages(batch["top_teacher_B_T_K"], batch["top_behaviour_B_T_K"], rows_B_T,
+                                                w_opd=w_opd, clip=cfg.opd_clip)
+                topk_B_T = topk_policy_term(top_B_T_K, top_adv_B_T_K)
+                k = sum(len(s.response_ids) for s in group)
+                for name, v in {"topk_adv": _abs_mean(top_adv_B_T_K, rows_B_T),
+                                "topk_clip": _clip_frac(batch, rows_B_T, cfg.opd_clip)}.items():
+                    metric_sums[name] = metric_sums.get(name, 0.0) + v * k
             loss, m = policy_loss(
                 logp_B_T, logp_B_T.detach(), batch["behaviour_B_T"], adv_B_T, batch["mask_B_T"],
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
                 ref_logp_B_T=ref_B_T, kl_coef=cfg.kl_coef, entropy_B_T=ent_B_T, entropy_coef=cfg.entropy_coef,
+                topk_B_T=topk_B_T, sampling_logp_B_T=batch["sampling_B_T"],
             )
             # The loss is a mean over this micro-batch; weight it by its share of the whole batch.
             share = len(group) / n
@@ -252,17 +338,18 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     n_resp = sum(len(s.response_ids) for s in samples)
     n_tokens = n_resp + sum(len(s.prompt_ids) for s in samples)
     padded = sum(len(g) * (max(len(s.prompt_ids) for s in g) + max(len(s.response_ids) for s in g)) for g in groups)
-    rewards = [float(s.reward) for s in samples]
+    rewards = [float(s.reward) for s in given]
     metrics = {name: float(v) / n_resp for name, v in metric_sums.items()}  # float() waits for the device
     metrics.update(
         loss=float(loss_sum),
         clip_frac=metrics["clip_low"] + metrics["clip_high"],
         grad_norm=float(grad_norm),
         response_len=n_resp / n,
-        reward_mean=sum(rewards) / n,
-        reward_pos=sum(r > 0 for r in rewards) / n,
-        reward_neg=sum(r < 0 for r in rewards) / n,
-        samples=n,
+        reward_mean=sum(rewards) / len(given),
+        reward_pos=sum(r > 0 for r in rewards) / len(given),
+        reward_neg=sum(r < 0 for r in rewards) / len(given),
+        samples=len(given),
+        evidence_rows=n - len(given),
         tokens=n_tokens,  # real prompt + response tokens, padding excluded
         pad_frac=1.0 - n_tokens / padded,
         micro_batches=len(groups),

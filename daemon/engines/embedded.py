@@ -260,6 +260,19 @@ class EmbeddedEngine:
             return []
         return await self._call("score", list(prompt_ids), list(response_ids), adapter)
 
+    async def score_candidates(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int], candidates: Sequence[Sequence[int]],
+        adapter: str | None = None,
+    ) -> list[list[float]]:
+        if not prompt_ids:
+            raise EngineError("empty prompt")
+        if len(candidates) != len(response_ids):
+            raise EngineError("one candidate list per response position is needed")
+        if not response_ids:
+            return []
+        return await self._call("score", list(prompt_ids), list(response_ids), adapter,
+                                [list(c) for c in candidates])
+
     async def load_adapter(self, version: str, path: str) -> None:
         if version == BASE:
             raise EngineError(f"{BASE!r} is reserved")
@@ -483,28 +496,33 @@ class EmbeddedEngine:
     def _pick(cls, gen: _Generation, logits: torch.Tensor, logp: torch.Tensor) -> Token:
         """Sample one stream's next token from its logits row: through its grammar mask if it has
         one; logprobs (and the top-k) are read from the unmasked row's log_softmax `logp`."""
-        token_id = cls._sample(gen.mask.apply(logits) if gen.mask else logits, gen.sampling, gen.rng)
+        token_id, sampled = cls._sample(gen.mask.apply(logits) if gen.mask else logits, gen.sampling, gen.rng)
         if gen.mask:
             gen.mask.advance(token_id)
         k = gen.sampling.top_logprobs
         if not k:
-            return Token(token_id, float(logp[token_id]))
+            return Token(token_id, float(logp[token_id]), sampling_logprob=sampled)
         top = torch.topk(logp, k)
-        return Token(token_id, float(logp[token_id]), tuple(top.indices.tolist()), tuple(top.values.tolist()))
+        return Token(token_id, float(logp[token_id]), tuple(top.indices.tolist()), tuple(top.values.tolist()), sampled)
 
     @staticmethod
-    def _sample(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> int:
+    def _sample(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> tuple[int, float | None]:
+        """The drawn token and its logprob under the distribution it was drawn from (None: greedy)."""
         if sampling.temperature < GREEDY_BELOW:  # a tiny temperature is greedy (and 1/T overflows)
-            return int(torch.argmax(logits))
+            return int(torch.argmax(logits)), None
         probs = torch.softmax(logits / sampling.temperature, dim=-1)
         if sampling.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p
             keep[0] = True  # the top token always (a top_p under float32's range compares as 0)
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-        return int(torch.multinomial(probs, 1, generator=rng))
+            probs = probs / probs.sum()  # what multinomial draws from
+        token_id = int(torch.multinomial(probs, 1, generator=rng))
+        return token_id, float(torch.log(probs[token_id]))
 
-    def _score(self, prompt_ids: list[int], response_ids: list[int], adapter: str | None) -> list[float]:
+    def _score(self, prompt_ids: list[int], response_ids: list[int], adapter: str | None,
+               candidates: list[list[int]] | None = None) -> list[float] | list[list[float]]:
+        """Logprobs of the response tokens, or of `candidates[t]` at each position t when given."""
         if len(prompt_ids) + len(response_ids) > self.info.context_length:
             raise EngineError("prompt + response exceed the context length")
         if adapter is not None and adapter not in self._adapters:
@@ -514,6 +532,11 @@ class EmbeddedEngine:
         start = len(prompt_ids) - 1
         logits = out.logits[0, start : start + len(response_ids)].float()
         logp = torch.log_softmax(logits, dim=-1)
+        if candidates is not None:
+            width = max(len(c) for c in candidates)
+            if any(len(c) != width for c in candidates):
+                raise EngineError("every position needs the same number of candidates")
+            return logp.gather(1, torch.tensor(candidates, device=logp.device)).tolist()
         target = torch.tensor(response_ids, device=logp.device).unsqueeze(1)
         return logp.gather(1, target).squeeze(1).tolist()
 

@@ -153,6 +153,14 @@ class RemoteEngine(abc.ABC):
             raise EngineError(f"server returned {len(out)} logprobs for {len(response_ids)} tokens")
         return out
 
+    async def score_candidates(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int], candidates: Sequence[Sequence[int]],
+        adapter: str | None = None,
+    ) -> list[list[float]]:
+        # Neither server scores arbitrary token ids per position through its public API; a
+        # sample then trains token-level OPD (daemon/samples.py records why).
+        raise EngineError(f"the {type(self).__name__} engine cannot score candidate tokens")
+
     async def load_adapter(self, version: str, path: str) -> None:
         v = self._versions.get(version)
         if v is not None:

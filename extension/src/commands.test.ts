@@ -13,7 +13,11 @@ function deps(over: Partial<CommandDeps> = {}, outcome: AckOutcome | null = { st
     registry,
     send: (e) => sent.push(e),
     waitForAck: vi.fn(async () => outcome ?? undefined),
-    status: vi.fn(async () => ({ adapter_version: "v3", training: { samples_ready: 12, batch_size: 16, last_step: 40 } })),
+    status: vi.fn(async () => ({
+      adapter_version: "v3",
+      training: { samples_ready: 12, batch_size: 16, last_step: 40 },
+      memory: { enabled: true, notes: [{ note_id: 4, text: "Please start your reply with 'Sure!'." }] },
+    })),
     connection: () => ({ connected: true, pending: 0, adapterVersion: "v3", lastPushes: [{ type: "adapter_live", version: "v3" }] }),
     daemonUrl: "http://127.0.0.1:30000",
     ...over,
@@ -69,7 +73,7 @@ describe("commands", () => {
     expect(sent).toHaveLength(0);
   });
 
-  it("/clawback shows adapter, samples, last step, queue and last update", async () => {
+  it("/clawback shows adapter, samples, last step, memory notes, queue and last update", async () => {
     const { cmds } = deps();
     const text = (await cmds.clawback!.handler(ctx)).text;
     expect(text).toContain("adapter: v3");
@@ -77,6 +81,7 @@ describe("commands", () => {
     expect(text).toContain("last training step: 40");
     expect(text).toContain("feedback queued here: 0");
     expect(text).toContain("last update: adapter_live v3");
+    expect(text).toContain("memory: on, 1 note (clawback memory list|edit|forget)\n  4. Please start your reply with 'Sure!'.");
     const off = deps({ status: async () => undefined, connection: () => ({ connected: false, pending: 2, adapterVersion: undefined, lastPushes: [] }) });
     expect((await off.cmds.clawback!.handler(ctx)).text).toBe("clawback: daemon http://127.0.0.1:30000 is not reachable\nfeedback queued here: 2");
   });

@@ -65,6 +65,12 @@ export async function statusText(deps: CommandDeps): Promise<string> {
     lines.push(`adapter: ${s.adapter_version ?? "base model"}`);
     if (typeof t.samples_ready === "number") lines.push(`samples waiting: ${t.samples_ready}${typeof t.batch_size === "number" ? ` of ${t.batch_size}` : ""}`);
     lines.push(`last training step: ${t.last_step ?? "none yet"}`);
+    const m = s.memory;
+    if (m) {
+      const notes = m.notes ?? [];
+      lines.push(`memory: ${m.enabled === false ? "off" : "on"}, ${notes.length} note${notes.length === 1 ? "" : "s"} (clawback memory list|edit|forget)`);
+      for (const n of notes) lines.push(`  ${n.note_id}. ${n.text}`);
+    }
     const newest = s.gate?.newest;
     if (s.gate?.reviewing) lines.push(`v${s.gate.reviewing} is being checked before it goes live`);
     else if (newest?.state === "refused") lines.push(`v${newest.version} not promoted: ${newest.reason ?? "refused"}`);
@@ -89,6 +95,6 @@ export function makeCommands(deps: CommandDeps): CommandDef[] {
         return give(deps, ctx, "correction", text.slice(0, 16000));
       },
     },
-    { name: "clawback", description: "clawback status: adapter version, samples waiting, last training step", acceptsArgs: false, handler: async () => ({ text: await statusText(deps) }) },
+    { name: "clawback", description: "clawback status: adapter version, samples waiting, last training step, memory notes", acceptsArgs: false, handler: async () => ({ text: await statusText(deps) }) },
   ];
 }

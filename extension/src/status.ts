@@ -2,6 +2,7 @@
 export type DaemonStatus = {
   adapter_version?: string | null;
   training?: { samples_ready?: number; batch_size?: number; last_step?: number | null };
+  memory?: { enabled?: boolean; notes?: { note_id: number; text: string }[] };
   // The candidate gate: the version under review, and the newest version's fate.
   gate?: { reviewing?: number | null; newest?: { version: number; state: string; reason?: string | null } | null };
   [k: string]: unknown;

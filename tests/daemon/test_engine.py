@@ -56,6 +56,33 @@ def test_behaviour_logprobs_match_a_rescore(engine: EmbeddedEngine):
     assert max(abs(a - t.logprob) for a, t in zip(scored, toks)) < 1e-4
 
 
+def test_top_k_and_the_sampling_distributions_logprob(engine: EmbeddedEngine):
+    """Each token reports the K most likely tokens of the temperature-1 distribution and its own
+    logprob under the distribution it was drawn from (temperature 0.5 here), both checked against
+    a full-vocabulary re-score."""
+
+    async def go():
+        sampling = Sampling(temperature=0.5, max_tokens=6, seed=3, top_logprobs=3)
+        toks = [t async for t in engine.generate(PROMPT, sampling)]
+        ids = [t.id for t in toks]
+        vocab = list(range(engine.model.config.vocab_size))
+        full = await engine.score_candidates(PROMPT, ids, [vocab] * len(ids))
+        return toks, torch.tensor(full)
+
+    toks, full_T_V = asyncio.run(go())
+    for t, row_V in zip(toks, full_T_V):
+        values, order = row_V.topk(3)
+        assert list(t.top_ids) == order.tolist()
+        assert list(t.top_logprobs) == pytest.approx(values.tolist(), abs=1e-4)
+        assert t.logprob == pytest.approx(float(row_V[t.id]), abs=1e-4)
+        assert t.sampling_logprob == pytest.approx(float((row_V / 0.5).log_softmax(-1)[t.id]), abs=1e-4)
+
+    async def greedy():
+        return [t async for t in engine.generate(PROMPT, Sampling(temperature=0.0, max_tokens=2))]
+
+    assert all(t.top_ids == () and t.sampling_logprob is None for t in asyncio.run(greedy()))
+
+
 def test_seed_reproduces_and_greedy_is_argmax(engine: EmbeddedEngine):
     a = run(collect(engine, Sampling(temperature=1.0, max_tokens=10, seed=11)))
     b = run(collect(engine, Sampling(temperature=1.0, max_tokens=10, seed=11)))

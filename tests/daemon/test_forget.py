@@ -1,6 +1,7 @@
 """Forgetting with a real store: what a session left is deleted, none of its text remains in the
-database files (free pages and WAL included), a content-free tombstone stays in the event log,
-and the adapter versions trained on it are named with the rollback that removes them."""
+database files (free pages and WAL included) nor in the preference notes learned from it, a
+content-free tombstone stays in the event log, and the adapter versions trained on it are named
+with the rollback that removes them."""
 
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ def test_forget_a_session_leaves_no_trace_of_its_text(store: Store):
     assert not query(db, "SELECT * FROM next_states WHERE call_id = ?", gone)
     assert not query(db, "SELECT * FROM samples WHERE call_id = ?", gone)
     assert not query(db, "SELECT * FROM session_links")
+    # the preference note learned from the forgotten correction went too; the kept one stays
+    assert [r[0] for r in query(db, "SELECT text FROM memory_notes")] == ["say KEEP-MARKER-7"]
     (tomb,) = query(store.db_path, "SELECT payload FROM events WHERE kind = 'forgotten'")
     assert "MARKER" not in tomb[0] and '"scope": "session"' in tomb[0]
 
@@ -99,6 +102,7 @@ def test_forget_before_a_time_and_everything(store: Store):
     report = asyncio.run(forget(store, ForgetScope(everything=True)))
     assert report["deleted"]["sessions"] == 1
     assert b"NEW-MARKER-2" not in raw_bytes(store.db_path)
+    assert not query(store.db_path, "SELECT * FROM memory_notes")
     assert [r[0] for r in query(store.db_path, "SELECT json_extract(payload, '$.scope') FROM events "
                                                "WHERE kind = 'forgotten' ORDER BY id")] == ["before", "all"]
 

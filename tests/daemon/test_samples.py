@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sqlite3
 import time
 import uuid
@@ -15,10 +16,11 @@ import pytest
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.store import Store, blob_logprobs
-from clawback.records import Call, Feedback
 from clawback.daemon.config import SignalConfig
-from clawback.daemon.samples import HINT_FORMAT, SamplePipeline, explicit_reward, teacher_messages
+from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, teacher_messages
+from clawback.daemon.store import Store, blob_logprobs
+from clawback.engine import Token
+from clawback.records import Call, Feedback
 
 
 class ScriptedJudge:
@@ -26,16 +28,18 @@ class ScriptedJudge:
 
     name = "scripted"
 
-    def __init__(self, prm: list[str] | str = "ok \\boxed{1}", hint: str = "\\boxed{-1}", delay: float = 0.0) -> None:
+    def __init__(self, prm: list[str] | str = "ok \\boxed{1}", hint: list[str] | str = "\\boxed{-1}",
+                 delay: float = 0.0) -> None:
         self.prm = [prm] if isinstance(prm, str) else list(prm)
-        self.hint, self.delay = hint, delay
+        self.hints = [hint] if isinstance(hint, str) else list(hint)
+        self.delay = delay
         self.calls = {"prm": 0, "hint": 0}
 
     async def complete(self, messages, *, temperature, max_tokens, seed=None) -> str:
         await asyncio.sleep(self.delay)
         if "[HINT_START]" in messages[0]["content"]:
             self.calls["hint"] += 1
-            return self.hint
+            return self.hints[(self.calls["hint"] - 1) % len(self.hints)]
         i = self.calls["prm"]
         self.calls["prm"] += 1
         return self.prm[i % len(self.prm)]
@@ -59,23 +63,29 @@ REQUEST = {"model": "clawback", "messages": [{"role": "system", "content": "Be b
                                              {"role": "user", "content": "Explain rain."}]}
 
 
-def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None) -> str:
-    """A main call as capture stores it, with real sampled ids and behaviour logprobs."""
+def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None,
+                finish_reason: str = "stop", adapter_version: int | None = None,
+                response_ids: list[int] | None = None) -> str:
+    """A main call as capture stores it, with real sampled ids, behaviour logprobs and top-4."""
     from clawback.engine import Sampling
 
     _, prompt_ids = renderer.render(ChatRequest.model_validate(REQUEST))
 
     async def sample():
-        return [t async for t in engine.generate(prompt_ids, Sampling(temperature=1.0, max_tokens=12, seed=1))]
+        sampling = Sampling(temperature=1.0, max_tokens=12, seed=1, top_logprobs=4)
+        return [t async for t in engine.generate(prompt_ids, sampling)]
 
     toks = asyncio.run(sample())
+    if response_ids is not None:
+        toks = [Token(i, -1.0, tuple(i + j for j in range(4)), tuple(-1.0 - j for j in range(4))) for i in response_ids]
     call_id, now = f"chatcmpl-{uuid.uuid4().hex}", time.time()
     store.add_call(Call(
         call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
-        state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=None,
+        state="awaiting_next_state", created_at=now, finished_at=now, model="tiny",
         request=REQUEST, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
         behaviour_logprobs=[t.logprob for t in toks], response_text="Rain is water.", tool_calls=None,
-        finish_reason="length"))
+        finish_reason=finish_reason, adapter_version=adapter_version,
+        top_ids=[list(t.top_ids) for t in toks], top_logprobs=[list(t.top_logprobs) for t in toks]))
     if next_state is not None:
         store.add_next_state(call_id, "next", next_state, True, now)
     store.flush()
@@ -184,8 +194,109 @@ def test_correction_is_distilled_into_a_hint_with_teacher_logprobs(store, engine
     assert len(teacher) == len(behaviour) == 12
     assert teacher != pytest.approx(behaviour, abs=1e-4), "the hint changes the context, so the logprobs differ"
     msgs = json.loads(row["teacher_messages"])
-    assert msgs[-1]["content"] == "Explain rain." + HINT_FORMAT.format(hint=row["hint"])
+    assert msgs[-1]["content"] == ("Explain rain.\n\nWhen you write your reply, follow this instruction from the user "
+                                   "about it: Answer in one plain short sentence.")
     assert [v[0] for v in votes(store, call_id)] == ["hint"] * 3
+
+    # Top-K OPD: the teacher scored the policy's recorded top-4 at every position, without
+    # regenerating; where the sampled token is among them the two views agree.
+    ready, = store.ready_samples(10)
+    assert len(ready.top_ids) == 12 and all(len(r) == 4 for r in ready.top_ids)
+    _, teacher_prompt = renderer.render(ChatRequest.model_validate({**REQUEST, "messages": msgs}))
+    expected = asyncio.run(engine.score_candidates(teacher_prompt, ready.response_ids, ready.top_ids))
+    flat = [x for row in ready.teacher_top_logprobs for x in row]
+    assert flat == pytest.approx([x for row in expected for x in row], abs=1e-4)
+    for t, (tok, ids) in enumerate(zip(ready.response_ids, ready.top_ids)):
+        if tok in ids:
+            assert ready.teacher_top_logprobs[t][ids.index(tok)] == pytest.approx(teacher[t], abs=1e-4)
+
+
+def test_positive_evidence_is_the_teachers_own_reply_scored_without_the_hint(ending_model_dir, tmp_path):
+    """On a model that ends its replies (a random one never does, and a cut reply is no evidence):
+    the teacher's greedy reply under the hint is stored with the policy's logprobs of it in the
+    original context."""
+    from transformers import AutoTokenizer
+
+    from clawback.engine import Sampling
+
+    engine = EmbeddedEngine(ending_model_dir)
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(ending_model_dir)))
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        call_id = served_call(store, renderer, engine, None)
+        feedback(store, "correction", "Shorter please.")
+        drain(pipe(store, engine, renderer, None, method="opd", positive_evidence=True))
+        ready, = store.ready_samples(10)
+        msgs = json.loads(sample_row(store, call_id)["teacher_messages"])
+        _, hinted = renderer.render(ChatRequest.model_validate({**REQUEST, "messages": msgs}))
+        sampling = Sampling(temperature=0.0, max_tokens=2 * len(ready.response_ids) + 32,
+                            stop_token_ids=engine.info.eos_token_ids)
+
+        async def greedy():
+            return [t.id async for t in engine.generate(hinted, sampling)]
+
+        ids = asyncio.run(greedy())
+        assert ids[-1] in engine.info.eos_token_ids and ready.evidence_ids == ids
+        expected = asyncio.run(engine.score(ready.prompt_ids, ids))
+        assert ready.evidence_logprobs == pytest.approx(expected, abs=1e-4)
+    finally:
+        store.close()
+        asyncio.run(engine.close())
+
+
+def test_of_several_judge_hints_the_one_closest_to_the_students_top_k_is_used(store, engine, renderer):
+    """Three judge votes give three hints; the pipeline keeps the one under which the teacher puts
+    the most probability on the student's recorded top-4, which here is not the longest one (the
+    pick without top-K)."""
+    call_id = served_call(store, renderer, engine, None)
+    def mass(hint: str, inp) -> float:
+        msgs = teacher_messages(REQUEST["messages"], hint, "instruction", "user")
+        _, ids = renderer.render(ChatRequest.model_validate({**REQUEST, "messages": msgs}))
+        rows = asyncio.run(engine.score_candidates(ids, inp.response_ids, inp.top_ids))
+        return sum(sum(math.exp(x) for x in r) for r in rows)
+
+    feedback(store, "correction", "Please be brief.")
+    inp = store.sample_inputs(call_id)
+    base = ["Answer in one plain short sentence.", "Mention clouds and rain drops.", "Be friendly, give an example."]
+    for pad in ("", " Thanks.", " Thanks a lot.", " Please do that every time."):
+        hints = [base[0] + pad + " And keep it simple for a child to follow.", *base[1:]]  # hints[0] is the longest
+        masses = {h: mass(h, inp) for h in hints}
+        if max(masses, key=masses.get) != hints[0]:
+            break
+    else:
+        pytest.fail(f"could not build hints whose longest is not the closest: {masses}")
+    judge = ScriptedJudge(hint=[f"\\boxed{{1}} [HINT_START]{h}[HINT_END]" for h in hints])
+    drain(pipe(store, engine, renderer, judge, method="opd"))
+    assert sample_row(store, call_id)["hint"] == max(masses, key=masses.get)
+
+
+def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, renderer):
+    """v9 served the call but is not loaded any more: the sample gets no teacher (recorded), rather
+    than being scored by whichever version is live."""
+    call_id = served_call(store, renderer, engine, None, adapter_version=9)
+    feedback(store, "correction", "Shorter please.")
+    drain(pipe(store, engine, renderer, None, method="opd"))
+    row = sample_row(store, call_id)
+    assert (row["state"], row["reason"], row["teacher_logprobs"]) == ("dropped", "teacher_version_unloaded", None)
+
+
+@pytest.mark.parametrize("finish_reason, ids, drop_cut, outcome", [
+    ("length", None, True, ("dropped", "cut_off")),
+    ("length", None, False, ("ready", None)),  # by default a rated cut reply is still trained on
+    ("stop", [], False, ("dropped", "empty_reply")),
+    ("stop", [5, 6, 7, 8, 9, 10] * 3 + [11], False, ("dropped", "repetition_loop")),
+])
+def test_degenerate_replies_are_dropped_with_a_reason(store, engine, renderer, finish_reason, ids, drop_cut, outcome):
+    call_id = served_call(store, renderer, engine, None, finish_reason=finish_reason, response_ids=ids)
+    feedback(store, "thumbs_down")
+    drain(pipe(store, engine, renderer, None, method="binary", drop_cut_replies=drop_cut))
+    assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == outcome
+
+
+def test_degenerate():
+    assert degenerate([1, 2, 3, 4, 5, 6, 7], "stop") is None
+    assert degenerate([1, 2, 3] * 6, "stop") == "repetition_loop"
+    assert degenerate([1, 2, 3], "tool_calls") is None
 
 
 def test_without_a_judge_the_raw_correction_is_the_hint(store, engine, renderer):
@@ -233,6 +344,10 @@ def test_teacher_context_building():
     assert out[2]["content"][-1] == {"type": "text", "text": "[Hint for a better reply] be kind"}
     assert out[0] == msgs[0] and msgs[2]["content"] == [{"type": "text", "text": "c"}], "input untouched"
     assert teacher_messages([{"role": "system", "content": "x"}], "h")[-1] == {"role": "user", "content": "[Hint for a better reply] h"}
+    in_system = teacher_messages(msgs, "be kind", "instruction", "system")
+    assert in_system[0] == {"role": "system", "content": "When you write your reply, follow this instruction from "
+                                                         "the user about it: be kind"}
+    assert in_system[1:] == msgs
     assert explicit_reward([Feedback(k, None, 0.0) for k in ("thumbs_up", "comment", "thumbs_down")]) == -1.0
     assert explicit_reward([Feedback("correction", "shorter", 0.0)]) is None
 

@@ -36,7 +36,10 @@ def forget_cli(d: DaemonProcess, *args: str) -> dict:
 
 
 def test_forget_through_the_daemon_then_on_the_stopped_store(tiny_model_dir: Path, tmp_path: Path):
-    d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth", env={"CLAWBACK_TRAIN": "false"}).start()
+    """Preference notes are off here: a note learned from one session's correction joins the other
+    sessions' prompts, which a session's forget does not rewrite."""
+    d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth",
+                      env={"CLAWBACK_TRAIN": "false", "CLAWBACK_MEMORY": "false"}).start()
     db = d.data_dir / "clawback.db"
     try:
         talk(d, "private", "PRIVATE-MARKER-1")

@@ -8,7 +8,7 @@ import pytest
 
 from clawback.daemon.config import Settings
 from clawback.sim.config import METHODS, SimConfig, parse_methods
-from clawback.sim.results import mean_ci, step_curve
+from clawback.sim.results import markdown_table, mean_ci, sessions_to_adapt, step_curve, summarize
 
 
 def test_seed_is_the_daemons_seed_preset():
@@ -20,15 +20,28 @@ def test_seed_is_the_daemons_seed_preset():
     tc = s.train_config()
     assert (tc.method, tc.tis_cap, tc.lr, tc.weight_decay, tc.betas, tc.batch_size, tc.seed) == (
         "combined", None, 1e-5, 0.1, (0.9, 0.98), 8, 2)
+    assert tc.opd_top_k == 0 and sig.hint_template == "hint"  # the original recipe: sampled token, its wording
     combined = Settings(**cfg.settings_for(METHODS["combined"], seed=2), no_auth=True)
     assert (combined.train_config().lr, combined.train_config().tis_cap) == (3e-4, 2.0)
-    assert combined.signal_config().teacher == "self" and combined.train.enabled
+    assert (combined.train_config().opd_top_k, combined.train_config().opd_clip) == (4, 1.0)
+    assert combined.signal_config().teacher == "self" and combined.train.enabled and not combined.memory
+    assert combined.signal_config().hint_template == "instruction"
     none = Settings(**cfg.settings_for(METHODS["none"], seed=2), no_auth=True)
-    assert not METHODS["none"].trains and not none.train.enabled
+    assert not METHODS["none"].trains and not none.train.enabled and not none.memory
+    kl = Settings(**SimConfig(kl_coef=0.05).settings_for(METHODS["binary"], seed=1), no_auth=True)
+    assert kl.train_config().kl_coef == 0.05
+    evidence = Settings(**cfg.settings_for(METHODS["opd_evidence"], seed=1), no_auth=True)
+    assert evidence.train_config().evidence_weight == 1.0 and evidence.signal_config().positive_evidence
+    assert Settings(**cfg.settings_for(METHODS["opd_token"], seed=1), no_auth=True).train_config().opd_top_k == 0
+    memory = Settings(**cfg.settings_for(METHODS["memory"], seed=1), no_auth=True)
+    assert memory.memory and not memory.train.enabled
+    default = Settings(**cfg.settings_for(METHODS["default"], seed=1), no_auth=True)
+    assert default.memory and default.train.enabled and default.train_config().method == "combined"
 
 
 def test_method_lists():
-    assert parse_methods("all") == ("none", "binary", "opd", "combined", "seed")
+    assert parse_methods("all") == ("none", "default", "memory", "binary", "opd", "opd_token", "opd_evidence",
+                                     "combined", "seed")
     assert parse_methods("combined, binary,combined") == ("combined", "binary")
     with pytest.raises(ValueError, match="unknown method"):
         parse_methods("")
@@ -42,3 +55,37 @@ def test_step_curve_and_interval():
     m, lo, hi = mean_ci([0.4, 0.5, 0.6])
     assert m == pytest.approx(0.5) and hi - m == pytest.approx(4.303 * 0.1 / math.sqrt(3))
     assert math.isnan(mean_ci([0.3])[1])
+
+
+def test_sessions_until_adaptation():
+    assert sessions_to_adapt([False, True, True, False, True, True, True, False]) == 5
+    assert sessions_to_adapt([True, True, True]) == 1
+    assert sessions_to_adapt([True, True, False] * 10) is None  # capped: not adapted, never a number
+
+
+def _cell(method: str, seed: int, meets: list[bool], stamp: str = "abc", score: float = 0.5) -> dict:
+    return {"cell": {"scenario": "sure", "method": method, "seed": seed}, "config": {"interactions": len(meets)},
+            "code": {"stamp": stamp, "commit": "c0ffee"}, "finished_at": f"2026-11-30T2{seed}:00:00Z",
+            "curve": [{"interaction": 0, "score": 0.1}, {"interaction": len(meets), "score": score}],
+            "probe": [{"interaction": 0, "mass": 0.0}], "interactions": [{"meets": m} for m in meets],
+            "steps": [], "wall_s": 60.0}
+
+
+def test_paired_differences_and_code_stamps_never_mix():
+    no, yes = [False] * 6, [True] * 6
+    cells = [_cell("default", 1, [False, True, True, True, True, True], score=0.9),
+             _cell("default", 2, [False, False, True, True, True, False], score=0.7),
+             _cell("memory", 1, [False, False, False, True, True, True], score=0.5),
+             _cell("memory", 2, no, score=0.5),
+             {**_cell("memory", 3, yes, stamp="old"), "finished_at": "2026-11-29T10:00:00Z"}]
+    s = summarize(cells)  # the newest cell's code; the older code's cell is excluded, not mixed in
+    assert s["code_stamp"] == "abc" and s["excluded_other_code"] == ["sure/memory/seed3 (old)"]
+    assert s["scenarios"]["sure"]["memory"]["sessions_to_adapt"] == {"1": 4, "2": None}
+    assert s["scenarios"]["sure"]["memory"]["adapted"] == "1/2"
+    d = s["paired"]["sure"]["default - memory"]
+    assert d["sessions_to_adapt"]["seeds"] == [1] and d["sessions_to_adapt"]["diffs"] == [-2.0]
+    assert d["final_score"]["diffs"] == pytest.approx([0.4, 0.2])
+    m, lo, hi = mean_ci([0.4, 0.2])
+    assert (d["final_score"]["low"], d["final_score"]["high"]) == (pytest.approx(lo), pytest.approx(hi))
+    table = markdown_table(s)
+    assert "not adapted" in table and "default − memory" not in table and "default - memory" in table

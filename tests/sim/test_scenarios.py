@@ -14,12 +14,13 @@ MATH = STUDENT.train[0]  # Mia has 12 apples ... -> 15
 
 
 def test_student_rules():
-    plain = "Mia starts with 12 apples, gives away 5 so she has 7, then buys 8 more, so she has 15 apples now."
+    plain = ("Mia starts with 12 apples, gives away 5 so she has 7, then buys 8 more, so she has 15 apples now. "
+             "How many would she have if she bought 10?")
     assert STUDENT.rate(plain, MATH).score == 1.0
     ai = "## Solution\n1. **Start**: 12 - 5 = 7\n2. Then 7 + 8 = 15\n- check\nFinal answer: 15"
     failed = {c.name for c in STUDENT.rate(ai, MATH).failed}
-    assert failed == {"no_bold", "no_headers", "no_numbered_steps", "no_bullets", "no_ai_phrases"}
-    assert STUDENT.rate("15", MATH).failed[0].name == "shows_work"  # an evasive reply is not full marks
+    assert failed == {"no_bold", "no_headers", "no_numbered_steps", "no_bullets", "no_ai_phrases", "asks_back"}
+    assert [c.name for c in STUDENT.rate("15?", MATH).failed] == ["shows_work"]  # evasive is not full marks
 
 
 def test_teacher_rules():
@@ -31,14 +32,41 @@ def test_teacher_rules():
     assert "specific step or number" in TEACHER.correction(TEACHER.rate(cold, task))
 
 
+def test_specific_means_a_number_the_student_worked_out():
+    task = TEACHER.train[3]  # "A box holds 24 pencils. How many pencils are in 7 boxes?" / "24 x 7 = 148 pencils."
+    assert task.numbers == ("148",)  # 24 and 7 are the problem's own numbers
+    echo = "Great job! The box holds 24 pencils and there are 7 boxes, so keep practicing your multiplication."
+    assert [c.name for c in TEACHER.rate(echo, task).failed] == ["specific"]
+    for t in TEACHER.train + TEACHER.eval:
+        assert t.numbers, f"every answer has a number of the student's own: {t.prompt}"
+
+
+def test_a_cut_reply_fails_every_check():
+    good = "Great effort! You set up 24 x 7 correctly, but check the multiplication: 24 x 7 is 168, not 148."
+    rating = TEACHER.rate(good, TEACHER.train[3], complete=False)
+    assert rating.score == 0 and rating.gate == "cut" and len(rating.failed) == len(TEACHER.checks)
+    assert "It was cut off." in TEACHER.correction(rating)
+
+
+@pytest.mark.parametrize("reply", [
+    "I'm glad you're happy with your student's answer. I'll make sure to provide a more accurate comment, 148 is great.",
+    "Sorry about that! Great work, the answer 148 is close but 24 x 7 is 168, keep practicing every day please.",
+    "Thank you for the feedback. Great job on 148, but check the multiplication again, it should be 168 here.",
+])
+def test_talking_about_the_feedback_fails_every_check(reply):
+    rating = TEACHER.rate(reply, TEACHER.train[3])
+    assert rating.score == 0 and rating.gate == "meta"
+    assert "don't talk about my feedback" in TEACHER.correction(rating)
+
+
 def test_correction_names_only_what_failed():
-    rating = STUDENT.rate("**Sure** Mia has 12 apples, gives 5 away and buys 8 more, so 15 apples.", MATH)
+    rating = STUDENT.rate("**Sure** Mia has 12 apples, gives 5 away and buys 8 more, so 15 apples. Clear?", MATH)
     assert STUDENT.correction(rating) == "That looks AI-written. Please don't use bold."
 
 
 def test_train_and_eval_tasks_are_disjoint():
     for s in SCENARIOS.values():
-        assert s.train and 6 <= len(s.eval) <= 8
+        assert len(s.train) >= 16 and len(s.eval) >= 16
         assert not {t.prompt for t in s.train} & {t.prompt for t in s.eval}
 
 
@@ -50,10 +78,11 @@ def test_unknown_scenario_is_a_clear_error():
 def test_user_reactions_follow_the_documented_rule():
     user = SimulatedUser(STUDENT, seed=1, interactions=40, thumbs_down_below=0.5, move_on=0.25)
     task0 = user.tasks[0]
-    perfect = f"You work it out step by step and get {task0.numbers[0]} {task0.unit} in the end, which is the answer."
+    perfect = (f"You work it out step by step and get {task0.numbers[0]} {task0.unit} in the end, which is the answer. "
+               "Can you see why?")
     assert user.react(0, RULES.judge_now(perfect, task0)).kind == "thumbs_up"
-    assert user.react(0, RULES.judge_now("no", task0)).kind in ("correction", "moved_on")  # 5/6 pass: mild
-    ai = RULES.judge_now("## Answer\n1. **Add**\n- done", task0)  # fails 5 of 6 checks: below 0.5
+    assert user.react(0, RULES.judge_now("no", task0)).kind in ("correction", "moved_on")  # 5/7 pass: mild
+    ai = RULES.judge_now("## Answer\n1. **Add**\n- done", task0)  # fails 6 of 7 checks: below 0.5
     assert user.react(0, ai).kind == "thumbs_down+correction" and ai.correction.startswith("That looks AI")
     bold = RULES.judge_now("**" + perfect + "**", task0)
     mild = [user.react(i, bold) for i in range(40)]
@@ -64,7 +93,7 @@ def test_user_reactions_follow_the_documented_rule():
 
 
 def test_gsm8k_answer_labels_look_ai_written_once():
-    reply = "Mia gives away 5 so 12 - 5 = 7 apples, then 7 + 8 = 15 apples.\n#### 15\nThe answer is: 15"
+    reply = "Mia gives away 5 so 12 - 5 = 7 apples, then 7 + 8 = 15 apples.\n#### 15\nThe answer is: 15. Clear?"
     assert [c.name for c in STUDENT.rate(reply, MATH).failed] == ["no_ai_phrases"]
 
 

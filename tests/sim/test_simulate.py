@@ -1,5 +1,6 @@
-"""`clawback simulate` end to end on the tiny random model: the real daemon loop, 2 training steps,
-scores, cell JSON, summary and plot; a second run skips the finished cells."""
+"""`clawback simulate` end to end on a tiny random model: the real daemon loop with preference
+notes, 2 top-K training steps, the probe on every version, greedy scores, sessions until
+adaptation, cell JSON with its code stamp, summary and plot; a second run skips finished cells."""
 
 from __future__ import annotations
 
@@ -13,47 +14,54 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def simulate(model: Path, out: Path, *extra: str) -> int:
-    return main(["simulate", "--model", str(model), "--scenario", "student", "--interactions", "4",
+    return main(["simulate", "--model", str(model), "--scenario", "sure", "--interactions", "4",
                  "--batch-size", "2", "--seeds", "1", "--max-tokens", "12", "--eval-tasks", "2",
                  "--out", str(out), *extra])
 
 
-def test_simulate_trains_scores_and_resumes(tiny_model_dir: Path, tmp_path: Path, capsys):
+def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Path, capsys):
     out = tmp_path / "sim"
     # Without the gate every rated call trains and every version goes live: exact counts.
-    assert simulate(tiny_model_dir, out, "--method", "none,combined", "--no-gate") == 0
+    assert simulate(ending_model_dir, out, "--method", "none,default", "--no-gate") == 0
 
-    cell = json.loads((out / "cells/student/combined/seed1.json").read_text())
+    cell = json.loads((out / "cells/sure/default/seed1.json").read_text())
     committed = [s for s in cell["steps"] if s["outcome"] == "committed"]
-    assert len(committed) == 2  # 4 interactions with a signal each, batch 2
-    assert [p["version"] for p in cell["curve"]] == [None, 1, 2]  # base, then after every version
-    assert all(0 <= p["score"] <= 1 and set(p["checks"]) >= {"no_bold", "shows_work"} for p in cell["curve"])
-    assert sum(cell["reactions"].values()) == 4 and len(cell["interactions"]) == 4
+    assert len(committed) == 2, cell["samples"]  # 4 interactions with a signal each, batch 2
+    assert [p["interaction"] for p in cell["curve"]] == [0, 2, 4]  # greedy: before, then eval_points = 2
+    # The probe: base, then every version and every evaluation point (here the same interactions).
+    assert [(p["interaction"], p["version"]) for p in cell["probe"]] == [(0, None), (2, 1), (4, 2)]
+    assert all(0 <= p["mass"] <= 1 for p in cell["probe"])
+    assert all(0 <= p["score"] <= 1 and set(p["checks"]) == {"starts_with_sure", "shows_work"} for p in cell["curve"])
+    assert sum(cell["reactions"].values()) == 4 and [r["meets"] for r in cell["interactions"]] == [False] * 4
     assert cell["samples"].get("consumed") == 4
-    assert {"drift", "entropy", "loss"} <= set(committed[0]["metrics"])
-    assert cell["wall_s"] > 0 and cell["train_config"]["method"] == "combined"
+    assert {"drift", "entropy", "loss", "topk_adv"} <= set(committed[0]["metrics"])  # top-K OPD trained
+    assert cell["train_config"]["method"] == "combined" and cell["train_config"]["opd_top_k"] == 4
+    assert cell["settings"]["memory"] and cell["memory_notes"] == ["Please start your reply with 'Sure!' and "
+                                                                    "write the work out in plain sentences with the numbers."]
+    assert cell["code"]["stamp"] and cell["clawback_version"] and cell["wall_s"] > 0
 
     summary = json.loads((out / "summary.json").read_text())
-    combined = summary["scenarios"]["student"]["combined"]
-    assert combined["seeds"] == [1] and len(combined["mean"]) == 5 and combined["steps_per_seed"] == [2]
-    assert summary["scenarios"]["student"]["none"]["steps_per_seed"] == [0]
-    assert summary["missing"] == []
-    assert (out / "student.png").read_bytes()[:8] == PNG_MAGIC
+    default = summary["scenarios"]["sure"]["default"]
+    assert default["seeds"] == [1] and len(default["mean"]) == 5 and default["steps_per_seed"] == [2]
+    assert default["sessions_to_adapt"] == {"1": None} and default["adapted"] == "0/1"  # capped: not adapted
+    assert summary["scenarios"]["sure"]["none"]["steps_per_seed"] == [0]
+    assert summary["missing"] == [] and summary["code_stamp"] == cell["code"]["stamp"]
+    assert (out / "sure.png").read_bytes()[:8] == PNG_MAGIC
 
     # Resumable: finished cells are skipped, a new method runs, the plot names what is missing.
-    before = (out / "cells/student/combined/seed1.json").read_bytes()
+    before = (out / "cells/sure/default/seed1.json").read_bytes()
     capsys.readouterr()
-    assert simulate(tiny_model_dir, out, "--method", "combined,binary", "--plot-only", "--no-gate") == 0
-    assert "missing cells: student/binary/seed1" in capsys.readouterr().err
-    assert simulate(tiny_model_dir, out, "--method", "combined", "--no-gate") == 0
+    assert simulate(ending_model_dir, out, "--method", "default,binary", "--plot-only", "--no-gate") == 0
+    assert "missing cells: sure/binary/seed1" in capsys.readouterr().err
+    assert simulate(ending_model_dir, out, "--method", "default", "--no-gate") == 0
     assert "1 already finished, 0 to run" in capsys.readouterr().err
-    assert (out / "cells/student/combined/seed1.json").read_bytes() == before
+    assert (out / "cells/sure/default/seed1.json").read_bytes() == before
 
 
-def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(tiny_model_dir: Path, tmp_path: Path, capsys):
+def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(ending_model_dir: Path, tmp_path: Path, capsys):
     out = tmp_path / "sim"
-    assert simulate(tiny_model_dir, out, "--method", "binary", "--batch-size", "1") == 0
-    cell = json.loads((out / "cells/student/binary/seed1.json").read_text())
+    assert simulate(ending_model_dir, out, "--method", "binary", "--batch-size", "1") == 0
+    cell = json.loads((out / "cells/sure/binary/seed1.json").read_text())
     assert cell["config"]["gate"] is True
     versions, committed = cell["versions"], [s["version"] for s in cell["steps"] if s["outcome"] == "committed"]
     # each version was decided: it went live (and may have been rolled back later: then also refused) or was refused
@@ -62,10 +70,10 @@ def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(tiny_model
     rated = 4 - cell["reactions"].get("moved_on", 0)
     assert cell["samples"].get("consumed", 0) == len(committed)  # batch 1: a step per trained sample
     assert len(committed) + cell["samples"]["dropped"].get("held_out", 0) <= rated
-    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("student/binary/seed1:"))
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("sure/binary/seed1:"))
     assert f"({len(versions['promoted'])} promoted, {len(versions['refused'])} refused)" in line
     # cells run before the gate existed count as ungated, so they never mix with gated ones
-    assert simulate(tiny_model_dir, out, "--method", "binary", "--batch-size", "1", "--no-gate") == 2
+    assert simulate(ending_model_dir, out, "--method", "binary", "--batch-size", "1", "--no-gate") == 2
     assert "'gate': (True, False)" in capsys.readouterr().err
 
 

@@ -75,7 +75,7 @@ def test_batched_logprobs_equal_one_sample_at_a_time():
     samples = random_samples(6, seed=1)
     batch = collate(samples, torch.device("cpu"))
     with torch.no_grad():
-        logp_B_T, ent_B_T = response_logprobs(model, batch)
+        logp_B_T, ent_B_T, _ = response_logprobs(model, batch)
         for i, s in enumerate(samples):
             P, R = len(s.prompt_ids), len(s.response_ids)
             logits = model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0, P - 1 : P - 1 + R]
@@ -180,6 +180,68 @@ def test_kl_is_measured_against_the_base_model():
     kls = [train_step(model, opt, samples, cfg)["kl"] for _ in range(3)]
     assert kls[0] < 1e-7  # LoRA B starts at 0: the adapter is the base model
     assert kls[2] > 1e-4  # after two updates the adapted policy has moved away from the base
+
+
+def test_topk_opd_raises_a_token_the_student_did_not_sample():
+    """The teacher prefers each prompt's 4th most likely first token, which the student did not
+    sample (it sampled its top token, which the teacher rates as the student does). Token-level
+    OPD then has no signal at all; top-K OPD raises the wanted token."""
+    P = prompts()
+    moved = {}
+    for top_k in (4, 0):
+        cfg = TrainConfig(method="opd", lora_rank=8, lora_alpha=16, lr=1e-2, opd_top_k=top_k)
+        model, opt = tiny_policy(cfg)
+        with torch.no_grad():
+            logp_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+        top_B_K, ids_B_K = logp_B_V.topk(4)
+        wanted_B = ids_B_K[:, 3]
+        teacher_B_K = top_B_K + torch.tensor([0.0, 0.0, 0.0, 2.0])
+        samples = [Sample(P[i].tolist(), [int(ids_B_K[i, 0])], [float(top_B_K[i, 0])], 0.0, [float(top_B_K[i, 0])],
+                          top_ids=[ids_B_K[i].tolist()], top_logprobs=[top_B_K[i].tolist()],
+                          teacher_top_logprobs=[teacher_B_K[i].tolist()]) for i in range(N)]
+        start = logp_B_V.gather(-1, wanted_B[:, None]).mean()
+        for _ in range(5):
+            m = train_step(model, opt, samples, cfg)
+        with torch.no_grad():
+            end = model(input_ids=P).logits[:, -1].float().log_softmax(-1).gather(-1, wanted_B[:, None]).mean()
+        moved[top_k] = float(end - start)
+        assert ("topk_adv" in m) == bool(top_k)
+    assert moved[4] > 0.5 and abs(moved[0]) < 1e-3, moved
+
+
+def test_positive_evidence_teaches_the_teachers_reply():
+    """A sample carrying the teacher's own reply adds it as a row with advantage evidence_weight:
+    its tokens gain; with the weight at 0 the same samples leave them where they were."""
+    P = prompts()
+    moved = {}
+    for weight in (1.0, 0.0):
+        cfg = TrainConfig(method="opd", lora_rank=8, lora_alpha=16, lr=1e-2, opd_top_k=0, evidence_weight=weight)
+        model, opt = tiny_policy(cfg)
+        with torch.no_grad():
+            logp_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+        start = float(logp_B_V[:, TARGET].mean())
+        samples = [Sample(P[i].tolist(), [8], [float(logp_B_V[i, 8])], 0.0, [float(logp_B_V[i, 8])],
+                          evidence_ids=[TARGET], evidence_logprobs=[float(logp_B_V[i, TARGET])]) for i in range(N)]
+        for _ in range(5):
+            m = train_step(model, opt, samples, cfg)
+        moved[weight] = first_token_logp(model, P, TARGET) - start
+        assert m["samples"] == N and m["evidence_rows"] == (N if weight else 0)
+    assert moved[1.0] > 0.5 and abs(moved[0.0]) < 1e-3, moved
+
+
+def test_kl_anchor_from_clawback_toml_is_logged_and_non_zero(tmp_path):
+    """kl_coef set in clawback.toml reaches the trainer, and every step logs the KL to the base
+    model: non-zero once the adapter has moved."""
+    from clawback.daemon.config import load_settings
+
+    (tmp_path / "clawback.toml").write_text("[train]\npreset = \"binary\"\nkl_coef = 0.1\nlora_rank = 4\n"
+                                            "lora_alpha = 8\nlr = 5e-2\n")
+    cfg = load_settings(data_dir=tmp_path).train_config()
+    assert (cfg.kl_coef, cfg.method) == (0.1, "binary")
+    model, opt = tiny_policy(cfg)
+    samples = random_samples(8, seed=4)
+    kls = [train_step(model, opt, samples, cfg)["kl"] for _ in range(3)]
+    assert kls[2] > 1e-4, kls
 
 
 def test_opd_without_a_teacher_is_an_error():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from clawback.trainer.config import PRESETS, TrainConfig, preset
-from clawback.trainer.losses import advantages, masked_mean, policy_loss
+from clawback.trainer.losses import advantages, masked_mean, policy_loss, topk_advantages, topk_policy_term
 
 
 def t(*rows):
@@ -137,3 +137,26 @@ def test_presets_and_validation():
         TrainConfig(method="grpo")
     with pytest.raises(ValueError):
         TrainConfig(tis_cap=0.5)
+
+
+def test_tis_is_against_the_sampling_distribution_when_recorded():
+    # Sampled at temperature 0.5: the token had probability 0.6 under the sampling distribution
+    # but 0.3 under the policy (temperature 1). The weight corrects towards the policy: 0.3/0.6.
+    logp = leaf([math.log(0.3)])
+    behaviour = t([math.log(0.3)])
+    loss, m = policy_loss(logp, logp.detach(), behaviour, t([1.0]), t([1.0]), sampling_logp_B_T=t([math.log(0.6)]))
+    assert float(m["tis"]) == pytest.approx(0.5) and float(m["drift"]) == pytest.approx(0.0, abs=1e-6)
+    assert loss.item() == pytest.approx(-0.5)
+
+
+def test_topk_advantage_is_clipped_and_its_gradient_is_the_expectation_over_the_k_tokens():
+    p = [0.5, 0.2, 0.1]
+    logp = torch.tensor([[[math.log(x) for x in p]]], requires_grad=True)  # B=1, T=1, K=3
+    behaviour = logp.detach().clone()
+    teacher = behaviour + torch.tensor([[[3.0, -0.5, 0.0]]])
+    adv = topk_advantages(teacher, behaviour, t([1.0]), w_opd=1.0, clip=1.0)
+    torch.testing.assert_close(adv, torch.tensor([[[1.0, -0.5, 0.0]]]))  # +3 clipped to +1
+    topk_policy_term(logp, adv).sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[[-0.5 * 1.0, -0.2 * -0.5, 0.0]]]))  # −π(k)·A_k
+    pad = topk_advantages(teacher, behaviour, t([0.0]), w_opd=1.0, clip=1.0)
+    assert pad.abs().sum() == 0

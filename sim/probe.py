@@ -1,0 +1,38 @@
+"""The generation-free probe: how much probability the policy puts on openers that meet the rule.
+
+For each held-out task the policy (the live version, with the preference notes in the system
+prompt when memory is on, as a main call would get them) takes one forward pass over the prompt;
+the probe is the probability mass of the first reply token's top-20 candidates whose text opens a
+reply that meets the preference (`Scenario.good_opener`), averaged over the tasks. One forward
+pass per task, so it runs on every version while greedy generation runs at a few points only. It
+sees only the opening of a reply: for rules about the rest of it, it is a partial view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from clawback.chat import ChatRequest
+from clawback.engine import Sampling
+from clawback.daemon.memory import inject
+
+from .scenarios import Scenario, Task
+
+TOP = 20
+
+
+async def opener_mass(state: Any, scen: Scenario, tasks: tuple[Task, ...]) -> float | None:
+    if scen.good_opener is None:
+        return None
+    notes = [n["text"] for n in await asyncio.to_thread(state.store.memory_notes)] if state.settings.memory else []
+    tok, total = state.renderer.tokenizer, 0.0
+    for task in tasks:
+        messages = inject([{"role": "user", "content": task.prompt}], notes)
+        req = ChatRequest.model_validate({"model": "clawback", "messages": messages})
+        _, ids = await asyncio.to_thread(state.renderer.render, req)
+        sampling = Sampling(temperature=0.0, max_tokens=1, top_logprobs=TOP)
+        async for t in state.engine.generate(ids, sampling, state.engine.active_version()):
+            total += sum(math.exp(lp) for i, lp in zip(t.top_ids, t.top_logprobs) if scen.good_opener(tok.decode([i])))
+    return total / len(tasks)

@@ -1,0 +1,37 @@
+"""What code a cell ran: a hash of clawback's own source, and the git commit when there is one.
+
+The stamp hashes every .py and .sql file of the installed clawback packages (not the git tree), so
+committing results or docs leaves it unchanged while any change to the code, committed or not,
+gives a new one. Summaries never mix cells of different stamps (results.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+
+@lru_cache(maxsize=1)
+def code_stamp() -> dict[str, Any]:
+    digest = hashlib.sha256()
+    roots = [Path(importlib.import_module(f"clawback.{name}").__file__ or "").parent
+             for name in ("daemon", "judge", "trainer", "sim")]
+    for root in roots:
+        for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".sql") and "__pycache__" not in p.parts):
+            digest.update(f"{root.name}/{f.relative_to(root)}\0".encode())
+            digest.update(f.read_bytes())
+    return {"stamp": digest.hexdigest()[:12], "commit": _git(roots[0], "rev-parse", "HEAD"),
+            "dirty": bool(_git(roots[0], "status", "--porcelain", "--", *(f":(top){r.name}" for r in roots)))}
+
+
+def _git(where: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
