@@ -62,10 +62,12 @@ def tiny_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="session")
 def ending_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random Llama made to end its replies after a token or two: a random model never
-    samples its end token by chance, and a reply cut by the token budget is not trained on. A
-    large constant in one residual dimension (an attention output bias) meets a matching weight in
-    the end token's (tied) embedding row, so that token's logit is about 8 nats above the rest."""
+    """The tiny random Llama made to end its replies by itself after a few tokens: a random model
+    never samples its end token by chance, and neither an empty reply nor one cut by the token
+    budget is trained on. A large constant in one residual dimension (an attention output bias)
+    meets a matching weight in the end token's (tied) embedding row, raising that token's logit; the
+    weight is set so that the simulator's sampled replies (temperature 0.7, 160 tokens) end with
+    some text before the budget."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -78,7 +80,7 @@ def ending_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPath
         model.model.layers[-1].self_attn.o_proj.bias.zero_()[0] = 100.0
         model.model.norm.weight[0] = 1.0
         for eos in read_model_info(out).eos_token_ids:
-            model.model.embed_tokens.weight[eos, 0] = 1.5
+            model.model.embed_tokens.weight[eos, 0] = 0.85
     model.save_pretrained(str(out))
     return out
 

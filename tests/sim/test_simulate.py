@@ -15,7 +15,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def simulate(model: Path, out: Path, *extra: str) -> int:
     return main(["simulate", "--model", str(model), "--scenario", "sure", "--interactions", "4",
-                 "--batch-size", "2", "--seeds", "1", "--max-tokens", "12", "--eval-tasks", "2",
+                 "--batch-size", "2", "--seeds", "1", "--max-tokens", "160", "--eval-tasks", "2",
                  "--out", str(out), *extra])
 
 
