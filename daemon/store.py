@@ -973,6 +973,10 @@ def _export_rows(conn: sqlite3.Connection, since: float) -> Iterator[dict[str, A
         row["prompt_ids"] = blob_ids(row["prompt_ids"])
         row["response_ids"] = blob_ids(row["response_ids"])
         row["behaviour_logprobs"] = blob_logprobs(row["behaviour_logprobs"])
+        n = len(row["response_ids"])
+        row["sampling_logprobs"] = None if row["sampling_logprobs"] is None else blob_logprobs(row["sampling_logprobs"])
+        row["top_ids"] = None if row["top_ids"] is None else blob_rows(blob_ids, row["top_ids"], n)
+        row["top_logprobs"] = None if row["top_logprobs"] is None else blob_rows(blob_logprobs, row["top_logprobs"], n)
         yield {"type": "call", **row}
     for r in conn.execute("SELECT * FROM next_states WHERE created_at >= ? ORDER BY created_at", (since,)):
         row = dict(r)
