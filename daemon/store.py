@@ -603,6 +603,8 @@ class Store:
             # feedback for sessions that never appeared, received before the cut
             ("feedback_events", "state = 'orphan' AND received_at < ? AND session_id NOT IN (SELECT session_id FROM sessions)",
              (scope.before if scope.before is not None else float("-inf"),)),
+            # the person's notes learnt from these calls (all of them when everything goes)
+            ("memory_notes", "1" if scope.everything else f"call_id {in_c}", ()),
             ("session_links", f"from_session {in_s} OR to_session {in_s}", ()),
             ("calls", f"session_id {in_s}", ()),
             ("sessions", f"session_id {in_s}", ()),
