@@ -226,6 +226,19 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
             error = str(e) if isinstance(e, AdapterError) else f"not a version: {version!r}"
         return page(request, "ui/part_versions.html", p=await data.part("versions"), error=error, notice=notice)
 
+    @ui.post("/memory/{action}")
+    async def memory_action(request: Request, action: str, note_id: int = Form(), text: str = Form("")) -> Response:
+        """The same store calls as `PUT`/`DELETE /v1/memory/{id}` and `clawback memory edit|forget`."""
+        checked_post(request)
+        if action == "edit":
+            done = bool(text.strip()) and await state.store.edit_note(note_id, text)
+            error = None if done else ("a note needs text" if not text.strip() else f"no memory note {note_id}")
+        elif action == "forget":
+            error = None if await state.store.forget_notes(note_id) else f"no memory note {note_id}"
+        else:
+            return Response(status_code=404)
+        return page(request, "ui/part_memory.html", p=await data.part("memory"), error=error)
+
     @ui.post("/forget")
     async def forget_session(request: Request, session_id: str = Form("")) -> Response:
         """The same `forget()` as `POST /v1/forget` and `clawback forget --session`."""
@@ -306,8 +319,10 @@ class DashboardData:
     async def part(self, name: str) -> dict[str, Any]:
         if name == "health":
             return await self.health()
+        if name == "memory":
+            return {"notes": await asyncio.to_thread(self.store.memory_notes), "enabled": self.state.settings.memory}
         query = {"learning": self._learning, "feedback": _feedback, "versions": _versions,
-                 "memory": _memory, "conversations": _sessions}[name]
+                 "conversations": _sessions}[name]
         out = await asyncio.to_thread(self.store.read, query)
         out["live"] = self.state.adapters.live()
         return out
@@ -442,13 +457,6 @@ def _versions(c: sqlite3.Connection) -> dict[str, Any]:
                    **_gate_numbers(r))
         rows.append(row)
     return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS)}
-
-
-def _memory(c: sqlite3.Connection) -> dict[str, Any]:
-    exists = c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memory_notes'").fetchone()
-    if exists is None:
-        return {"notes": None}
-    return {"notes": [dict(r) for r in c.execute("SELECT * FROM memory_notes ORDER BY updated_at DESC LIMIT 100")]}
 
 
 def _sessions(c: sqlite3.Connection) -> dict[str, Any]:

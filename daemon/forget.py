@@ -1,9 +1,10 @@
 """Forgetting: delete what the daemon stored about conversations, on request or by age.
 
 One function serves `clawback forget`, `POST /v1/forget` and the `retain_days` sweep. The store
-deletes the sessions' calls, next states, feedback, judge votes, samples and the preference notes
-learned from them, and rewrites its files so that none of the text remains in them (free pages and
-the WAL included); the append-only event log keeps a tombstone with counts only. Adapter versions already trained on forgotten samples
+deletes the sessions' calls, next states, feedback, judge votes, samples and the memory notes
+learnt from them (every note when it forgets everything) and rewrites its files
+so that none of the text remains in them (free pages and the WAL included); the append-only event
+log keeps a tombstone with counts only. Adapter versions already trained on forgotten samples
 still carry what they learnt from them: they are listed, with the rollback that removes them.
 """
 

@@ -1,7 +1,7 @@
 """Forgetting with a real store: what a session left is deleted, none of its text remains in the
-database files (free pages and WAL included) nor in the preference notes learned from it, a
-content-free tombstone stays in the event log, and the adapter versions trained on it are named
-with the rollback that removes them."""
+database files (free pages and WAL included), a content-free tombstone stays in the event log,
+the memory notes learnt from it go (every note when everything goes), and the adapter versions
+trained on it are named with the rollback that removes them."""
 
 from __future__ import annotations
 
@@ -70,6 +70,8 @@ def test_forget_a_session_leaves_no_trace_of_its_text(store: Store):
     report = asyncio.run(forget(store, ForgetScope(session_id="gone"), capture))
 
     assert report["sessions"] == 2 and report["deleted"]["calls"] == 2 and report["deleted"]["feedback_events"] == 3
+    assert report["deleted"]["memory_notes"] == 2  # the notes its corrections left
+    assert [n["text"] for n in store.memory_notes()] == ["say KEEP-MARKER-7"]
     assert report["affected_versions"] == [2, 3] and report["rollback_to"] == 1
     raw = raw_bytes(store.db_path)
     assert b"GONE-MARKER" not in raw, "forgotten text is still in the database files"
@@ -99,10 +101,11 @@ def test_forget_before_a_time_and_everything(store: Store):
     raw = raw_bytes(store.db_path)
     assert b"OLD-MARKER-1" not in raw and b"NEW-MARKER-2" in raw
 
+    assert asyncio.run(store.edit_note(store.memory_notes()[0]["note_id"], "Call me NOTE-MARKER-5."))
     report = asyncio.run(forget(store, ForgetScope(everything=True)))
-    assert report["deleted"]["sessions"] == 1
-    assert b"NEW-MARKER-2" not in raw_bytes(store.db_path)
-    assert not query(store.db_path, "SELECT * FROM memory_notes")
+    assert report["deleted"]["sessions"] == 1 and report["deleted"]["memory_notes"] == 1
+    assert store.memory_notes() == []  # a person forgetting everything loses their notes, edited ones too
+    assert b"NEW-MARKER-2" not in raw_bytes(store.db_path) and b"NOTE-MARKER-5" not in raw_bytes(store.db_path)
     assert [r[0] for r in query(store.db_path, "SELECT json_extract(payload, '$.scope') FROM events "
                                                "WHERE kind = 'forgotten' ORDER BY id")] == ["before", "all"]
 

@@ -2,7 +2,7 @@
 Python) against a real daemon (tiny random Llama, Ray trainer, gate, auth on): log in, read the
 health of a daemon that served a tagged conversation with feedback, watch a new version appear
 without a reload, refused by the gate, and promote it with a click; roll back with a click and see
-the engine serve the old version; forget a conversation with a click and roll back the versions
+the engine serve the old version; edit and forget memory notes; forget a conversation with a click and roll back the versions
 trained on it; a request without the cookie and cross-site POSTs are refused; `clawback
 dashboard`'s link logs in once. Screenshots go to $CLAWBACK_SCREENSHOTS (default: the test's tmp
 dir)."""
@@ -36,12 +36,14 @@ TRAIN_TIMEOUT_S = 300  # the first step starts Ray on a busy 2-core machine
 UI_TIMEOUT_MS = TRAIN_TIMEOUT_S * 1000
 
 
-def converse(c: httpx.Client, session: str, messages: list[dict], kind: str = "thumbs_up") -> list[dict]:
+def converse(c: httpx.Client, session: str, messages: list[dict], kind: str = "thumbs_up",
+             text: str | None = None) -> list[dict]:
     """One tagged main call and a rating of its reply; the conversation so far, with the reply."""
     r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 8, "messages": messages},
                headers={"x-session-id": session, "x-turn-type": "main"})
     r.raise_for_status()
-    ack = c.post("/v1/feedback", json={"event_id": str(uuid.uuid4()), "kind": kind, "session_id": session}).json()
+    ack = c.post("/v1/feedback", json={"event_id": str(uuid.uuid4()), "kind": kind, "session_id": session,
+                                       "text": text}).json()
     assert ack["type"] == "ack", ack
     return [*messages, r.json()["choices"][0]["message"]]
 
@@ -127,8 +129,9 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     page.evaluate("window.sameDocument = true")  # gone if the page reloads
 
     # The conversation goes on (its first reply is now paired with a next state) and the second
-    # rated reply trains v2; the page shows it without a reload.
-    converse(c, "chat-1", [*chat, {"role": "user", "content": "And what is a hot swap?"}])
+    # rated reply (👎 with a reason: two memory notes) trains v2; the page shows it without a reload.
+    converse(c, "chat-1", [*chat, {"role": "user", "content": "And what is a hot swap?"}], "thumbs_down",
+             "Please answer in one sentence. Never use bold text.")
     expect(page.locator("#versions tr[data-version=v2]")).to_have_class("refused", timeout=UI_TIMEOUT_MS)
     page.click("#versions tr[data-version=v2] button:has-text('Promote')")
     expect(page.locator("#health-live")).to_have_text("v2")
@@ -170,6 +173,16 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     _cross_site_posts_refused(page, d, tmp_path)
     assert live_version(c) == 1
 
+    # Memory notes: edit one, forget the other (the store calls of `clawback memory edit|forget`).
+    notes = page.locator("#memory tr[data-note]")
+    expect(notes).to_have_count(2)
+    notes.first.locator("input[name=text]").fill("Answer in two sentences.")
+    notes.first.locator("button:has-text('Save')").click()
+    expect(notes.first.locator("input[name=text]")).to_have_value("Answer in two sentences.")
+    notes.nth(1).locator("button:has-text('Forget')").click()
+    expect(notes).to_have_count(1)
+    assert [n["text"] for n in c.get("/v1/memory").json()["data"]] == ["Answer in two sentences."]
+
     # Browse a conversation.
     page.click("#conversations a:has-text('chat-1')")
     expect(page.locator("#conversation")).to_contain_text("What is a LoRA?")
@@ -181,6 +194,8 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     page.click("#conversation button.forget")
     expect(page.locator("#conversation")).to_contain_text("Forgot session chat-1")
     expect(page.locator("#conversation")).to_contain_text("2 calls")
+    expect(page.locator("#conversation")).to_contain_text("1 memory notes")  # the note learnt from it
+    assert c.get("/v1/memory").json()["data"] == []
     expect(page.locator("#forgotten-trained")).to_contain_text("v1, v2 were trained on it")
     expect(page.locator("#conversations")).not_to_contain_text("chat-1")  # the list refreshed itself
     assert not query(d.data_dir / "clawback.db", "SELECT 1 FROM calls WHERE session_id = 'chat-1'")

@@ -37,3 +37,10 @@ document.addEventListener("DOMContentLoaded", () => {
   events.addEventListener("changed", () => htmx.trigger(document.body, "changed"));
 });
 document.addEventListener("htmx:afterSettle", (e) => drawCharts(e.detail.elt));
+// A live refresh never replaces a form being filled in (a memory note being edited).
+document.addEventListener("htmx:beforeRequest", (e) => {
+  const elt = e.detail.elt;
+  if (elt.tagName === "SECTION" && [...elt.querySelectorAll("input[type=text]")].some((i) => i.value !== i.defaultValue)) {
+    e.preventDefault();
+  }
+});
