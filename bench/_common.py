@@ -135,3 +135,15 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def write_result(name: str, record: dict[str, Any]) -> Path:
+    """bench/results/<name>-<timestamp>.json, with the machine it ran on."""
+    import datetime as dt
+    import json
+
+    out = REPO / "bench" / "results" / f"{name}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**record, "machine": machine()}, indent=1))
+    print(f"wrote {out}")
+    return out

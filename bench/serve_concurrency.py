@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import statistics
@@ -32,7 +31,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_MODEL, REPO, Daemon, machine  # noqa: E402
+from _common import DEFAULT_MODEL, Daemon, write_result  # noqa: E402
 
 PROMPTS = [
     "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle.",
@@ -124,11 +123,7 @@ def main() -> None:
             summary[f"ratio {a}/{b} at {n}"] = statistics.median(
                 r[f"{a}/{n}"]["tokens_per_s"] / r[f"{b}/{n}"]["tokens_per_s"] for r in rounds)
     print(json.dumps(summary, indent=2))
-    out = REPO / "bench" / "results" / f"serve_concurrency-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine(),
-                               "summary": summary, "rounds": rounds}, indent=1))
-    print(f"wrote {out}")
+    write_result("serve_concurrency", {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "rounds": rounds})
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ is served). Writes bench/results/serve_while_training-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sqlite3
 import statistics
@@ -42,7 +41,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_MODEL, REPO, Daemon, machine  # noqa: E402
+from _common import DEFAULT_MODEL, Daemon, write_result  # noqa: E402
 
 PROMPT = "Explain in detail how a bicycle works, covering the frame, gears, brakes and wheels."
 
@@ -202,11 +201,7 @@ def main() -> None:
         "request_errors": sum(len(r["errors_1"]) + len(r[f"errors_{n}"]) for r in rounds),
     }
     print(json.dumps(summary, indent=1))
-    out = REPO / "bench" / "results" / f"serve_while_training-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine(),
-                               "summary": summary, "rounds": rounds}, indent=1))
-    print(f"wrote {out}")
+    write_result("serve_while_training", {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "rounds": rounds})
 
 
 if __name__ == "__main__":
