@@ -1,6 +1,9 @@
 """Preference notes: what the person asked for in corrections and 👎 reasons, kept short.
 
-A correction is split into sentences; each sentence of two or more words is a note. A note's
+A correction is split into sentences; a sentence of two or more words that asks for something
+(a request: "Please start with 'Sure!'.", "Don't use bold.", "I'd like shorter replies.") is a
+note. The rest of a correction (the complaint, "That looks AI-written.", "It was cut off.") says
+what went wrong, not what to do, and is skipped with a recorded reason. A note's
 topic is its set of content words (negations and filler removed), so "Please use bold." and
 "Please don't use bold." share a topic and the newer replaces the older (newest wins on a
 conflict), while the same sentence again only refreshes it (de-duplicated). At most
@@ -29,19 +32,47 @@ please pls i i'd i'm me my you your you're we us our do don't dont does doesn't 
 can could would should will just also more less really very much too again""".split())
 
 
+# A request opens with one of these (after "please", "and", "next time", ...) or says so in
+# words (_ASKS, _WANTS). A statement about the last reply ("It was cut off.") has neither.
+_LEAD = re.compile(r"^(?:(?:and|also|actually|so|but|just|please|pls|kindly|now|instead|next time|from now on|"
+                   r"in future|in the future|going forward)[\s,]+)*", re.IGNORECASE)
+_IMPERATIVE = frozenset("""add address aim always answer ask avoid be begin call capitalize check cite close cut
+don't dont drop end explain focus follow format give go include keep leave let limit list make mention name
+never number offer omit open put quote refer remember remove reply respond say show sign skip speak spell
+start state stay stick stop summarise summarize switch talk tell try turn use write""".split())
+_ASKS = re.compile(r"\b(?:please|you (?:should|must|need to|have to)|should|must|instead)\b", re.IGNORECASE)
+_WANTS = re.compile(r"(?:i(?:'d| would) (?:like|prefer|rather)|i (?:want|need|prefer|like it when)|(?:do not|no) \w)",
+                    re.IGNORECASE)
+
+
+def is_request(sentence: str) -> bool:
+    """Does the sentence ask for something about replies (not only complain about the last one)?"""
+    if _ASKS.search(sentence):
+        return True
+    rest = _LEAD.sub("", sentence.strip())
+    if _WANTS.match(rest):
+        return True
+    first = _WORD.match(rest.lower())
+    return first is not None and first.group(0) in _IMPERATIVE
+
+
 def topic(sentence: str) -> str:
     words = sorted({w for w in _WORD.findall(sentence.lower()) if w not in _FILLER})
     return " ".join(words)
 
 
-def notes_from(text: str) -> list[str]:
-    """The note sentences of a correction or 👎 reason, in order, each at most MAX_NOTE_CHARS."""
-    out = []
+def notes_from(text: str) -> tuple[list[str], int]:
+    """The note sentences of a correction or 👎 reason, in order, each at most MAX_NOTE_CHARS,
+    and how many sentences were skipped as not a request."""
+    out, skipped = [], 0
     for sentence in _SENTENCE.split(text.strip()):
         s = " ".join(sentence.split())[:MAX_NOTE_CHARS]
         if len(_WORD.findall(s.lower())) >= 2 and topic(s):
-            out.append(s)
-    return out
+            if is_request(s):
+                out.append(s)
+            else:
+                skipped += 1
+    return out, skipped
 
 
 def inject(messages: list[dict[str, Any]], notes: list[str]) -> list[dict[str, Any]]:

@@ -518,8 +518,11 @@ class Store:
     # ---- preference notes (daemon/memory.py) ----
 
     def _remember(self, text: str, source: str, call_id: str | None, now: float) -> None:
-        for note in memory.notes_from(text):
+        notes, skipped = memory.notes_from(text)
+        for note in notes:
             self._put_note(note, source, call_id, now)
+        if skipped:  # content-free: the event table outlives a forget
+            self._event("memory.skipped", call_id, {"source": source, "sentences": skipped, "reason": "not a request"})
         # Bounded: the least recently confirmed notes go first.
         self._conn.execute(
             "DELETE FROM memory_notes WHERE note_id NOT IN "

@@ -20,11 +20,16 @@ from clawback.daemon.store import Store
 from tests.conftest import DaemonProcess, query, wait_for
 
 
-def test_notes_are_the_sentences_of_a_correction():
-    assert notes_from("Hmm. Please start your reply with 'Sure!'.  Thanks") == ["Please start your reply with 'Sure!'."]
+def test_notes_are_the_request_sentences_of_a_correction():
+    assert notes_from("Hmm. Please start your reply with 'Sure!'.  Thanks") == (["Please start your reply with 'Sure!'."], 0)
+    # What went wrong is not what to do: the complaint and "It was cut off." are skipped, counted.
+    assert notes_from("That looks AI-written. It was cut off. Don't use bold. Next time, keep it short.") == (
+        ["Don't use bold.", "Next time, keep it short."], 2)
+    assert notes_from("That comment is not what I need. I'd like shorter replies. No bold. No, that is wrong.") == (
+        ["I'd like shorter replies.", "No bold."], 2)
     assert topic("Please use bold.") == topic("Don't use bold, please.")  # a reversal is the same topic
     assert topic("Please use bold.") != topic("Please use headers.")
-    assert notes_from("   ") == []
+    assert notes_from("   ") == ([], 0)
 
 
 def test_injection_goes_into_the_system_prompt_and_leaves_the_input_alone():
@@ -46,19 +51,22 @@ def test_store_dedupes_replaces_on_conflict_and_stays_bounded(tmp_path: Path):
     try:
         _feedback(store, "correction", "That looks AI-written. Please don't use bold.")
         _feedback(store, "correction", "That looks AI-written. Please don't use headers.")
+        _feedback(store, "correction", "Keep it short.")
         assert [n["text"] for n in store.memory_notes()] == [
-            "That looks AI-written.", "Please don't use bold.", "Please don't use headers."]
+            "Please don't use bold.", "Please don't use headers.", "Keep it short."]
+        skipped = store._conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'memory.skipped'").fetchone()[0]
+        assert skipped == 2  # the complaint, once per correction
         _feedback(store, "thumbs_down", "Actually, please use bold.")  # a 👎 reason; newest wins
         texts = [n["text"] for n in store.memory_notes()]
         assert "Please don't use bold." not in texts and "Actually, please use bold." in texts and len(texts) == 3
         _feedback(store, "thumbs_up", "Nice one, well done.")  # praise is not a preference
         _feedback(store, "correction", "Answer in one sentence.")  # bounded: the stalest note goes
-        assert len(store.memory_notes()) == 3 and "That looks AI-written." not in [
+        assert len(store.memory_notes()) == 3 and "Please don't use headers." not in [
             n["text"] for n in store.memory_notes()]
         first = store.memory_notes()[0]["note_id"]
-        assert asyncio.run(store.edit_note(first, "  Keep   it short. "))
+        assert asyncio.run(store.edit_note(first, "  Keep   it brief. "))
         assert asyncio.run(store.forget_notes(999)) == 0
-        assert store.memory_notes()[0]["text"] == "Keep it short." and store.memory_notes()[0]["source"] == "edit"
+        assert store.memory_notes()[0]["text"] == "Keep it brief." and store.memory_notes()[0]["source"] == "edit"
         assert asyncio.run(store.forget_notes()) == 3 and store.memory_notes() == []
     finally:
         store.close()
