@@ -222,7 +222,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
         await _settle(state, cfg.batch_size)
         steps = await asyncio.to_thread(_train_steps, state.store)
         samples = await asyncio.to_thread(_sample_counts, state.store)
-        notes = await asyncio.to_thread(state.store.memory_notes)
+        notes = await asyncio.to_thread(state.store.memory_notes, state.adapters.live())
         versions = _versions(await asyncio.to_thread(state.store.adapters))
     if curve[-1]["interaction"] != cfg.interactions:  # the curve runs to the end of the cell
         curve.append({**curve[-1], "interaction": cfg.interactions, "carried": True})
@@ -233,7 +233,8 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
         "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
         "eval_tasks": len(eval_tasks), "curve": curve, "probe": probes, "final_score": curve[-1]["score"],
         "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),
-        "steps": steps, "samples": samples, "versions": versions, "memory_notes": [n["text"] for n in notes],
+        "steps": steps, "samples": samples, "versions": versions, "memory_notes": [
+            {k: n[k] for k in ("text", "created_at", "retired_by", "retired_at", "active")} for n in notes],
         "eval_replies": evals,
         "wall_s": time.time() - started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
