@@ -102,7 +102,7 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         notes = c.get("/v1/memory").json()
         assert notes["enabled"] and [n["text"] for n in notes["data"]] == ["Please answer in French."]
         assert c.get("/v1/status").json()["memory"]["notes"] == [  # what the extension's /clawback shows
-            {"note_id": notes["data"][0]["note_id"], "text": "Please answer in French."}]
+            {"note_id": notes["data"][0]["note_id"], "text": "Please answer in French.", "active": True, "retired_by": None}]
 
         main_id, side_id = ask("m2"), ask("m3", "side")
         db = daemon.data_dir / "clawback.db"
