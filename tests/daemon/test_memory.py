@@ -264,6 +264,9 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             status = (await c.get("/v1/status")).json()["memory"]["notes"]
             assert [(n["retired_by"], n["active"]) for n in status] == [(1, False), (None, True)]
             assert note_retirement(listed["data"][0], listed["live"]) == ", retired by v1"
+            await c.get("/ui/login")  # no API key: a dashboard session at once
+            page = (await c.get("/ui/part/memory")).text
+            assert page.count("no: retired by v1") == 1 and page.count("<td>yes</td>") == 1
             served_v1 = (await ask("s3"))["request"]["messages"][0]["content"]
             assert served_v1 == f"Be kind.\n\n{HEADER}\n- Don't use bold."  # stored exactly as served
 
@@ -274,6 +277,7 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             listed = (await c.get("/v1/memory")).json()
             assert listed["data"][0]["active"] and note_retirement(listed["data"][0], listed["live"]) == \
                 ", retired by v1; injected while base serves"
+            assert "yes: retired by v1, base serves" in (await c.get("/ui/part/memory")).text
 
             # A check that cannot score leaves every note as it was and raises nothing.
             async def broken(*_: object, **__: object) -> list[float]:
