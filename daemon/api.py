@@ -322,7 +322,7 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         is on), false for one that version retired (`retired_by`, daemon/retirement.py)."""
         live = state.adapters.live()
         return {"enabled": state.settings.memory, "max_notes": state.settings.memory_max_notes,
-                "retire": state.settings.memory_retire, "live": version_name(live),
+                "live": version_name(live),
                 "data": [{k: v for k, v in n.items() if k != "topic"}
                          for n in await asyncio.to_thread(state.store.memory_notes, live)]}
 
