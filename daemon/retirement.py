@@ -16,6 +16,10 @@ while this version, or one trained on top of it, serves; a rollback to anything 
 back. A note edited or confirmed again by a new correction is active again. Notes without teacher
 logprobs (Binary RL alone computes none) never retire. Scoring waits for serving like the gate's
 replay, and a check that fails leaves the note as it was.
+
+The reply checked is usually one the version trained on (unless the gate held it out): the check
+shows that the weights took in that correction, not that they carry it to new requests; the
+gate's replay on held-out calls and the simulator's held-out evaluation measure that.
 """
 
 from __future__ import annotations
@@ -57,17 +61,20 @@ class NoteRetirement:
                 continue
             try:
                 report = await self._check(version, note)
-                if report is not None and report["retire"]:
-                    gaps = {k: report[k] for k in ("gap_live", "gap_note")}
-                    report["retired"] = await self.store.retire_note(
-                        note["note_id"], note["updated_at"], version, {**gaps, "margin": self.margin})
+                if report is None:
+                    continue
+                numbers = {"version": version, "gap_live": report["gap_live"], "gap_note": report["gap_note"],
+                           "margin": self.margin}
+                report["retired"] = report["retire"] and await self.store.retire_note(
+                    note["note_id"], note["updated_at"], version, numbers)
             except Exception as e:
                 log.warning("memory: checking note %d against v%d failed, it stays: %s", note["note_id"], version, e)
                 continue
-            if report is not None:
-                reports.append(report)
-                log.info("memory: note %d on v%d: gap %.3f without it vs %.3f with it on base%s", note["note_id"],
-                         version, report["gap_live"], report["gap_note"], ", retired" if report.get("retired") else "")
+            # Every check, retired or not, for tuning the margin (numbers only: events outlive a forget).
+            self.store.add_event("memory.checked", str(note["note_id"]), {**numbers, "retired": report["retired"]})
+            reports.append(report)
+            log.info("memory: note %d on v%d: gap %.3f without it vs %.3f with it on base%s", note["note_id"],
+                     version, report["gap_live"], report["gap_note"], ", retired" if report["retired"] else "")
         return reports
 
     async def _check(self, version: int, note: dict[str, Any]) -> dict[str, Any] | None:

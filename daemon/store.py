@@ -271,8 +271,8 @@ class Store:
         return await self._commit(_Write("memory_edit", partial(self._write_note_edit, note_id, text)))
 
     async def retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, Any]) -> bool:
-        """Retire a note as checked against `version`; False if it changed since (edited, confirmed
-        again by a new correction) or is gone."""
+        """Retire a note as checked against `version` (`report`: the check's numbers, for the
+        event); False if it changed since (edited, confirmed again by a new correction) or is gone."""
         return await self._commit(_Write("memory_retire", partial(self._write_retire_note, note_id, updated_at,
                                                                   version, report)))
 
@@ -567,7 +567,7 @@ class Store:
             "UPDATE memory_notes SET retired_by = ?, retired_at = ? WHERE note_id = ? AND updated_at = ? "
             "AND retired_by IS NULL", (version, time.time(), note_id, updated_at)).rowcount == 1
         if done:  # the numbers, never the note's text: the event table outlives a forget
-            self._event("memory.retired", str(note_id), {"version": version, **report})
+            self._event("memory.retired", str(note_id), report)
         return done
 
     def _write_forget_notes(self, note_id: int | None) -> int:

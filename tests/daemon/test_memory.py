@@ -155,7 +155,8 @@ def test_a_retired_note_stays_out_only_while_its_version_or_a_descendant_serves(
         note = store.memory_notes()[0]
         assert note["active"] and note["retired_by"] is None
         assert not asyncio.run(store.retire_note(note["note_id"], note["updated_at"] - 1, 2, {}))  # changed since
-        assert asyncio.run(store.retire_note(note["note_id"], note["updated_at"], 2, {"gap_live": 0.1, "gap_note": 0.3}))
+        assert asyncio.run(store.retire_note(note["note_id"], note["updated_at"], 2,
+                                             {"version": 2, "gap_live": 0.1, "gap_note": 0.3}))
         active = {live: store.memory_notes(live)[0]["active"] for live in (None, 1, 2, 3, 4)}
         assert active == {None: True, 1: True, 2: False, 3: False, 4: True}
         event = json.loads(query(store.db_path, "SELECT payload FROM events WHERE kind = 'memory.retired'")[0][0])
@@ -255,8 +256,11 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             assert result["Please answer in French."]["retired"] and result["Please answer in French."]["gap_live"] < 1e-4
             assert not result["Don't use bold."]["retire"] and result["Don't use bold."]["gap_note"] < 1e-4
             assert result["Don't use bold."]["gap_live"] > 0.01
-            events = query(db, "SELECT subject_id, payload FROM events WHERE kind = 'memory.retired'")
-            assert len(events) == 1 and "French" not in events[0]["payload"]
+            await asyncio.to_thread(state.store.flush)
+            events = query(db, "SELECT kind, payload FROM events WHERE kind IN ('memory.retired', 'memory.checked')")
+            assert sorted(e["kind"] for e in events) == ["memory.checked", "memory.checked", "memory.retired"]
+            assert not any("French" in e["payload"] or "bold" in e["payload"] for e in events)
+            assert {json.loads(e["payload"])["retired"] for e in events if e["kind"] == "memory.checked"} == {True, False}
 
             listed = (await c.get("/v1/memory")).json()
             assert listed["live"] == "v1" and [(n["text"], n["retired_by"], n["active"]) for n in listed["data"]] == [
