@@ -119,8 +119,25 @@ def against_live_and_base(cand: dict[str, float], live: dict[str, float], base: 
     live is the base model)."""
     reasons = collapse_reasons(cand, live, cfg, live_name or "base", on)
     if base is not None and live_name is not None:
-        reasons += [r for r in collapse_reasons(cand, base, cfg, "base", on, NEVER_WANTED)]
+        reasons += collapse_reasons(cand, base, cfg, "base", on, NEVER_WANTED)
     return reasons
+
+
+async def score_when_quiet(engine: Engine, busy: Callable[[], int], prompt_ids: list[int], response_ids: list[int],
+                           version: str | None) -> list[float]:
+    """`engine.score`, after waiting (at most 10 s) until no request is being served: each pass
+    holds the engine for one forward."""
+    for _ in range(200):
+        if not busy():
+            break
+        await asyncio.sleep(0.05)
+    return await engine.score(prompt_ids, response_ids, version)
+
+
+def teacher_gap(logprobs: list[float], teacher_logprobs: list[float]) -> float:
+    """Mean per-token |logp_model − logp_teacher| on a stored reply: how far the model is from the
+    behaviour the correction asked for (the hinted teacher)."""
+    return sum(abs(a - b) for a, b in zip(logprobs, teacher_logprobs)) / len(logprobs)
 
 
 class CandidateGate:
@@ -317,11 +334,7 @@ class CandidateGate:
                 and len(i["prompt_ids"]) + len(i["response_ids"]) <= min(self.cfg.replay_max_tokens, self.engine.info.context_length)]
 
     async def _score(self, version: str | None, item: dict[str, Any]) -> list[float]:
-        for _ in range(200):  # each pass holds the engine for one forward: wait for a quiet moment (≤ 10 s)
-            if not self.busy():
-                break
-            await asyncio.sleep(0.05)
-        return await self.engine.score(item["prompt_ids"], item["response_ids"], version)
+        return await score_when_quiet(self.engine, self.busy, item["prompt_ids"], item["response_ids"], version)
 
     async def _mean_logprob(self, version: str | None, item: dict[str, Any]) -> float:
         key = (version, "lp:" + item["call_id"])
@@ -331,12 +344,9 @@ class CandidateGate:
         return self._replay_cache[key]
 
     async def _teacher_gap(self, version: str | None, item: dict[str, Any]) -> float:
-        """Mean per-token |logp_model − logp_teacher| on the stored reply: how far the model is
-        from the behaviour the correction asked for (the hinted teacher)."""
         key = (version, "gap:" + item["call_id"])
         if key not in self._replay_cache:
-            lp = await self._score(version, item)
-            self._replay_cache[key] = sum(abs(a - b) for a, b in zip(lp, item["teacher_logprobs"])) / len(lp)
+            self._replay_cache[key] = teacher_gap(await self._score(version, item), item["teacher_logprobs"])
         return self._replay_cache[key]
 
     def _forget(self, versions: set[str | None]) -> None:
