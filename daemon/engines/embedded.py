@@ -516,7 +516,7 @@ class EmbeddedEngine:
             keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p
             keep[0] = True  # the top token always (a top_p under float32's range compares as 0)
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-            probs = probs / probs.sum()  # what multinomial draws from
+            probs = probs / probs.sum()  # what is drawn from
         # Inverse CDF: one uniform draw, where torch.multinomial draws an exponential per
         # vocabulary entry (0.7 ms a row for a 49k vocabulary, bench/README.md). `right` skips
         # the flat steps of zero-probability tokens.
