@@ -11,6 +11,10 @@ interleaved so that both engines see the same machine load; medians over rounds 
 the ratio embedded / vLLM is taken per round.
 
     nice -n 10 .venv/bin/python bench/serve_concurrency.py --rounds 5
+    nice -n 10 .venv/bin/python bench/serve_concurrency.py --engines embedded,embedded:2,vllm  # + 2 torch threads
+
+Also records the CPU seconds each daemon (with its children) used during every burst, so that an
+idle daemon taking CPU from the measured one shows.
 
 Writes bench/results/serve_concurrency-<timestamp>.json.
 """
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEFAULT_MODEL, Daemon, write_result  # noqa: E402
@@ -75,6 +80,18 @@ async def burst(url: str, streams: int, max_tokens: int, seed: int) -> dict[str,
             "ttft_p50_s": statistics.median(o["ttft_s"] for o in out), "per_stream": out}
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by a process and its live descendants (vLLM's server is a child)."""
+    total = 0.0
+    for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
@@ -89,12 +106,13 @@ def main() -> None:
     env = {"embedded": {**off, "CLAWBACK_ENGINE": "embedded"},
            "vllm": {**off, "CLAWBACK_ENGINE": "vllm", "CLAWBACK_ENGINE_PYTHON": args.vllm_python,
                     "VLLM_CPU_KVCACHE_SPACE": "1"}}
-    engines = args.engines.split(",")
+    engines = args.engines.split(",")  # "embedded:2": the embedded engine with 2 torch threads
     daemons = {}
     try:
         for name in engines:  # threads 0: the daemon's CPU budget; vLLM sizes its own
-            data_dir = Path(tempfile.mkdtemp(prefix=f"clawback-bench-{name}-"))
-            daemons[name] = Daemon(args.model, data_dir, 0, "cpu", "warning", env=env[name])
+            kind, _, threads = name.partition(":")
+            data_dir = Path(tempfile.mkdtemp(prefix=f"clawback-bench-{kind}-"))
+            daemons[name] = Daemon(args.model, data_dir, int(threads or 0), "cpu", "warning", env=env[kind])
             daemons[name].wait_ready(timeout=1800)
         for name, d in daemons.items():  # warm-up: first requests compile kernels and fill caches
             asyncio.run(burst(d.url, args.streams, 8, 0))
@@ -104,10 +122,13 @@ def main() -> None:
             row: dict[str, Any] = {"round": r, "order": order, "loadavg": Path("/proc/loadavg").read_text().split()[0]}
             for name in order:
                 for n in (1, args.streams):
+                    cpu0 = {k: tree_cpu_s(d.proc.pid) for k, d in daemons.items()}
                     res = asyncio.run(burst(daemons[name].url, n, args.max_tokens, 1000 * r))
+                    # the idle daemon's CPU during this burst: CPU it takes from the measured one
+                    res["cpu_s"] = {k: round(tree_cpu_s(d.proc.pid) - cpu0[k], 2) for k, d in daemons.items()}
                     row[f"{name}/{n}"] = res
-                    print(f"round {r} {name:8} {n} streams: {res['tokens']:4d} tokens {res['tokens_per_s']:6.1f} tok/s "
-                          f"ttft p50 {res['ttft_p50_s']:.2f} s", flush=True)
+                    print(f"round {r} {name:10} {n} streams: {res['tokens']:4d} tokens {res['tokens_per_s']:6.1f} tok/s "
+                          f"ttft p50 {res['ttft_p50_s']:.2f} s cpu {res['cpu_s']}", flush=True)
             rounds.append(row)
     finally:
         for d in daemons.values():
@@ -117,8 +138,8 @@ def main() -> None:
     for name in engines:
         for n in (1, args.streams):
             summary[f"{name}/{n}"] = statistics.median(r[f"{name}/{n}"]["tokens_per_s"] for r in rounds)
-    if len(engines) == 2:
-        a, b = engines
+    b = engines[-1]
+    for a in engines[:-1]:
         for n in (1, args.streams):
             summary[f"ratio {a}/{b} at {n}"] = statistics.median(
                 r[f"{a}/{n}"]["tokens_per_s"] / r[f"{b}/{n}"]["tokens_per_s"] for r in rounds)

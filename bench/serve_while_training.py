@@ -137,11 +137,16 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--micro-batch-tokens", type=int, default=0, help="the trainer's budget (0: the daemon's default)")
     args = ap.parse_args()
 
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
+    # The gate off: it would hold out a share of the rated calls (so `--batch` ratings would not
+    # make a step) and review each candidate before it goes live (not part of the step measured).
     env = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": str(args.batch),
-           "CLAWBACK_MAX_STALENESS": "1000"}
+           "CLAWBACK_MAX_STALENESS": "1000", "CLAWBACK_GATE": '{"enabled": false, "guard_replies": 0}'}
+    if args.micro_batch_tokens:
+        env["CLAWBACK_MICRO_BATCH_TOKENS"] = str(args.micro_batch_tokens)
     d = Daemon(args.model, Path(tempfile.mkdtemp(prefix="clawback-bench-")), 0, "cpu", "warning", env=env)
     db = d.data_dir / "clawback.db"
     rounds: list[dict[str, Any]] = []
@@ -165,6 +170,7 @@ def main() -> None:
                     row[f"step_{n}"] = step
                     row[f"during_{n}"] = aggregate(load.done, step["started_at"], step["finished_at"])
                     row[f"errors_{n}"] = load.errors
+                row["loadavg_end"] = Path("/proc/loadavg").read_text().split()[0]
                 rounds.append(row)
                 idle = statistics.median(x["ttft_s"] for x in row["idle_1"])
                 print(f"round {r}: ttft idle {idle:.2f} s, during 1-stream step {row['during_1']['ttft_p50_s']} "

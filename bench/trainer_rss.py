@@ -26,6 +26,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from train_throughput import DEFAULT_MODEL, make_samples  # noqa: E402
 
+from clawback.trainer.config import TrainConfig  # noqa: E402
+
 
 def status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -40,17 +42,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--micro-batch-tokens", type=int, default=TrainConfig.micro_batch_tokens)
     ap.add_argument("--no-trim", action="store_true", help="skip the worker's malloc_trim after each step (for comparison)")
     args = ap.parse_args()
 
     from clawback.trainer import worker as worker_module
-    from clawback.trainer.config import TrainConfig
     from clawback.trainer.worker import TrainerWorker
 
     if args.no_trim:
         worker_module.release_freed_memory = lambda: None
 
-    cfg = TrainConfig(method="binary", batch_size=args.batch)
+    cfg = TrainConfig(method="binary", batch_size=args.batch, micro_batch_tokens=args.micro_batch_tokens)
     worker = TrainerWorker(str(args.model), cfg, None, "cpu", args.threads)
     worker.resume(None)
     rows = [{"step": 0, "rss_mb": status_kb("VmRSS") / 1024, "hwm_mb": status_kb("VmHWM") / 1024}]

@@ -14,6 +14,9 @@ from clawback.adapter_format import ALL_LINEAR
 Method = Literal["binary", "opd", "combined"]
 
 
+MICRO_BATCH_TOKENS = {"cuda": 8192, "cpu": 2048}  # by torch device type; others get the CPU value
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     # Per-token advantage A_t (see losses.advantages):
@@ -68,7 +71,12 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
     batch_size: int = 16  # effective samples per optimizer step
-    micro_batch_tokens: int = 8192  # padded tokens (prompt + response) per forward/backward
+    # Padded tokens (prompt + response) per forward/backward; None = `MICRO_BATCH_TOKENS` for the
+    # device the step runs on. CPU gets less: there a step keeps every layer's activations (no
+    # checkpointing, see below), and SmolLM2-135M's trainer peaked at 5.7 GB with 2048 but went past
+    # 13 GB with 8192 (bench/README.md, "Trainer RSS"); the trainer also yields to serving only
+    # between micro-batches, so smaller ones give serving more chances.
+    micro_batch_tokens: int | None = None
     # Samples served more than this many adapter versions ago are dropped by the caller, not
     # reweighted: past a few versions the TIS weight is mostly at its cap and carries little signal.
     max_staleness: int = 4
@@ -88,8 +96,12 @@ class TrainConfig:
             raise ValueError("tis_cap must be >= 1 (or None to disable)")
         if self.opd_top_k < 0 or self.opd_clip <= 0 or self.evidence_weight < 0:
             raise ValueError("need opd_top_k >= 0, opd_clip > 0 and evidence_weight >= 0")
-        if self.lora_rank < 1 or self.batch_size < 1 or self.micro_batch_tokens < 1:
+        if self.lora_rank < 1 or self.batch_size < 1 or (self.micro_batch_tokens is not None and self.micro_batch_tokens < 1):
             raise ValueError("lora_rank, batch_size and micro_batch_tokens must be positive")
+
+    def token_budget(self, device_type: str) -> int:
+        """Padded tokens per micro-batch on a device of this type."""
+        return self.micro_batch_tokens or MICRO_BATCH_TOKENS.get(device_type, MICRO_BATCH_TOKENS["cpu"])
 
     @property
     def advantage_weights(self) -> tuple[float, float]:

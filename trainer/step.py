@@ -279,7 +279,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     given = samples
     samples = with_evidence(samples, cfg.evidence_weight if w_opd else 0.0)
     n = len(samples)
-    groups = micro_batches(samples, cfg.micro_batch_tokens)
+    groups = micro_batches(samples, cfg.token_budget(device.type))
     loss_sum = torch.zeros((), device=device)
     metric_sums: dict[str, torch.Tensor] = {}
     was_training = model.training

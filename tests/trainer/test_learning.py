@@ -4,12 +4,13 @@ move the policy the way their signals say."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from clawback.trainer.config import TrainConfig
+from clawback.trainer.config import MICRO_BATCH_TOKENS, TrainConfig
 from clawback.trainer.step import (
     Sample, collate, make_lora_model, make_optimizer, micro_batches, response_logprobs, train_step,
 )
@@ -272,3 +273,21 @@ def test_the_step_can_yield_before_every_micro_batch():
     calls: list[int] = []
     metrics = train_step(model, opt, random_samples(6, seed=5), cfg, before_micro_batch=lambda: calls.append(1))
     assert len(calls) == metrics["micro_batches"] > 1
+
+
+def test_on_cpu_a_step_splits_at_the_documented_default_budget():
+    """The default token budget depends on the device (trainer/config.py); docs/architecture.md
+    states it, and a CPU step with the default config splits where it says."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    cpu, cuda = MICRO_BATCH_TOKENS["cpu"], MICRO_BATCH_TOKENS["cuda"]
+    assert f"`micro_batch_tokens` defaults to {cpu} padded tokens on CPU and {cuda} on CUDA" in " ".join(doc.split())
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8)
+    assert cfg.micro_batch_tokens is None and TrainConfig(micro_batch_tokens=512).token_budget("cpu") == 512
+    model, opt = tiny_policy(cfg)
+    g = torch.Generator().manual_seed(3)
+    P, R = cpu // 4 + 100, 8  # three fit the CPU budget, four do not
+    samples = [Sample(prompt_ids=torch.randint(8, V, (P,), generator=g).tolist(),
+                      response_ids=torch.randint(8, V, (R,), generator=g).tolist(),
+                      behaviour_logprobs=[-1.0] * R, reward=1.0) for _ in range(4)]
+    assert 4 * (P + R) <= cuda and 3 * (P + R) <= cpu < 4 * (P + R)
+    assert train_step(model, opt, samples, cfg)["micro_batches"] == 2
