@@ -15,9 +15,8 @@ import logging
 import os
 import secrets
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -32,7 +31,7 @@ from clawback.engine import Engine, EngineError, Sampling, Token
 from clawback.records import Call, parse_version
 
 from .bodies import BodyError, parse_json, read_limited
-from .capture import Capture, CallMeta, MetaError, parse_meta
+from .capture import Capture, CallMeta, MetaError, parse_meta, random_id
 from .config import Settings
 from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
 from .engines import grammar
@@ -173,14 +172,34 @@ ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/sta
           "/v1/adapters", "/v1/forget", "/v1/dashboard/link")
 
 
+CHAT_PATH = "/v1/chat/completions"
+
+
 class Gate:
     """Bearer auth (all but /healthz and the dashboard, which has its own login), request counting.
-    Pure ASGI so streaming stays untouched."""
+    Pure ASGI so streaming stays untouched.
+
+    Chat completions, the route every served call takes, go from here straight to their handler:
+    FastAPI's middleware, routing and endpoint machinery cost more than the rest of the handler's
+    own work on a small request. Its FastAPI route stays for the OpenAPI description (and answers
+    405 to other methods)."""
 
     def __init__(self, app: Any, state: AppState) -> None:
         self.app, self.state = app, state
         key = state.api_key
         self.expected = f"Bearer {key}".encode() if key else None
+
+    async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/chat/completions, with the errors FastAPI's handlers would give."""
+        scope["app"] = self.app  # what Request.app reads
+        try:
+            response = await _chat(self.state, Request(scope, receive))
+        except ApiError as e:
+            response = e.response()
+        except Exception:
+            log.exception("internal error")
+            response = ApiError(500, "internal error", "server_error").response()
+        await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -201,7 +220,10 @@ class Gate:
                     msg = "missing bearer token" if not given else "invalid API key"
                     err = ApiError(401, msg, "authentication_error", code="invalid_api_key")
                     return await err.response()(scope, receive, counting_send)
-            await self.app(scope, receive, counting_send)
+            if path == CHAT_PATH and scope["method"] == "POST":
+                await self.chat(scope, receive, counting_send)
+            else:
+                await self.app(scope, receive, counting_send)
         finally:
             route = path if path in ROUTES else "other"
             self.state.requests.labels(route, str(status_box[0])).inc()
@@ -298,7 +320,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             },
         }
 
-    @app.post("/v1/chat/completions")
+    @app.post(CHAT_PATH)  # served by Gate.chat; here for the OpenAPI description
     async def chat_completions(request: Request) -> Response:
         return await _chat(state, request)
 
@@ -579,7 +601,7 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         constraint=constraint,
     )
     return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
-                     f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
+                     f"chatcmpl-{random_id()}", arrived, time.time())
 
 
 def _top_matrix(tokens: list[Token], field: str) -> list[list[Any]] | None:
@@ -694,12 +716,29 @@ class _Run:
         s.ttft.observe(rec.timings["ttft_s"])
         s.latency.labels(str(self.p.req.stream).lower()).observe(rec.timings["total_s"])
 
-    async def stored(self) -> None:
-        """Wait until a main call is committed, so that a reply the client has is never lost to a
-        crash (side calls are never trained: they are not waited for)."""
+    async def before_reply(self) -> None:
+        """Runs before the client gets the end of its reply. A main call is handed to capture and
+        committed first, so that a reply the client has is never lost to a crash. A side call is
+        never trained: it is handed over after the reply (`finish` then), which keeps its
+        bookkeeping and the store writer's wake-up off the reply's path."""
         if self.p.meta.turn_type == "main":
+            self.finish()
             with contextlib.suppress(StoreBusy):  # the call was dropped and counted, not lost unseen
                 await self.state.store.committed()
+
+
+class _ReplyThen(JSONResponse):
+    """A JSON reply, then `then()`: work the client need not wait for (also when sending failed)."""
+
+    def __init__(self, content: Any, headers: dict[str, str], then: Callable[[], None]) -> None:
+        super().__init__(content, headers=headers)
+        self.then = then
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.then()
 
 
 def _headers(p: _Prepared) -> dict[str, str]:
@@ -718,11 +757,13 @@ async def _chat(state: AppState, request: Request) -> Response:
     try:
         async for _ in run.deltas():
             pass
+        await run.before_reply()
     except EngineError as e:
-        raise ApiError(500, f"generation failed: {e}", "server_error") from None
-    finally:
         run.finish()
-    await run.stored()
+        raise ApiError(500, f"generation failed: {e}", "server_error") from None
+    except BaseException:
+        run.finish()
+        raise
     message: dict[str, Any] = {"role": "assistant", "content": run.content}
     if run.tool_calls:
         message["tool_calls"] = run.tool_calls
@@ -732,7 +773,7 @@ async def _chat(state: AppState, request: Request) -> Response:
         "choices": [{"index": 0, "message": message, "logprobs": run.logprobs_content(), "finish_reason": run.finish_reason}],
         "usage": run.usage(),
     }
-    return JSONResponse(body, headers=_headers(p))
+    return _ReplyThen(body, _headers(p), then=run.finish)
 
 
 async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
@@ -762,8 +803,7 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             return
         for i, call in enumerate(run.tool_calls):
             yield chunk({"tool_calls": [{"index": i, **call}]})
-        run.finish()
-        await run.stored()  # before the last chunk: a client that got the whole reply has it stored
+        await run.before_reply()
         yield chunk({}, run.finish_reason, run.logprobs_content())  # all of them, once the tokens are final
         if include_usage:
             body = {**base, "choices": [], "usage": run.usage()}
