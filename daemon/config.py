@@ -60,6 +60,10 @@ class GateConfig(BaseModel):
     replay_min_each: int = Field(default=2, ge=1)  # liked and disliked calls needed for the margin check
     replay_tolerance: float = Field(default=0.05, ge=0)  # nats/token the candidate may lose against live
     replay_max_tokens: int = Field(default=16384, ge=16)  # longer calls are not replayed (one forward each)
+    # The newest held-out calls' own prompts (as served, preference notes included) answered
+    # greedily by candidate and live for the collapse detectors; 0 = probes only.
+    replay_generate: int = Field(default=4, ge=0)
+    replay_generate_tokens: int = Field(default=64, ge=8)
     # live guard after activation (guard.py)
     guard_replies: int = Field(default=20, ge=0)  # main replies watched per version, 0 = off
     guard_alpha: float = Field(default=0.05, gt=0, lt=1)  # significance of Fisher's one-sided exact test

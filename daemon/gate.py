@@ -8,7 +8,9 @@ nothing routed to it. The gate then decides, in this order (docs/gate.md has eve
    `loss_spike`× their median |loss| (and above `loss_floor`). Any of these refuses at once.
 2. capability retention: the probe set (probes.py) answered greedily; the candidate's score may
    not fall more than `retention_margin` points (of 100) below the base model's.
-3. collapse detectors on the same probe replies, against the live version's replies.
+3. collapse detectors on the same probe replies, and on greedy replies to the person's own
+   newest held-out requests (their prompts as served, preference notes included), each against
+   the live version's replies to the same prompts.
 4. preference replay on held-out rated calls (never trained on): the mean per-token logprob
    margin of liked over disliked replies, and the distance to the corrected (hinted) behaviour,
    candidate against live; stored token ids are scored, nothing is generated.
@@ -76,8 +78,10 @@ def health_reasons(metrics: dict[str, Any], history: list[dict[str, float]], cfg
     return reasons
 
 
-def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateConfig, live_name: str) -> list[str]:
-    """Collapse alarms: each detector against the live version's value (docs/gate.md)."""
+def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateConfig, live_name: str,
+                     on: str | None = None) -> list[str]:
+    """Collapse alarms: each detector against the live version's value (docs/gate.md); `on` names
+    replies other than the probes'."""
     out = []
     if cand["min_entropy"] < cfg.entropy_low * live["min_entropy"]:
         out.append(f"collapse: token entropy {cand['min_entropy']:.2f} vs {live['min_entropy']:.2f} nats on {live_name}")
@@ -95,7 +99,7 @@ def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateCo
                              ("meta_rate", cfg.meta_rise, "replies about the conversation")):
         if cand[key] > live[key] + limit:
             out.append(f"collapse: {what} {cand[key]:.0%} vs {live[key]:.0%} on {live_name}")
-    return out
+    return [r.replace("collapse:", f"collapse ({on}):", 1) for r in out] if on else out
 
 
 class CandidateGate:
@@ -160,6 +164,10 @@ class CandidateGate:
                            f"of 100 on {len(self.probes)} probes; margin {cfg.retention_margin:g})")
         report["collapse"] = {"candidate": cand["stats"], "live": ref["stats"]}
         reasons += collapse_reasons(cand["stats"], ref["stats"], cfg, live_name or "base")
+        own = await self._own_requests(cand_name, live_name)
+        if own:
+            report["collapse_own_requests"] = own
+            reasons += collapse_reasons(own["candidate"], own["live"], cfg, live_name or "base", "your requests")
         replay = await self._replay(cand_name, live_name)
         report["replay"] = replay
         reasons += replay.pop("reasons")
@@ -205,8 +213,26 @@ class CandidateGate:
         req = ChatRequest.model_validate({"model": "gate", "messages": [{"role": "user", "content": probe.prompt}],
                                           **({"tools": list(probe.tools)} if probe.tools else {})})
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
+        return await self._greedy(prompt_ids, self.cfg.probe_max_tokens, version)
+
+    async def _own_requests(self, cand: str, live: str | None) -> dict[str, Any] | None:
+        """Collapse stats of candidate and live answering the newest held-out calls' prompts (None:
+        fewer than 2 such calls). Not cached: the held-out set grows between reviews."""
+        if not self.cfg.replay_generate:
+            return None
+        items = (await asyncio.to_thread(self._held_out_calls))[: self.cfg.replay_generate]
+        if len(items) < 2:
+            return None
+        out: dict[str, Any] = {"calls": len(items)}
+        for name, version in (("candidate", cand), ("live", live)):
+            gens = await asyncio.gather(*(self._greedy(i["prompt_ids"], self.cfg.replay_generate_tokens, version)
+                                          for i in items))
+            out[name] = collapse_stats(list(gens))  # no reply text: the report outlives a forget
+        return out
+
+    async def _greedy(self, prompt_ids: list[int], max_tokens: int, version: str | None) -> Generation:
         eos = self.engine.info.eos_token_ids
-        sampling = Sampling(temperature=0.0, max_tokens=self.cfg.probe_max_tokens, stop_token_ids=eos)
+        sampling = Sampling(temperature=0.0, max_tokens=max_tokens, stop_token_ids=eos)
         ids, logprobs, finish = [], [], "length"
         stream = self.engine.generate(prompt_ids, sampling, version, background=True)
         try:

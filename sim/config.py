@@ -19,6 +19,7 @@ class Method:
     keeps_own_lr: bool = False  # the preset's lr is part of the recipe (seed): --lr does not apply
     memory: bool = False  # the person's preference notes in the prompt (the daemon's default is on)
     train: dict[str, Any] = field(default_factory=dict)  # more [train] values (TrainConfig fields)
+    gated: bool = True  # False: every trained version goes live (the gate and live guard off)
 
     @property
     def trains(self) -> bool:
@@ -36,6 +37,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # Top-K OPD plus the teacher's own hinted reply as positive evidence (advantage 1 per token).
     Method("opd_evidence", "opd", train={"evidence_weight": 1.0}),
     Method("combined", "combined"),  # top-K, without memory
+    # The same two without the candidate gate and the live guard: what the gate changes, paired.
+    Method("default_ungated", "combined", memory=True, gated=False),
+    Method("combined_ungated", "combined", gated=False),
     # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
     # PRESETS "seed"): combined advantage on the sampled token with its hint wording, teacher = the
     # frozen base model + hint, a judge that sees only the reply and the next state, zero-signal
@@ -103,7 +107,7 @@ class SimConfig:
             train["lr"] = self.lr
         return {"judge": {"backend": "off"}, "train": train, "default_max_tokens": self.max_tokens,
                 "torch_threads": self.threads, "memory": method.memory,
-                "gate": {} if self.gate else {"enabled": False, "guard_replies": 0}}
+                "gate": {} if self.gate and method.gated else {"enabled": False, "guard_replies": 0}}
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

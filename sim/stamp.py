@@ -1,6 +1,7 @@
 """What code a cell ran: a hash of clawback's own source, and the git commit when there is one.
 
-The stamp hashes every .py and .sql file of the installed clawback packages (not the git tree), so
+The stamp hashes every .py and .sql file of the installed clawback packages (the shared core's
+modules included) (not the git tree), so
 committing results or docs leaves it unchanged while any change to the code, committed or not,
 gives a new one. Summaries never mix cells of different stamps (results.py).
 """
@@ -21,12 +22,16 @@ def code_stamp() -> dict[str, Any]:
     digest = hashlib.sha256()
     roots = [Path(importlib.import_module(f"clawback.{name}").__file__ or "").parent
              for name in ("daemon", "judge", "trainer", "sim")]
+    core = Path(importlib.import_module("clawback").__file__ or "").parent
+    files = [(f"clawback/{f.name}", f) for f in sorted(core.glob("*.py"))]
     for root in roots:
-        for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".sql") and "__pycache__" not in p.parts):
-            digest.update(f"{root.name}/{f.relative_to(root)}\0".encode())
-            digest.update(f.read_bytes())
+        files += [(f"{root.name}/{f.relative_to(root)}", f) for f in sorted(root.rglob("*"))
+                  if f.suffix in (".py", ".sql") and "__pycache__" not in f.parts]
+    for name, f in files:
+        digest.update(f"{name}\0".encode())
+        digest.update(f.read_bytes())
     return {"stamp": digest.hexdigest()[:12], "commit": _git(roots[0], "rev-parse", "HEAD"),
-            "dirty": bool(_git(roots[0], "status", "--porcelain", "--", *(f":(top){r.name}" for r in roots)))}
+            "dirty": bool(_git(roots[0], "status", "--porcelain", "--", ":(top)clawback", *(f":(top){r.name}" for r in roots)))}
 
 
 def _git(where: Path, *args: str) -> str | None:

@@ -126,6 +126,10 @@ def test_an_adapter_that_repeats_one_phrase_is_refused_as_collapse_and_by_replay
     assert not verdict.promote
     replies = list(verdict.report["collapse"]["candidate"].items())
     assert any("same reply to different prompts" in r for r in verdict.reasons), (verdict.reasons, replies)
+    # The person's own held-out requests, answered greedily: the same phrase whatever they asked.
+    own = verdict.report["collapse_own_requests"]
+    assert own["calls"] == 4 and own["candidate"]["self_similarity"] > own["live"]["self_similarity"]
+    assert any(r.startswith("collapse (your requests): same reply") for r in verdict.reasons), verdict.reasons
     assert any(r.startswith("replay: liked−disliked margin") for r in verdict.reasons), verdict.reasons
     margin = verdict.report["replay"]["margin"]
     assert margin["candidate"] < margin["live"]
@@ -139,6 +143,7 @@ def test_a_good_adapter_passes(rig):
     assert verdict.promote, verdict.reasons
     assert verdict.report["retention"]["candidate"] >= verdict.report["retention"]["base"] - 2
     assert isinstance(verdict.report["replay"]["margin"], dict)  # the held-out calls were replayed
+    assert verdict.report["collapse_own_requests"]["calls"] == 4  # and answered, without an alarm
 
 
 def test_unhealthy_training_is_refused_without_evaluation(rig):

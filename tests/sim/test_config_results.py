@@ -37,11 +37,15 @@ def test_seed_is_the_daemons_seed_preset():
     assert memory.memory and not memory.train.enabled
     default = Settings(**cfg.settings_for(METHODS["default"], seed=1), no_auth=True)
     assert default.memory and default.train.enabled and default.train_config().method == "combined"
+    assert default.gate.enabled and default.gate.guard_replies > 0
+    ungated = Settings(**cfg.settings_for(METHODS["default_ungated"], seed=1), no_auth=True)
+    assert ungated.memory and ungated.train_config().method == "combined"
+    assert not ungated.gate.enabled and ungated.gate.guard_replies == 0
 
 
 def test_method_lists():
     assert parse_methods("all") == ("none", "default", "memory", "binary", "opd", "opd_token", "opd_evidence",
-                                     "combined", "seed")
+                                     "combined", "default_ungated", "combined_ungated", "seed")
     assert parse_methods("combined, binary,combined") == ("combined", "binary")
     with pytest.raises(ValueError, match="unknown method"):
         parse_methods("")
