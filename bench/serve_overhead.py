@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import shutil
 import socket
@@ -164,12 +165,15 @@ class Http:
     """The daemon over HTTP/1.1 with one persistent connection, through httpx (what most Python
     clients, the OpenAI SDK included, use)."""
 
-    def __init__(self, url: str, model: str = "clawback") -> None:
+    def __init__(self, url: str, turn_type: str = "side") -> None:
         self.client = httpx.Client(base_url=url, timeout=600)
-        self.model = model
+        self.turn_type = turn_type
 
     def body(self, messages: list[dict], max_tokens: int, stream: bool) -> dict[str, Any]:
-        b: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+        b: dict[str, Any] = {"model": "clawback", "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+        if self.turn_type == "main":  # one session per prompt; each repeat closes the last call as retried
+            b["turn_type"] = "main"
+            b["session_id"] = "bench-" + hashlib.sha1(json.dumps(messages).encode()).hexdigest()[:12]
         if stream:
             b["stream"] = True
             b["stream_options"] = {"include_usage": True}
@@ -248,8 +252,8 @@ class RawHttp(Http):
     that what is measured is the daemon and the transport rather than the client library.
     httpx costs about 1 ms per request and 70 us per streamed chunk of its own CPU on this machine."""
 
-    def __init__(self, url: str, model: str = "clawback") -> None:
-        super().__init__(url, model)
+    def __init__(self, url: str, turn_type: str = "side") -> None:
+        super().__init__(url, turn_type)
         host, port = url.removeprefix("http://").split(":")
         self.host = f"{host}:{port}"
         self.sock = socket.create_connection((host, int(port)))
@@ -517,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
                     help="HTTP client: a hand-written HTTP/1.1 client that does the least work (raw, default), or "
                          "httpx (adds its own ~1 ms per request)")
+    ap.add_argument("--turn-type", choices=["side", "main"], default="side",
+                    help="side (default): untagged calls, stored after the reply; main: an agent's own turns, "
+                         "committed to the store before the reply ends (durability) and given the memory notes")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads on each side: torch.set_num_threads here, CLAWBACK_TORCH_THREADS for the daemon (default 1)")
     ap.add_argument("--device", default="auto", help="engine device on both sides (default auto)")
@@ -551,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         direct = Direct(model_dir, args.threads, args.device)  # loads while the daemon loads
         daemon.wait_ready()
-        http = (RawHttp if args.client == "raw" else Http)(daemon.url)
+        http = (RawHttp if args.client == "raw" else Http)(daemon.url, args.turn_type)
         print(f"daemon pid {daemon.proc.pid} at {daemon.url}; choosing prompts", flush=True)
         prompts = pick_prompts(direct, max(args.max_tokens))
 
@@ -603,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "started": started.isoformat(), "finished": finished.isoformat(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "client": args.client, "daemon_command": daemon.cmd, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "client": args.client, "turn_type": args.turn_type, "daemon_command": daemon.cmd, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "model_dir": str(model_dir), "machine": info, "loadavg_at_end": Path("/proc/loadavg").read_text().strip(),
         "targets": {"added_p50_ms": TARGET_P50_MS, "added_p99_ms": TARGET_P99_MS,
                     "added_per_streamed_token_ms": TARGET_STREAM_TOKEN_MS, "throughput_ratio": TARGET_RATIO},

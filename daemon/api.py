@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -189,8 +189,9 @@ class Gate:
         key = state.api_key
         self.expected = f"Bearer {key}".encode() if key else None
 
-    async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """POST /v1/chat/completions, with the errors FastAPI's handlers would give."""
+    async def chat(self, scope: Scope, receive: Receive, send: Send, status_box: list[int]) -> None:
+        """POST /v1/chat/completions, with the errors FastAPI's handlers would give. Its status is
+        counted from the response, so that streamed chunks go to `send` without a wrapper."""
         scope["app"] = self.app  # what Request.app reads
         try:
             response = await _chat(self.state, Request(scope, receive))
@@ -199,6 +200,7 @@ class Gate:
         except Exception:
             log.exception("internal error")
             response = ApiError(500, "internal error", "server_error").response()
+        status_box[0] = response.status_code
         await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -221,7 +223,7 @@ class Gate:
                     err = ApiError(401, msg, "authentication_error", code="invalid_api_key")
                     return await err.response()(scope, receive, counting_send)
             if path == CHAT_PATH and scope["method"] == "POST":
-                await self.chat(scope, receive, counting_send)
+                await self.chat(scope, receive, send, status_box)
             else:
                 await self.app(scope, receive, counting_send)
         finally:
@@ -741,6 +743,40 @@ class _ReplyThen(JSONResponse):
             self.then()
 
 
+class _EventStream(Response):
+    """Server-sent events, each sent as soon as it is made. Starlette's StreamingResponse does the
+    same through an anyio task group and a wrapper per chunk; here one task watches for the client
+    going away (uvicorn reports that on `receive`; `send` does not fail), which cancels the stream
+    and so stops the generation."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        self.events, self.status_code, self.background = events, 200, None
+        self.init_headers(headers)  # no body: no content-length, so uvicorn sends it chunked
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def stream() -> None:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        async def client_gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        streaming, watching = asyncio.ensure_future(stream()), asyncio.ensure_future(client_gone())
+        try:
+            await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            streaming.cancel()  # a no-op once it is done
+        await asyncio.wait((streaming,))  # its cleanup (the engine stops, the call is stored) is done
+        if not streaming.cancelled() and (error := streaming.exception()) is not None:
+            raise error
+
+
 def _headers(p: _Prepared) -> dict[str, str]:
     return {"x-request-id": p.meta.request_id, "x-clawback-call-id": p.call_id,
             "x-clawback-adapter": p.adapter or "base"}
@@ -752,8 +788,7 @@ async def _chat(state: AppState, request: Request) -> Response:
     state.count_running(+1)
     run = _Run(state, p)
     if p.req.stream:
-        return StreamingResponse(_sse(state, run), media_type="text/event-stream",
-                                 headers={**_headers(p), "cache-control": "no-cache"})
+        return _EventStream(_sse(state, run), headers={**_headers(p), "cache-control": "no-cache"})
     try:
         async for _ in run.deltas():
             pass
