@@ -149,6 +149,7 @@ class AppState:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
+        self.opd_top_k = self.settings.train_config().opd_top_k  # main calls keep this many top logprobs
         r = self.registry
         self.requests = Counter("clawback_requests", "HTTP requests", ["route", "status"], registry=r)
         self.latency = Histogram("clawback_request_seconds", "Chat completion latency", ["stream"], registry=r,
@@ -573,7 +574,7 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
     served = req
     if meta.turn_type == "main" and state.settings.memory:
         # The person's preference notes join the system prompt; the request is stored as served.
-        notes = [n["text"] for n in await asyncio.to_thread(state.store.memory_notes)]
+        notes = await state.store.note_texts()
         if notes:
             body = req.model_dump(exclude_none=True)
             served = ChatRequest.model_validate({**body, "messages": inject(body["messages"], notes)})
@@ -599,7 +600,7 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         seed=req.seed,
         stop_token_ids=state.engine.info.eos_token_ids,
         # Main calls keep the policy's top-K per token too, for top-K OPD's teacher to score.
-        top_logprobs=max(req.top_logprobs or 0, state.settings.train_config().opd_top_k if meta.turn_type == "main" else 0),
+        top_logprobs=max(req.top_logprobs or 0, state.opd_top_k if meta.turn_type == "main" else 0),
         constraint=constraint,
     )
     return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),

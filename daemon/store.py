@@ -157,6 +157,7 @@ ADAPTER_COLUMNS = ("version", "parent", "path", "state", "reason", "method", "sa
 ADAPTER_STATES = ("committed", "candidate", "live", "retired", "refused", "failed", "pruned")
 
 Reply = Callable[[Any, "BaseException | None"], None]
+NOTE_WRITES = ("feedback", "memory_edit", "memory_forget", "forget")  # the write kinds that change notes
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class Store:
         self.listeners: list[Callable[[str, str], None]] = []  # called on the writer thread after commits
         self._notes: list[tuple[str, str]] = []
         self._scrub_wanted = False  # a forget deleted rows: rewrite the files once it is committed
+        self._notes_version = 0  # bumped after a commit that may have changed the preference notes
+        self._note_texts: tuple[int, list[str]] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="clawback-store", daemon=True)
         self._thread.start()
 
@@ -367,6 +370,8 @@ class Store:
                     self.dropped[f"{w.kind}:error"] = self.dropped.get(f"{w.kind}:error", 0) + 1
                     log.error("store write %s failed and was dropped: %s", w.kind, e)
                     outcomes.append((None, e))
+        if any(w.kind in NOTE_WRITES for w in writes):  # after the commit: see note_texts
+            self._notes_version += 1
         if self._scrub_wanted:
             self._scrub_wanted = False
             self._scrub()
@@ -560,6 +565,16 @@ class Store:
             n = self._conn.execute("DELETE FROM memory_notes WHERE note_id = ?", (note_id,)).rowcount
         self._event("memory.forgotten", None if note_id is None else str(note_id), {"notes": n})
         return n
+
+    async def note_texts(self) -> list[str]:
+        """The preference notes' texts, oldest first: read off the event loop once, then kept until
+        a commit may have changed them (every main call gets them; most find them unchanged)."""
+        version, cached = self._notes_version, self._note_texts
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        texts = [n["text"] for n in await asyncio.to_thread(self.memory_notes)]
+        self._note_texts = (version, texts)  # read after `version`: a later change bumps it again
+        return texts
 
     def memory_notes(self) -> list[dict[str, Any]]:
         """The person's preference notes, oldest first (the order they are injected in)."""
