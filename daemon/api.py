@@ -828,22 +828,23 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
     # so a token costs one json.dumps of a short string instead of a whole chunk's.
     head, tail = chunk({"content": "\0"}).rsplit(b'"\\u0000"', 1)
 
+    # The role chunk goes out with the first text, and the closing chunks in one write: the engine
+    # starts before it is sent, and the client wakes once for each instead of once per chunk.
+    opening = chunk({"role": "assistant", "content": ""})
     try:
-        yield chunk({"role": "assistant", "content": ""})
         try:
             async for text in run.deltas():
-                yield head + json.dumps(text, ensure_ascii=False).encode() + tail
+                yield opening + head + json.dumps(text, ensure_ascii=False).encode() + tail
+                opening = b""
         except EngineError as e:
             err = {"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None, "code": None}}
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            yield opening + b"data: " + json.dumps(err).encode() + b"\n\n"
             return
-        for i, call in enumerate(run.tool_calls):
-            yield chunk({"tool_calls": [{"index": i, **call}]})
+        closing = [opening, *(chunk({"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(run.tool_calls))]
         await run.before_reply()
-        yield chunk({}, run.finish_reason, run.logprobs_content())  # all of them, once the tokens are final
+        closing.append(chunk({}, run.finish_reason, run.logprobs_content()))  # all of them, once the tokens are final
         if include_usage:
-            body = {**base, "choices": [], "usage": run.usage()}
-            yield b"data: " + json.dumps(body).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            closing.append(b"data: " + json.dumps({**base, "choices": [], "usage": run.usage()}).encode() + b"\n\n")
+        yield b"".join(closing) + b"data: [DONE]\n\n"
     finally:
         run.finish()
