@@ -28,7 +28,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import Engine, EngineError, Sampling, Token
-from clawback.records import Call, parse_version
+from clawback.records import Call, parse_version, version_name
 
 from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta, random_id
@@ -286,7 +286,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     async def status() -> dict:
         counts = await asyncio.to_thread(state.store.counts)
         last_step = await asyncio.to_thread(state.store.last_train_step)
-        notes = await asyncio.to_thread(state.store.memory_notes)
+        notes = await asyncio.to_thread(state.store.memory_notes, state.adapters.live())
         return {
             "version": _version(),
             "model": state.engine.info.name,
@@ -310,8 +310,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
                 "last_step": last_step,
             },
             # The preference notes main calls get in their system prompt (the extension's /clawback).
-            "memory": {"enabled": state.settings.memory, "notes": [{"note_id": n["note_id"], "text": n["text"]}
-                                                                   for n in notes]},
+            "memory": {"enabled": state.settings.memory, "notes": [
+                {k: n[k] for k in ("note_id", "text", "active", "retired_by")} for n in notes]},
             "gate": await _gate_status(state),
             "store": {
                 "path": str(state.store.db_path),
@@ -343,8 +343,13 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
     """The person's preference notes (daemon/memory.py): list, edit one, forget one or all."""
 
     async def notes() -> dict:
+        """Every note; `active`: injected into main calls while the live version serves (when memory
+        is on), false for one that version retired (`retired_by`, daemon/retirement.py)."""
+        live = state.adapters.live()
         return {"enabled": state.settings.memory, "max_notes": state.settings.memory_max_notes,
-                "data": await asyncio.to_thread(state.store.memory_notes)}
+                "live": version_name(live),
+                "data": [{k: v for k, v in n.items() if k != "topic"}
+                         for n in await asyncio.to_thread(state.store.memory_notes, live)]}
 
     @app.get("/v1/memory")
     async def list_notes() -> dict:
@@ -571,22 +576,11 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         meta = parse_meta(request.headers, req)
     except MetaError as e:
         raise ApiError(400, str(e), param=e.param, code="invalid_value") from None
-    served = req
-    if meta.turn_type == "main" and state.settings.memory:
-        # The person's preference notes join the system prompt; the request is stored as served.
-        notes = await state.store.note_texts()
-        if notes:
-            body = req.model_dump(exclude_none=True)
-            served = ChatRequest.model_validate({**body, "messages": inject(body["messages"], notes)})
-    try:
-        length = request.headers.get("content-length", "")  # absent when chunked: render off the loop
-        if length.isdigit() and len(length) <= 6 and int(length) < INLINE_RENDER_BYTES:
-            prompt_text, prompt_ids = state.renderer.render(served)
-        else:
-            prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, served)
-    except Exception as e:  # the chat template rejected this conversation (role order etc.)
-        raise ApiError(400, f"the model's chat template cannot render these messages: {e}",
-                       param="messages", code="invalid_messages") from None
+    adapter = state.engine.active_version()
+    served, prompt_text, prompt_ids = await _render(state, request, req, meta, adapter)
+    if state.engine.active_version() != adapter:  # a version went live meanwhile: serve it, with its notes
+        adapter = state.engine.active_version()
+        served, prompt_text, prompt_ids = await _render(state, request, req, meta, adapter)
     ctx = state.engine.info.context_length
     if len(prompt_ids) >= ctx:
         raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, your messages "
@@ -603,8 +597,30 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         top_logprobs=max(req.top_logprobs or 0, state.opd_top_k if meta.turn_type == "main" else 0),
         constraint=constraint,
     )
-    return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, state.engine.active_version(),
+    return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, adapter,
                      f"chatcmpl-{random_id()}", arrived, time.time())
+
+
+async def _render(state: AppState, request: Request, req: ChatRequest, meta: CallMeta,
+                  adapter: str | None) -> tuple[ChatRequest, str, list[int]]:
+    """The request as served to `adapter` (main calls get the person's preference notes that are
+    active for it in the system prompt; the request is stored as served) and its prompt."""
+    served = req
+    if meta.turn_type == "main" and state.settings.memory:
+        notes = await state.store.note_texts(parse_version(adapter))
+        if notes:
+            body = req.model_dump(exclude_none=True)
+            served = ChatRequest.model_validate({**body, "messages": inject(body["messages"], notes)})
+    try:
+        length = request.headers.get("content-length", "")  # absent when chunked: render off the loop
+        if length.isdigit() and len(length) <= 6 and int(length) < INLINE_RENDER_BYTES:
+            prompt_text, prompt_ids = state.renderer.render(served)
+        else:
+            prompt_text, prompt_ids = await asyncio.to_thread(state.renderer.render, served)
+    except Exception as e:  # the chat template rejected this conversation (role order etc.)
+        raise ApiError(400, f"the model's chat template cannot render these messages: {e}",
+                       param="messages", code="invalid_messages") from None
+    return served, prompt_text, prompt_ids
 
 
 def _top_matrix(tokens: list[Token], field: str) -> list[list[Any]] | None:

@@ -264,6 +264,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def note_retirement(note: dict[str, Any], live: str | None) -> str:
+    """', retired by v3' for a note the live version no longer needs, and whether it is injected
+    again after a rollback below that version."""
+    if note["retired_by"] is None:
+        return ""
+    return f", retired by v{note['retired_by']}" + (f"; injected while {live or 'base'} serves" if note["active"] else "")
+
+
 def cmd_memory(args: argparse.Namespace) -> int:
     s = _settings(args)
     url, headers = _daemon(args, s)
@@ -280,7 +288,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         out = _call("GET", f"{url}/v1/memory", headers)
     print(f"memory {'on' if out['enabled'] else 'off'}: {len(out['data'])} of at most {out['max_notes']} notes")
     for n in out["data"]:
-        print(f"{n['note_id']:>4}  {n['text']}  ({n['source']})")
+        print(f"{n['note_id']:>4}  {n['text']}  ({n['source']}{note_retirement(n, out['live'])})")
     return 0
 
 

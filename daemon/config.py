@@ -294,9 +294,14 @@ class Settings(BaseSettings):
     retain_days: float = Field(0.0, ge=0)
 
     # Preference notes from corrections and 👎 reasons, injected into main calls' system prompt
-    # (daemon/memory.py); at most memory_max_notes are kept.
+    # (daemon/memory.py); at most memory_max_notes are kept. With memory_retire, a note the live
+    # version follows without it (its teacher gap at most the note's own on the base model minus
+    # memory_retire_margin nats/token) is no longer injected while that version serves
+    # (daemon/retirement.py).
     memory: bool = True
     memory_max_notes: int = Field(8, ge=1)
+    memory_retire: bool = True
+    memory_retire_margin: float = Field(0.0, ge=0)
 
     # [train] and [judge]: what the daemon learns from and how (TrainSettings, JudgeSettings below).
     # The flat keys they replace (`method`, `lr`, `judge_url`, `train = false`, ...) still load:

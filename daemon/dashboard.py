@@ -320,7 +320,9 @@ class DashboardData:
         if name == "health":
             return await self.health()
         if name == "memory":
-            return {"notes": await asyncio.to_thread(self.store.memory_notes), "enabled": self.state.settings.memory}
+            live = self.state.adapters.live()
+            return {"notes": await asyncio.to_thread(self.store.memory_notes, live), "enabled": self.state.settings.memory,
+                    "live": live}
         query = {"learning": self._learning, "feedback": _feedback, "versions": _versions,
                  "conversations": _sessions}[name]
         out = await asyncio.to_thread(self.store.read, query)

@@ -10,7 +10,9 @@ nothing routed to it. The gate then decides, in this order (docs/gate.md has eve
    not fall more than `retention_margin` points (of 100) below the base model's.
 3. collapse detectors on the same probe replies, and on greedy replies to the person's own
    newest held-out requests (their prompts as served, preference notes included), each against
-   the live version's replies to the same prompts.
+   the live version's replies to the same prompts. Repetition, the same reply everywhere, empty
+   replies and replies about the conversation are also held to the base model's replies, so
+   that small rises which each pass against live cannot add up over versions.
 4. preference replay on held-out rated calls (never trained on): the mean per-token logprob
    margin of liked over disliked replies, and the distance to the corrected (hinted) behaviour,
    candidate against live; stored token ids are scored, nothing is generated.
@@ -78,28 +80,64 @@ def health_reasons(metrics: dict[str, Any], history: list[dict[str, float]], cfg
     return reasons
 
 
+# What a person never wants more of, whatever they asked for: also held to the base model, so
+# that small rises that each pass against the live version cannot add up over versions.
+NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "meta_rate")
+
+
 def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateConfig, live_name: str,
-                     on: str | None = None) -> list[str]:
-    """Collapse alarms: each detector against the live version's value (docs/gate.md); `on` names
-    replies other than the probes'."""
+                     on: str | None = None, only: tuple[str, ...] | None = None) -> list[str]:
+    """Collapse alarms: each detector (or those in `only`) against the reference version's value
+    (docs/gate.md); `on` names replies other than the probes'."""
     out = []
-    if cand["min_entropy"] < cfg.entropy_low * live["min_entropy"]:
+
+    def check(key: str) -> bool:
+        return only is None or key in only
+
+    if check("min_entropy") and cand["min_entropy"] < cfg.entropy_low * live["min_entropy"]:
         out.append(f"collapse: token entropy {cand['min_entropy']:.2f} vs {live['min_entropy']:.2f} nats on {live_name}")
-    if cand["min_entropy"] > cfg.entropy_high * live["min_entropy"] + 0.5:
+    if check("min_entropy") and cand["min_entropy"] > cfg.entropy_high * live["min_entropy"] + 0.5:
         out.append(f"collapse: token entropy blew up, {cand['min_entropy']:.2f} vs {live['min_entropy']:.2f} nats on {live_name}")
-    if cand["distinct_2"] < live["distinct_2"] - cfg.distinct_drop:
+    if check("distinct_2") and cand["distinct_2"] < live["distinct_2"] - cfg.distinct_drop:
         out.append(f"collapse: repetition, distinct-2 {cand['distinct_2']:.2f} vs {live['distinct_2']:.2f} on {live_name}")
-    if cand["self_similarity"] > live["self_similarity"] + cfg.similarity_rise:
+    if check("self_similarity") and cand["self_similarity"] > live["self_similarity"] + cfg.similarity_rise:
         out.append(f"collapse: same reply to different prompts, similarity {cand['self_similarity']:.2f} "
                    f"vs {live['self_similarity']:.2f} on {live_name}")
     a, b = cand["median_tokens"], live["median_tokens"]
-    if abs(a - b) >= cfg.length_min_change and (a > cfg.length_ratio * b or a * cfg.length_ratio < b):
+    if check("median_tokens") and abs(a - b) >= cfg.length_min_change and (a > cfg.length_ratio * b or a * cfg.length_ratio < b):
         out.append(f"collapse: reply length {a:.0f} vs {b:.0f} tokens on {live_name}")
     for key, limit, what in (("empty_rate", cfg.empty_rise, "empty replies"), ("cut_rate", cfg.cut_rise, "cut-off replies"),
                              ("meta_rate", cfg.meta_rise, "replies about the conversation")):
-        if cand[key] > live[key] + limit:
+        if check(key) and cand[key] > live[key] + limit:
             out.append(f"collapse: {what} {cand[key]:.0%} vs {live[key]:.0%} on {live_name}")
     return [r.replace("collapse:", f"collapse ({on}):", 1) for r in out] if on else out
+
+
+def against_live_and_base(cand: dict[str, float], live: dict[str, float], base: dict[str, float] | None,
+                          cfg: GateConfig, live_name: str | None, on: str | None = None) -> list[str]:
+    """Every detector against live; the NEVER_WANTED ones against the base model too (base None:
+    live is the base model)."""
+    reasons = collapse_reasons(cand, live, cfg, live_name or "base", on)
+    if base is not None and live_name is not None:
+        reasons += collapse_reasons(cand, base, cfg, "base", on, NEVER_WANTED)
+    return reasons
+
+
+async def score_when_quiet(engine: Engine, busy: Callable[[], int], prompt_ids: list[int], response_ids: list[int],
+                           version: str | None) -> list[float]:
+    """`engine.score`, after waiting (at most 10 s) until no request is being served: each pass
+    holds the engine for one forward."""
+    for _ in range(200):
+        if not busy():
+            break
+        await asyncio.sleep(0.05)
+    return await engine.score(prompt_ids, response_ids, version)
+
+
+def teacher_gap(logprobs: list[float], teacher_logprobs: list[float]) -> float:
+    """Mean per-token |logp_model − logp_teacher| on a stored reply: how far the model is from the
+    behaviour the correction asked for (the hinted teacher)."""
+    return sum(abs(a - b) for a, b in zip(logprobs, teacher_logprobs)) / len(logprobs)
 
 
 class CandidateGate:
@@ -162,12 +200,13 @@ class CandidateGate:
         if drop > cfg.retention_margin:
             reasons.append(f"retention −{drop:.1f} points ({cand['score']:.1f} vs base {base['score']:.1f} "
                            f"of 100 on {len(self.probes)} probes; margin {cfg.retention_margin:g})")
-        report["collapse"] = {"candidate": cand["stats"], "live": ref["stats"]}
-        reasons += collapse_reasons(cand["stats"], ref["stats"], cfg, live_name or "base")
+        report["collapse"] = {"candidate": cand["stats"], "live": ref["stats"], "base": base["stats"]}
+        reasons += against_live_and_base(cand["stats"], ref["stats"], base["stats"], cfg, live_name)
         own = await self._own_requests(cand_name, live_name)
         if own:
             report["collapse_own_requests"] = own
-            reasons += collapse_reasons(own["candidate"], own["live"], cfg, live_name or "base", "your requests")
+            reasons += against_live_and_base(own["candidate"], own["live"], own.get("base"), cfg, live_name,
+                                             "your requests")
         replay = await self._replay(cand_name, live_name)
         report["replay"] = replay
         reasons += replay.pop("reasons")
@@ -224,7 +263,7 @@ class CandidateGate:
         if len(items) < 2:
             return None
         out: dict[str, Any] = {"calls": len(items)}
-        for name, version in (("candidate", cand), ("live", live)):
+        for name, version in (("candidate", cand), ("live", live), ("base", None))[: 2 if live is None else 3]:
             gens = await asyncio.gather(*(self._greedy(i["prompt_ids"], self.cfg.replay_generate_tokens, version)
                                           for i in items))
             out[name] = collapse_stats(list(gens))  # no reply text: the report outlives a forget
@@ -295,11 +334,7 @@ class CandidateGate:
                 and len(i["prompt_ids"]) + len(i["response_ids"]) <= min(self.cfg.replay_max_tokens, self.engine.info.context_length)]
 
     async def _score(self, version: str | None, item: dict[str, Any]) -> list[float]:
-        for _ in range(200):  # each pass holds the engine for one forward: wait for a quiet moment (≤ 10 s)
-            if not self.busy():
-                break
-            await asyncio.sleep(0.05)
-        return await self.engine.score(item["prompt_ids"], item["response_ids"], version)
+        return await score_when_quiet(self.engine, self.busy, item["prompt_ids"], item["response_ids"], version)
 
     async def _mean_logprob(self, version: str | None, item: dict[str, Any]) -> float:
         key = (version, "lp:" + item["call_id"])
@@ -309,12 +344,9 @@ class CandidateGate:
         return self._replay_cache[key]
 
     async def _teacher_gap(self, version: str | None, item: dict[str, Any]) -> float:
-        """Mean per-token |logp_model − logp_teacher| on the stored reply: how far the model is
-        from the behaviour the correction asked for (the hinted teacher)."""
         key = (version, "gap:" + item["call_id"])
         if key not in self._replay_cache:
-            lp = await self._score(version, item)
-            self._replay_cache[key] = sum(abs(a - b) for a, b in zip(lp, item["teacher_logprobs"])) / len(lp)
+            self._replay_cache[key] = teacher_gap(await self._score(version, item), item["teacher_logprobs"])
         return self._replay_cache[key]
 
     def _forget(self, versions: set[str | None]) -> None:

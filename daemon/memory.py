@@ -11,10 +11,14 @@ conflict), while the same sentence again only refreshes it (de-duplicated). At m
 
 When `memory` is on, main calls get the notes appended to their system prompt (`inject`), and the
 request is stored as served, so training and the teacher see exactly what the policy saw.
+
+Training consolidates notes into the weights: after a version goes live, retirement.py checks
+each note against it and retires the ones it already follows without being told.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -80,3 +84,20 @@ def inject(messages: list[dict[str, Any]], notes: list[str]) -> list[dict[str, A
     if not notes:
         return messages
     return append_text(messages, "system", HEADER + "\n" + "\n".join(f"- {n}" for n in notes))
+
+
+def strip(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without an injected notes block (what `inject` was given): the block is cut
+    from the last system message, and a system message that held nothing else is dropped."""
+    out = copy.deepcopy(messages)
+    at = max((i for i, m in enumerate(out) if m.get("role") == "system"), default=None)
+    if at is None:
+        return out
+    m = out[at]
+    if isinstance(m.get("content"), list):
+        m["content"] = [p for p in m["content"] if not str(p.get("text", "")).startswith(HEADER)]
+    elif HEADER in (m.get("content") or ""):
+        m["content"] = m["content"][: m["content"].rindex(HEADER)].removesuffix("\n\n")
+    else:
+        return out
+    return out if m["content"] else out[:at] + out[at + 1:]

@@ -32,6 +32,7 @@ from .layout import RayPlacement
 from .samples import SamplePipeline
 from .gate import CandidateGate
 from .guard import LiveGuard
+from .retirement import NoteRetirement
 from .store import ForgetScope, Store
 from .training import RayTrainer, TrainerStarter, TrainingLoop
 
@@ -78,8 +79,11 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
             hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
                            "mean_reward": step["mean_reward"]})
 
+        retirement = NoteRetirement(engine, renderer, store, settings.memory_retire_margin,
+                                    busy=lambda: state.running) if settings.memory and settings.memory_retire else None
         trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained, gate=gate,
-                               on_refused=lambda r: hub.broadcast({"type": "adapter_refused", **r}))
+                               on_refused=lambda r: hub.broadcast({"type": "adapter_refused", **r}),
+                               retirement=retirement)
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
     state = AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,
                      trainer, judge_name, gate=gate, guard=guard,

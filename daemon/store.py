@@ -154,10 +154,14 @@ SAMPLE_VERDICT_COLUMNS = tuple(f.name for f in fields(JudgedSample) if f.name no
 TRAIN_STEP_COLUMNS = ("version", "parent", "started_at", "finished_at", "samples", "outcome", "error", "metrics")
 ADAPTER_COLUMNS = ("version", "parent", "path", "state", "reason", "method", "samples", "metrics", "created_at",
                    "updated_at")
+# A preference note as `memory_notes` returns it (with `active` for the version asked about).
+MEMORY_NOTE_COLUMNS = ("note_id", "text", "topic", "source", "call_id", "created_at", "updated_at", "retired_by",
+                       "retired_at")
 ADAPTER_STATES = ("committed", "candidate", "live", "retired", "refused", "failed", "pruned")
 
 Reply = Callable[[Any, "BaseException | None"], None]
-NOTE_WRITES = ("feedback", "memory_edit", "memory_forget", "forget")  # the write kinds that change notes
+# The write kinds that can change which notes are active: the notes, and the adapters' lineage.
+NOTE_WRITES = ("feedback", "memory_edit", "memory_forget", "memory_retire", "forget", "train_step")
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,7 @@ class Store:
         self._notes: list[tuple[str, str]] = []
         self._scrub_wanted = False  # a forget deleted rows: rewrite the files once it is committed
         self._notes_version = 0  # bumped after a commit that may have changed the preference notes
-        self._note_texts: tuple[int, list[str]] | None = None
+        self._note_texts: tuple[int, int | None, list[str]] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="clawback-store", daemon=True)
         self._thread.start()
 
@@ -269,6 +273,12 @@ class Store:
     async def edit_note(self, note_id: int, text: str) -> bool:
         """Replace a preference note's text (False: no such note)."""
         return await self._commit(_Write("memory_edit", partial(self._write_note_edit, note_id, text)))
+
+    async def retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, Any]) -> bool:
+        """Retire a note as checked against `version` (`report`: the check's numbers, for the
+        event); False if it changed since (edited, confirmed again by a new correction) or is gone."""
+        return await self._commit(_Write("memory_retire", partial(self._write_retire_note, note_id, updated_at,
+                                                                  version, report)))
 
     async def forget_notes(self, note_id: int | None = None) -> int:
         """Delete one preference note, or all of them (None); returns how many went."""
@@ -539,14 +549,15 @@ class Store:
         t = memory.topic(text)
         if replace_id is not None:  # an edit: its new topic may now collide with another note
             self._conn.execute("DELETE FROM memory_notes WHERE topic = ? AND note_id != ?", (t, replace_id))
-            self._conn.execute("UPDATE memory_notes SET text = ?, topic = ?, source = ?, updated_at = ? "
-                               "WHERE note_id = ?", (text, t, source, now, replace_id))
+            self._conn.execute("UPDATE memory_notes SET text = ?, topic = ?, source = ?, updated_at = ?, "
+                               "retired_by = NULL, retired_at = NULL WHERE note_id = ?", (text, t, source, now, replace_id))
             note_id = replace_id
         else:
             note_id = self._conn.execute(
                 "INSERT INTO memory_notes(text, topic, source, call_id, created_at, updated_at) VALUES (?,?,?,?,?,?) "
                 "ON CONFLICT(topic) DO UPDATE SET text = excluded.text, source = excluded.source, "
-                "call_id = excluded.call_id, updated_at = excluded.updated_at RETURNING note_id",
+                "call_id = excluded.call_id, updated_at = excluded.updated_at, retired_by = NULL, retired_at = NULL "
+                "RETURNING note_id",
                 (text, t, source, call_id, now, now)).fetchone()[0]
         self._event("memory.noted", str(note_id), {"source": source, "call_id": call_id})
         return note_id
@@ -557,6 +568,14 @@ class Store:
         self._put_note(" ".join(text.split())[: memory.MAX_NOTE_CHARS], "edit", None, time.time(), note_id)
         return True
 
+    def _write_retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, Any]) -> bool:
+        done = self._conn.execute(
+            "UPDATE memory_notes SET retired_by = ?, retired_at = ? WHERE note_id = ? AND updated_at = ? "
+            "AND retired_by IS NULL", (version, time.time(), note_id, updated_at)).rowcount == 1
+        if done:  # the numbers, never the note's text: the event table outlives a forget
+            self._event("memory.retired", str(note_id), report)
+        return done
+
     def _write_forget_notes(self, note_id: int | None) -> int:
         """Delete one note, or every note (None); returns how many went."""
         if note_id is None:
@@ -566,21 +585,28 @@ class Store:
         self._event("memory.forgotten", None if note_id is None else str(note_id), {"notes": n})
         return n
 
-    async def note_texts(self) -> list[str]:
-        """The preference notes' texts, oldest first: read off the event loop once, then kept until
-        a commit may have changed them (every main call gets them; most find them unchanged)."""
+    async def note_texts(self, live: int | None) -> list[str]:
+        """The texts of the preference notes active under version `live`, oldest first: read off the
+        event loop once, then kept until a commit may have changed them or another version serves
+        (every main call gets them; most find them unchanged)."""
         version, cached = self._notes_version, self._note_texts
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        texts = [n["text"] for n in await asyncio.to_thread(self.memory_notes)]
-        self._note_texts = (version, texts)  # read after `version`: a later change bumps it again
+        if cached is not None and cached[:2] == (version, live):
+            return cached[2]
+        texts = [n["text"] for n in await asyncio.to_thread(self.memory_notes, live) if n["active"]]
+        self._note_texts = (version, live, texts)  # read after `version`: a later change bumps it again
         return texts
 
-    def memory_notes(self) -> list[dict[str, Any]]:
-        """The person's preference notes, oldest first (the order they are injected in)."""
-        return self.read(lambda c: [dict(r) for r in c.execute(
-            "SELECT note_id, text, source, call_id, created_at, updated_at FROM memory_notes "
-            "ORDER BY created_at, note_id")])
+    def memory_notes(self, live: int | None = None) -> list[dict[str, Any]]:
+        """The person's preference notes, oldest first (the order they are injected in), each with
+        `active`: whether main calls served by version `live` (None = the base model) get it. A
+        retired note is inactive while `live` is the version that retired it or descends from it
+        (the adapters' parent links); a rollback to anything else brings it back."""
+        return self.read(lambda c: [{**dict(r), "active": bool(r["active"])} for r in c.execute(
+            "WITH RECURSIVE lineage(version) AS (SELECT ? WHERE ? IS NOT NULL UNION "
+            "SELECT a.parent FROM adapters a JOIN lineage l ON a.version = l.version WHERE a.parent IS NOT NULL) "
+            f"SELECT {', '.join(MEMORY_NOTE_COLUMNS)}, "
+            "(retired_by IS NULL OR retired_by NOT IN (SELECT version FROM lineage)) AS active "
+            "FROM memory_notes ORDER BY created_at, note_id", (live, live))])
 
     def _session_known(self, session_id: str) -> bool:
         return self._conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is not None

@@ -13,6 +13,8 @@ serving never waits for it. Per step:
   4. with a gate (clawback.daemon.gate) the version is a candidate until the gate has compared it
      with the live one: promoted, new requests go to it; refused, it stays on disk out of service
      and the next step trains from the live version again. Without a gate it goes live at once.
+  5. the preference notes are checked against the version that went live (retirement.py): a note
+     it follows without being told retires while it serves.
 Rated samples the gate holds out for its preference replay are dropped with reason `held_out`.
 A sample the trainer cannot use (empty prompt or response, logprobs that do not match its tokens)
 is quarantined with its reason before it reaches a step. A step that fails (actor crash, NaN, a
@@ -38,6 +40,7 @@ from clawback.trainer.step import sample_problem
 
 from .adapters import AdapterManager
 from .gate import CandidateGate
+from .retirement import NoteRetirement
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -84,13 +87,15 @@ class TrainingLoop:
                  start_worker: TrainerStarter, on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
                  poll_s: float = 10.0, retry_s: float = 5.0, retry_max_s: float = 600.0,
                  quarantine_after: int = 3, gate: CandidateGate | None = None,
-                 on_refused: Callable[[dict[str, Any]], None] = lambda _: None) -> None:
+                 on_refused: Callable[[dict[str, Any]], None] = lambda _: None,
+                 retirement: NoteRetirement | None = None) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
         self.retry_s, self.retry_max_s, self.quarantine_after = retry_s, retry_max_s, quarantine_after
         self.failed_in_a_row = 0
         self._failed_steps: Counter[str] = Counter()  # call id -> failed steps it was in
         self.start_worker = start_worker
         self.gate = gate  # None: every version goes live as soon as it loads
+        self.retirement = retirement  # checks the preference notes against each version that goes live
         self.on_refused = on_refused
         self.on_trained = on_trained
         self.poll_s = poll_s
@@ -208,6 +213,8 @@ class TrainingLoop:
                     return None
                 await self.adapters.record_gate(version, verdict.report)
             swap_s = await self.adapters.go_live(version, path)
+            if self.retirement is not None:  # never raises: a failed check leaves the notes as they were
+                await self.retirement.check(version)
         finally:
             self.busy = False
         pruned = await self.adapters.prune()  # retention: newest K good versions + pinned + live

@@ -141,6 +141,15 @@ def _train_steps(store: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _note_checks(store: Any) -> list[dict[str, Any]]:
+    """Each preference note checked against each version that went live (daemon/retirement.py)."""
+    import json
+
+    rows = store.read(lambda c: c.execute(
+        "SELECT subject_id, payload FROM events WHERE kind = 'memory.checked' ORDER BY id").fetchall())
+    return [{"note_id": int(r["subject_id"]), **json.loads(r["payload"])} for r in rows]
+
+
 def _sample_counts(store: Any) -> dict[str, Any]:
     rows = store.read(lambda c: c.execute(
         "SELECT state, coalesce(reason, '') AS reason, count(*) AS n FROM samples GROUP BY state, reason").fetchall())
@@ -222,7 +231,8 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
         await _settle(state, cfg.batch_size)
         steps = await asyncio.to_thread(_train_steps, state.store)
         samples = await asyncio.to_thread(_sample_counts, state.store)
-        notes = await asyncio.to_thread(state.store.memory_notes)
+        notes = await asyncio.to_thread(state.store.memory_notes, state.adapters.live())
+        checks = await asyncio.to_thread(_note_checks, state.store)
         versions = _versions(await asyncio.to_thread(state.store.adapters))
     if curve[-1]["interaction"] != cfg.interactions:  # the curve runs to the end of the cell
         curve.append({**curve[-1], "interaction": cfg.interactions, "carried": True})
@@ -233,7 +243,9 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
         "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
         "eval_tasks": len(eval_tasks), "curve": curve, "probe": probes, "final_score": curve[-1]["score"],
         "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),
-        "steps": steps, "samples": samples, "versions": versions, "memory_notes": [n["text"] for n in notes],
+        "steps": steps, "samples": samples, "versions": versions, "memory_notes": [
+            {k: n[k] for k in ("note_id", "text", "created_at", "retired_by", "retired_at", "active")} for n in notes],
+        "memory_checks": checks,
         "eval_replies": evals,
         "wall_s": time.time() - started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -1,7 +1,7 @@
 """The generation-free probe: how much probability the policy puts on openers that meet the rule.
 
 For each held-out task the policy (the live version, with the preference notes in the system
-prompt when memory is on, as a main call would get them) takes one forward pass over the prompt;
+prompt when memory is on, the ones active for it, as a main call would get them) takes one forward pass over the prompt;
 the probe is the probability mass of the first reply token's top-20 candidates whose text opens a
 reply that meets the preference (`Scenario.good_opener`), averaged over the tasks. One forward
 pass per task, so it runs on every version while greedy generation runs at a few points only. It
@@ -16,6 +16,7 @@ from typing import Any
 
 from clawback.chat import ChatRequest
 from clawback.engine import Sampling
+from clawback.records import parse_version
 from clawback.daemon.memory import inject
 
 from .scenarios import Scenario, Task
@@ -26,13 +27,15 @@ TOP = 20
 async def opener_mass(state: Any, scen: Scenario, tasks: tuple[Task, ...]) -> float | None:
     if scen.good_opener is None:
         return None
-    notes = [n["text"] for n in await asyncio.to_thread(state.store.memory_notes)] if state.settings.memory else []
+    live = state.engine.active_version()
+    notes = [n["text"] for n in await asyncio.to_thread(state.store.memory_notes, parse_version(live))
+             if n["active"]] if state.settings.memory else []
     tok, total = state.renderer.tokenizer, 0.0
     for task in tasks:
         messages = inject([{"role": "user", "content": task.prompt}], notes)
         req = ChatRequest.model_validate({"model": "clawback", "messages": messages})
         _, ids = await asyncio.to_thread(state.renderer.render, req)
         sampling = Sampling(temperature=0.0, max_tokens=1, top_logprobs=TOP)
-        async for t in state.engine.generate(ids, sampling, state.engine.active_version()):
+        async for t in state.engine.generate(ids, sampling, live):
             total += sum(math.exp(lp) for i, lp in zip(t.top_ids, t.top_logprobs) if scen.good_opener(tok.decode([i])))
     return total / len(tasks)

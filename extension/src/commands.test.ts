@@ -16,7 +16,8 @@ function deps(over: Partial<CommandDeps> = {}, outcome: AckOutcome | null = { st
     status: vi.fn(async () => ({
       adapter_version: "v3",
       training: { samples_ready: 12, batch_size: 16, last_step: 40 },
-      memory: { enabled: true, notes: [{ note_id: 4, text: "Please start your reply with 'Sure!'." }] },
+      memory: { enabled: true, notes: [{ note_id: 4, text: "Please start your reply with 'Sure!'.", active: true, retired_by: null },
+                                       { note_id: 5, text: "Don't use bold.", active: false, retired_by: 3 }] },
     })),
     connection: () => ({ connected: true, pending: 0, adapterVersion: "v3", lastPushes: [{ type: "adapter_live", version: "v3" }] }),
     daemonUrl: "http://127.0.0.1:30000",
@@ -81,7 +82,8 @@ describe("commands", () => {
     expect(text).toContain("last training step: 40");
     expect(text).toContain("feedback queued here: 0");
     expect(text).toContain("last update: adapter_live v3");
-    expect(text).toContain("memory: on, 1 note (clawback memory list|edit|forget)\n  4. Please start your reply with 'Sure!'.");
+    expect(text).toContain("memory: on, 2 notes (clawback memory list|edit|forget)\n  4. Please start your reply with 'Sure!'.\n"
+      + "  5. Don't use bold. (retired by v3)");
     const off = deps({ status: async () => undefined, connection: () => ({ connected: false, pending: 2, adapterVersion: undefined, lastPushes: [] }) });
     expect((await off.cmds.clawback!.handler(ctx)).text).toBe("clawback: daemon http://127.0.0.1:30000 is not reachable\nfeedback queued here: 2");
   });

@@ -69,7 +69,7 @@ export async function statusText(deps: CommandDeps): Promise<string> {
     if (m) {
       const notes = m.notes ?? [];
       lines.push(`memory: ${m.enabled === false ? "off" : "on"}, ${notes.length} note${notes.length === 1 ? "" : "s"} (clawback memory list|edit|forget)`);
-      for (const n of notes) lines.push(`  ${n.note_id}. ${n.text}`);
+      for (const n of notes) lines.push(`  ${n.note_id}. ${n.text}${n.active === false ? ` (retired by v${n.retired_by})` : ""}`);
     }
     const newest = s.gate?.newest;
     if (s.gate?.reviewing) lines.push(`v${s.gate.reviewing} is being checked before it goes live`);

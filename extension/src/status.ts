@@ -2,7 +2,8 @@
 export type DaemonStatus = {
   adapter_version?: string | null;
   training?: { samples_ready?: number; batch_size?: number; last_step?: number | null };
-  memory?: { enabled?: boolean; notes?: { note_id: number; text: string }[] };
+  // active: injected while the live version serves; retired_by: the version that made it redundant.
+  memory?: { enabled?: boolean; notes?: { note_id: number; text: string; active?: boolean; retired_by?: number | null }[] };
   // The candidate gate: the version under review, and the newest version's fate.
   gate?: { reviewing?: number | null; newest?: { version: number; state: string; reason?: string | null } | null };
   [k: string]: unknown;

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from clawback.daemon.config import GateConfig, Settings
-from clawback.daemon.gate import collapse_reasons, health_reasons, held_out
+from clawback.daemon.gate import against_live_and_base, collapse_reasons, health_reasons, held_out
 from clawback.daemon.guard import fisher_greater
 from clawback.daemon.probes import Generation, collapse_stats, load_probes, passes
 
@@ -59,6 +59,26 @@ def test_collapse_detectors_fire_for_the_right_reason():
     assert [r for r in collapse_reasons(meta, live, cfg, "v1") if "about the conversation" in r]
     long = collapse_stats([gen(g.text + " and so on", n=60) for g in VARIED])
     assert any("reply length 60 vs 10" in r for r in collapse_reasons(long, live, cfg, "v1"))
+
+
+def test_what_nobody_wants_cannot_creep_up_version_by_version():
+    """Each version apologises a little more than the last: every step passes against live, the
+    drift shows against the base model."""
+    cfg = GateConfig()
+    replies = VARIED + [gen(t) for t in ("Water boils at 100 degrees.", "Nine is an odd number.", "Owls hunt at night.",
+                                         "Rome is in Italy.", "A triangle has three sides.")]
+
+    def sorry(n: int) -> dict[str, float]:
+        return collapse_stats([gen("I'm sorry for the confusion. " + g.text) if i < n else g for i, g in enumerate(replies)])
+
+    base, live, cand = sorry(0), sorry(2), sorry(3)
+    assert collapse_reasons(cand, live, cfg, "v2") == []  # 30% vs 20%: within meta_rise of live
+    reasons = against_live_and_base(cand, live, base, cfg, "v2", "your requests")
+    assert reasons == ["collapse (your requests): replies about the conversation 30% vs 0% on base"]
+    # Length is not held to the base model: a person may ask for longer replies.
+    longer = collapse_stats([gen(g.text + " and so on", n=60) for g in VARIED])
+    assert against_live_and_base(longer, longer, base, cfg, "v2") == []
+    assert against_live_and_base(cand, base, None, cfg, None) == collapse_reasons(cand, base, cfg, "base")
 
 
 def test_training_health():

@@ -15,8 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawback.daemon.memory import HEADER, inject, notes_from, topic
-from clawback.daemon.store import Store
+from clawback.chat import ChatRequest
+from clawback.daemon.cli import note_retirement
+from clawback.daemon.memory import HEADER, inject, notes_from, strip, topic
+from clawback.daemon.retirement import NoteRetirement
+from clawback.daemon.store import Store, blob_ids
+from clawback.engine import EngineError
+from clawback.records import JudgedSample, StepRecord
 from tests.conftest import DaemonProcess, query, wait_for
 
 
@@ -97,7 +102,7 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         notes = c.get("/v1/memory").json()
         assert notes["enabled"] and [n["text"] for n in notes["data"]] == ["Please answer in French."]
         assert c.get("/v1/status").json()["memory"]["notes"] == [  # what the extension's /clawback shows
-            {"note_id": notes["data"][0]["note_id"], "text": "Please answer in French."}]
+            {"note_id": notes["data"][0]["note_id"], "text": "Please answer in French.", "active": True, "retired_by": None}]
 
         main_id, side_id = ask("m2"), ask("m3", "side")
         db = daemon.data_dir / "clawback.db"
@@ -130,3 +135,166 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         out = subprocess.run([*cli, "forget", "all"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and c.get("/v1/memory").json()["data"] == []
         assert served_system(ask("m5")) == "Be kind."
+
+
+def test_strip_takes_out_exactly_what_inject_put_in():
+    msgs = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]
+    assert strip(inject(msgs, ["Be brief.", "No bold."])) == msgs
+    bare = [{"role": "user", "content": "hi"}]
+    assert strip(inject(bare, ["Be brief."])) == bare  # the system message inject created goes too
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Be kind."}]}, *bare]
+    assert strip(inject(parts, ["Be brief."])) == parts
+    assert strip(msgs) == msgs and strip(bare) == bare
+
+
+def _adapter_row(store: Store, version: int, parent: int | None) -> None:
+    asyncio.run(store.record_step(StepRecord(version, parent, time.time(), "combined", (), "committed",
+                                             path=f"/nowhere/v{version}")))
+
+
+def test_a_retired_note_stays_out_only_while_its_version_or_a_descendant_serves(tmp_path: Path):
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        for version, parent in ((1, None), (2, 1), (3, 2), (4, 1)):  # v4 was trained after a rollback to v1
+            _adapter_row(store, version, parent)
+        _feedback(store, "correction", "Please answer in French.")
+        note = store.memory_notes()[0]
+        assert note["active"] and note["retired_by"] is None
+        assert not asyncio.run(store.retire_note(note["note_id"], note["updated_at"] - 1, 2, {}))  # changed since
+        assert asyncio.run(store.retire_note(note["note_id"], note["updated_at"], 2,
+                                             {"version": 2, "gap_live": 0.1, "gap_note": 0.3}))
+        active = {live: store.memory_notes(live)[0]["active"] for live in (None, 1, 2, 3, 4)}
+        assert active == {None: True, 1: True, 2: False, 3: False, 4: True}
+        event = json.loads(query(store.db_path, "SELECT payload FROM events WHERE kind = 'memory.retired'")[0][0])
+        assert event == {"version": 2, "gap_live": 0.1, "gap_note": 0.3}  # numbers only: events outlive a forget
+        # The person says it again: the version evidently does not follow it, so it is back.
+        _feedback(store, "correction", "Please answer in French.")
+        assert store.memory_notes(3)[0]["active"] and store.memory_notes(3)[0]["retired_by"] is None
+        note = store.memory_notes()[0]
+        asyncio.run(store.retire_note(note["note_id"], note["updated_at"], 3, {}))
+        asyncio.run(store.edit_note(note["note_id"], "Please answer in German."))  # an edit is a new preference
+        assert store.memory_notes(3)[0]["active"]
+        asyncio.run(store.retire_note(note["note_id"], store.memory_notes()[0]["updated_at"], 3, {}))
+        assert asyncio.run(store.forget_notes()) == 1 and store.memory_notes() == []  # retired notes are forgotten too
+    finally:
+        store.close()
+
+
+# ---- retirement on the engine (daemon/retirement.py) ----
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The daemon's own state and app in-process (tiny Llama, no training, no background tasks, so
+    nothing judges the samples this test writes), with v1: a LoRA with random weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from clawback.adapter_format import publish
+    from clawback.daemon.config import Settings
+    from clawback.daemon.server import build_state, daemon_app
+    from clawback.trainer.config import TrainConfig
+    from clawback.trainer.step import make_lora_model, make_optimizer
+
+    tmp = tmp_path_factory.mktemp("retire")
+    settings = Settings(data_dir=tmp, model=str(tiny_model_dir), device="cpu", no_auth=True, log_level="warning",
+                        served_model_name="policy", train={"enabled": False})
+    state = build_state(settings)
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8)
+    model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    path = publish(tmp / "adapters", 1, model, make_optimizer(model, cfg), {"method": "combined"})
+    asyncio.run(state.store.record_step(StepRecord(1, None, time.time(), "combined", (), "committed", path=str(path))))
+    yield state, daemon_app(settings, state)
+    asyncio.run(state.engine.close())
+    state.store.close()
+
+
+def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_brings_it_back(served, monkeypatch):
+    state, app = served
+    db = state.store.db_path
+
+    async def go() -> None:
+        await state.adapters.go_live(1, state.store.adapters()[0]["path"])
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://clawback",
+                                     timeout=300) as c:
+            async def ask(session: str) -> dict:
+                r = await c.post("/v1/chat/completions", headers={"x-session-id": session, "x-turn-type": "main"},
+                                 json={"model": "policy", "max_tokens": 6, "temperature": 0, "messages": [
+                                     {"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]})
+                assert r.status_code == 200, r.text
+                await asyncio.to_thread(state.store.flush)
+                row = query(db, "SELECT * FROM calls WHERE call_id = ?", r.json()["id"])[0]
+                return {"call_id": row["call_id"], "request": json.loads(row["request_json"]),
+                        "response_ids": blob_ids(row["response_ids"])}
+
+            async def correct(session: str, text: str) -> None:
+                r = await c.post("/v1/feedback", json={"event_id": str(uuid.uuid4()), "kind": "correction",
+                                                       "session_id": session, "target": "last", "text": text})
+                assert r.status_code in (200, 202), r.text
+                await asyncio.to_thread(state.store.flush)
+
+            async def teach(call: dict, prompt: list[dict], version: str | None) -> None:
+                """The sample's teacher logprobs: `call`'s reply scored on `prompt` by `version`."""
+                req = ChatRequest.model_validate({**call["request"], "messages": prompt})
+                teacher = await state.engine.score(state.renderer.render(req)[1], call["response_ids"], version)
+                (_, revision), = [p for p in state.store.pending_samples() if p[0] == call["call_id"]]
+                assert await state.store.write_sample(JudgedSample(
+                    call["call_id"], revision, "ready", method="combined", reward=-1.0, reward_source="explicit",
+                    teacher_logprobs=teacher))
+
+            french = await ask("s1")
+            await correct("s1", "Hmm. Please answer in French.")
+            bold = await ask("s2")  # served with the French note
+            await correct("s2", "Don't use bold.")
+            assert HEADER in bold["request"]["messages"][0]["content"]
+            # French: what v1 gives without any note is what the person wanted there: it retires.
+            await teach(french, strip(french["request"]["messages"]), "v1")
+            # Bold: the base model told by the note is exactly what was wanted; v1 alone is not.
+            await teach(bold, inject(strip(bold["request"]["messages"]), ["Don't use bold."]), None)
+
+            reports = await NoteRetirement(state.engine, state.renderer, state.store).check(1)
+            by_text = {n["note_id"]: n["text"] for n in state.store.memory_notes()}
+            result = {by_text[r["note_id"]]: r for r in reports}
+            assert result["Please answer in French."]["retired"] and result["Please answer in French."]["gap_live"] < 1e-4
+            assert not result["Don't use bold."]["retire"] and result["Don't use bold."]["gap_note"] < 1e-4
+            assert result["Don't use bold."]["gap_live"] > 0.01
+            await asyncio.to_thread(state.store.flush)
+            events = query(db, "SELECT kind, payload FROM events WHERE kind IN ('memory.retired', 'memory.checked')")
+            assert sorted(e["kind"] for e in events) == ["memory.checked", "memory.checked", "memory.retired"]
+            assert not any("French" in e["payload"] or "bold" in e["payload"] for e in events)
+            assert {json.loads(e["payload"])["retired"] for e in events if e["kind"] == "memory.checked"} == {True, False}
+
+            listed = (await c.get("/v1/memory")).json()
+            assert listed["live"] == "v1" and [(n["text"], n["retired_by"], n["active"]) for n in listed["data"]] == [
+                ("Please answer in French.", 1, False), ("Don't use bold.", None, True)]
+            status = (await c.get("/v1/status")).json()["memory"]["notes"]
+            assert [(n["retired_by"], n["active"]) for n in status] == [(1, False), (None, True)]
+            assert note_retirement(listed["data"][0], listed["live"]) == ", retired by v1"
+            await c.get("/ui/login")  # no API key: a dashboard session at once
+            page = (await c.get("/ui/part/memory")).text
+            assert page.count("no: retired by v1") == 1 and page.count("<td>yes</td>") == 1
+            served_v1 = (await ask("s3"))["request"]["messages"][0]["content"]
+            assert served_v1 == f"Be kind.\n\n{HEADER}\n- Don't use bold."  # stored exactly as served
+
+            r = await c.post("/v1/adapters/rollback", json={"version": "base"})
+            assert r.status_code == 200, r.text
+            served_base = (await ask("s4"))["request"]["messages"][0]["content"]
+            assert served_base == f"Be kind.\n\n{HEADER}\n- Please answer in French.\n- Don't use bold."
+            listed = (await c.get("/v1/memory")).json()
+            assert listed["data"][0]["active"] and note_retirement(listed["data"][0], listed["live"]) == \
+                ", retired by v1; injected while base serves"
+            assert "yes: retired by v1, base serves" in (await c.get("/ui/part/memory")).text
+
+            # A check that cannot score leaves every note as it was and raises nothing.
+            async def broken(*_: object, **__: object) -> list[float]:
+                raise EngineError("scoring failed")
+
+            monkeypatch.setattr(state.engine, "score", broken)
+            assert await NoteRetirement(state.engine, state.renderer, state.store).check(1) == []
+            assert [n["retired_by"] for n in state.store.memory_notes()] == [1, None]
+
+    asyncio.run(go())

@@ -403,7 +403,7 @@ def test_declared_write_columns_match_the_migrations(tmp_path: Path) -> None:
     declared = {"calls": store_mod.CALL_COLUMNS, "next_states": store_mod.NEXT_STATE_COLUMNS,
                 "feedback_events": store_mod.FEEDBACK_COLUMNS, "votes": store_mod.VOTE_COLUMNS,
                 "samples": store_mod.SAMPLE_VERDICT_COLUMNS, "train_steps": store_mod.TRAIN_STEP_COLUMNS,
-                "adapters": store_mod.ADAPTER_COLUMNS}
+                "adapters": store_mod.ADAPTER_COLUMNS, "memory_notes": store_mod.MEMORY_NOTE_COLUMNS}
     for table, columns in declared.items():
         info = conn.execute(f"PRAGMA table_info({table})").fetchall()  # cid, name, type, notnull, default, pk
         assert len(set(columns)) == len(columns), table

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from clawback.chat import ChatRenderer
 from clawback.daemon.adapters import AdapterManager
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import Store
+from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.training import TrainingLoop
 from clawback.records import Call, JudgedSample
 from clawback.sim.local_worker import in_thread_trainer
@@ -105,3 +107,40 @@ def test_a_sample_that_fails_every_step_is_quarantined_after_backing_off(parts):
     assert states[good][0] == "consumed"
     outcomes = [r[0] for r in query(store.db_path, "SELECT outcome FROM train_steps ORDER BY step")]
     assert outcomes == ["failed", "failed", "failed", "committed"]
+
+
+def test_a_note_check_that_fails_never_stops_a_version_going_live(parts, tiny_model_dir, monkeypatch):
+    """The preference-note check runs after the version went live; scoring that raises leaves the
+    note injected and the version serving."""
+    store, adapters, cfg, start = parts
+    good = [ready_sample(store, [40 + i, 41, 42, 2]) for i in range(2)]
+    corrected = f"chatcmpl-{uuid.uuid4().hex}"
+    now = time.time()
+    store.add_call(Call(corrected, "s-note", "t", corrected, "main", "awaiting_next_state", now, now, "tiny", None,
+                        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}, "hi", [1, 20, 30], [60, 61, 2],
+                        [-2.0] * 3, "x", None, "stop"))
+    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s-note",
+                                      "target": "last", "text": "Please answer in French."}, now))
+    (_, revision), = [p for p in store.pending_samples() if p[0] == corrected]
+    assert asyncio.run(store.write_sample(JudgedSample(corrected, revision, "dropped", reason="held_out",
+                                                       teacher_logprobs=[-1.0, -1.0, -1.0])))
+    tried = []
+
+    async def broken(*args, **kwargs):
+        tried.append(args)
+        raise RuntimeError("scoring failed")
+
+    monkeypatch.setattr(adapters.engine, "score", broken)
+    from transformers import AutoTokenizer
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+    retirement = NoteRetirement(adapters.engine, renderer, store)
+    trained: list[dict] = []
+    loop = TrainingLoop(store, adapters, cfg, start, trained.append, poll_s=0.2, retirement=retirement)
+    run_until(loop, lambda: adapters.live() == 1 and not loop.busy)  # busy: the step, its check included
+    assert adapters.live() == 1 and loop.failures == 0
+    assert [t["version"] for t in trained] == ["v1"]  # the step completed
+    assert [sample_states(store)[c][0] for c in good] == ["consumed", "consumed"]
+    assert tried, "the check ran"
+    note, = store.memory_notes(1)
+    assert note["active"] and note["retired_by"] is None

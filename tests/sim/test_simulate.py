@@ -36,8 +36,14 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     assert cell["samples"].get("consumed") == 4
     assert {"drift", "entropy", "loss", "topk_adv"} <= set(committed[0]["metrics"])  # top-K OPD trained
     assert cell["train_config"]["method"] == "combined" and cell["train_config"]["opd_top_k"] == 4
-    assert cell["settings"]["memory"] and cell["memory_notes"] == ["Please start your reply with 'Sure!' and "
-                                                                    "write the work out in plain sentences with the numbers."]
+    assert cell["settings"]["memory"] and [n["text"] for n in cell["memory_notes"]] == [
+        "Please start your reply with 'Sure!' and write the work out in plain sentences with the numbers."]
+    # Retirement is checked on every version that went live; whichever way it went, the cell says.
+    assert all(n["retired_by"] in (None, 1, 2) and n["active"] == (n["retired_by"] is None) for n in cell["memory_notes"])
+    checks = cell["memory_checks"]  # the first note's correction trained v1: it was checked against it
+    assert checks and checks[0]["version"] == 1 and {c["version"] for c in checks} <= {1, 2}
+    assert {(c["note_id"], c["version"]) for c in checks if c["retired"]} == {
+        (n["note_id"], n["retired_by"]) for n in cell["memory_notes"] if n["retired_by"] is not None}
     assert cell["code"]["stamp"] and cell["clawback_version"] and cell["wall_s"] > 0
 
     summary = json.loads((out / "summary.json").read_text())
