@@ -10,9 +10,11 @@ daemon's overhead, not queueing.
     .venv/bin/python bench/serve_overhead.py                              # 30 pairs, max_tokens 16 and 64
     .venv/bin/python bench/serve_overhead.py --model tiny --pairs 100     # the overhead without compute noise
     .venv/bin/python bench/serve_overhead.py --quiet-wait 30              # on a shared machine
+    .venv/bin/python bench/serve_overhead.py --model tiny --client httpx  # through httpx instead of a raw socket
 
 Prints a table and writes bench/results/serve_overhead-<timestamp>.json (raw pairs included).
-Targets: added latency <= 1 ms p50 and <= 3 ms p99, throughput ratio >= 0.98. See bench/README.md.
+Targets: added latency <= 0.5 ms p50 and <= 2 ms p99 (streaming: plus <= 0.1 ms per generated
+token), throughput ratio >= 0.98. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import shutil
+import socket
 import sqlite3
 import statistics
 import sys
@@ -35,7 +39,8 @@ import httpx
 
 from _common import DEFAULT_MODEL, REPO, Daemon, cpu_ns, machine, machine_busy_ns, pct, summary, tiny_model
 
-TARGET_P50_MS, TARGET_P99_MS, TARGET_RATIO = 1.0, 3.0, 0.98
+# Added latency per request (p50, p99), plus per generated token when streaming; throughput ratio.
+TARGET_P50_MS, TARGET_P99_MS, TARGET_STREAM_TOKEN_MS, TARGET_RATIO = 0.5, 2.0, 0.1, 0.98
 
 # Candidates; only those whose greedy reply does not end before the largest max_tokens are used, so
 # every request of a setting generates exactly max_tokens tokens on both sides.
@@ -142,7 +147,7 @@ class Direct:
             cache, inp = DynamicCache(), list(prompt_ids)
             for _ in range(n):
                 t = time.perf_counter_ns()
-                out = eng._forward(inp, None, cache)
+                out = eng._forward(torch.tensor([inp]), [None], cache)
                 cache = out.cache
                 logits = out.logits[0, -1].float()
                 tok = int(torch.argmax(logits))
@@ -157,14 +162,18 @@ class Direct:
 
 
 class Http:
-    """The daemon over HTTP/1.1 with one persistent connection."""
+    """The daemon over HTTP/1.1 with one persistent connection, through httpx (what most Python
+    clients, the OpenAI SDK included, use)."""
 
-    def __init__(self, url: str, model: str = "clawback") -> None:
+    def __init__(self, url: str, turn_type: str = "side") -> None:
         self.client = httpx.Client(base_url=url, timeout=600)
-        self.model = model
+        self.turn_type = turn_type
 
     def body(self, messages: list[dict], max_tokens: int, stream: bool) -> dict[str, Any]:
-        b: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+        b: dict[str, Any] = {"model": "clawback", "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+        if self.turn_type == "main":  # one session per prompt; each repeat closes the last call as retried
+            b["turn_type"] = "main"
+            b["session_id"] = "bench-" + hashlib.sha1(json.dumps(messages).encode()).hexdigest()[:12]
         if stream:
             b["stream"] = True
             b["stream_options"] = {"include_usage": True}
@@ -175,53 +184,148 @@ class Http:
         c0, d0 = cpu_ns(), cpu_ns(daemon_pid)
         t0 = time.perf_counter_ns()
         out = self._stream(body, t0) if stream else self._plain(body)
-        t1 = time.perf_counter_ns()
+        t1 = out.pop("done_at", None) or time.perf_counter_ns()  # streaming: when `data: [DONE]` arrived
         out["total_ms"] = (t1 - t0) / 1e6
         out["client_cpu_ms"] = (cpu_ns() - c0) / 1e6
         out["daemon_cpu_ms"] = (cpu_ns(daemon_pid) - d0) / 1e6
         return out
 
-    def _plain(self, body: dict) -> dict[str, Any]:
-        r = self.client.post("/v1/chat/completions", json=body)
-        r.raise_for_status()
-        data = r.json()
+    @staticmethod
+    def reply(data: dict[str, Any]) -> dict[str, Any]:
         return {"call_id": data["id"], "prompt_tokens": data["usage"]["prompt_tokens"],
                 "completion_tokens": data["usage"]["completion_tokens"],
                 "text": data["choices"][0]["message"]["content"] or "",
                 "finish_reason": data["choices"][0]["finish_reason"]}
 
-    def _stream(self, body: dict, t0: int) -> dict[str, Any]:
+    @staticmethod
+    def events(payloads: list[tuple[int, bytes]], t0: int) -> dict[str, Any]:
+        """The streamed reply from its SSE `data:` payloads, each with the time it arrived."""
         parts: list[str] = []
         usage: dict[str, int] = {}
-        call_id = finish = None
-        ttft = None
+        call_id = finish = ttft = None
         chunks = 0
+        for at, payload in payloads:
+            if payload == b"[DONE]":
+                break
+            chunks += 1
+            data = json.loads(payload)
+            call_id = data["id"]
+            if data.get("usage"):
+                usage = data["usage"]
+            for choice in data.get("choices", []):
+                text = choice["delta"].get("content")
+                if text:
+                    if ttft is None:
+                        ttft = (at - t0) / 1e6
+                    parts.append(text)
+                finish = choice.get("finish_reason") or finish
+        return {"call_id": call_id, "prompt_tokens": usage.get("prompt_tokens"),
+                "completion_tokens": usage.get("completion_tokens"), "text": "".join(parts),
+                "finish_reason": finish, "ttft_ms": ttft, "chunks": chunks, "done_at": payloads[-1][0]}
+
+    def _plain(self, body: dict) -> dict[str, Any]:
+        r = self.client.post("/v1/chat/completions", json=body)
+        r.raise_for_status()
+        return self.reply(r.json())
+
+    def _stream(self, body: dict, t0: int) -> dict[str, Any]:
+        payloads: list[tuple[int, bytes]] = []
         with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
             r.raise_for_status()
             for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                payload = line[6:]
-                if payload == "[DONE]":
-                    break  # the last chunk: the clock stops right after this, in run()
-                chunks += 1
-                data = json.loads(payload)
-                call_id = data["id"]
-                if data.get("usage"):
-                    usage = data["usage"]
-                for choice in data.get("choices", []):
-                    text = choice["delta"].get("content")
-                    if text:
-                        if ttft is None:
-                            ttft = (time.perf_counter_ns() - t0) / 1e6
-                        parts.append(text)
-                    finish = choice.get("finish_reason") or finish
-        return {"call_id": call_id, "prompt_tokens": usage.get("prompt_tokens"),
-                "completion_tokens": usage.get("completion_tokens"), "text": "".join(parts),
-                "finish_reason": finish, "ttft_ms": ttft, "chunks": chunks}
+                if line.startswith("data: "):
+                    payloads.append((time.perf_counter_ns(), line[6:].encode()))
+                    if line == "data: [DONE]":
+                        break  # the last event: the clock stops when it arrived
+        return self.events(payloads, t0)
+
+    def get(self, path: str) -> str:
+        return self.client.get(path).text
 
     def close(self) -> None:
         self.client.close()
+
+
+class RawHttp(Http):
+    """The daemon over one keep-alive socket with HTTP/1.1 written by hand: the least work a client
+    can do (a send, then recv until the reply is complete; JSON is parsed after the clock stops), so
+    that what is measured is the daemon and the transport rather than the client library.
+    httpx costs about 1 ms per request and 70 us per streamed chunk of its own CPU on this machine."""
+
+    def __init__(self, url: str, turn_type: str = "side") -> None:
+        super().__init__(url, turn_type)
+        host, port = url.removeprefix("http://").split(":")
+        self.host = f"{host}:{port}"
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def _recv(self) -> None:
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError("the daemon closed the connection")
+        self.buf += data
+
+    def _until(self, sep: bytes) -> bytes:
+        while (i := self.buf.find(sep)) < 0:
+            self._recv()
+        out, self.buf = self.buf[:i], self.buf[i + len(sep):]
+        return out
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._recv()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _request(self, body: dict) -> dict[str, str]:
+        data = json.dumps(body).encode()
+        self.sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + self.host.encode() +
+                          b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(data)).encode() +
+                          b"\r\n\r\n" + data)
+        status, *lines = self._until(b"\r\n\r\n").decode("latin-1").split("\r\n")
+        if status.split()[1] != "200":
+            raise RuntimeError(f"daemon answered {status}")
+        return {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines)}
+
+    def _chunks(self) -> Any:
+        """The body of a chunked reply, one HTTP chunk at a time, each with the time it arrived."""
+        while True:
+            size = int(self._until(b"\r\n").split(b";")[0], 16)
+            data = self._exactly(size + 2)[:-2]
+            if not size:
+                return
+            yield time.perf_counter_ns(), data
+
+    def _plain(self, body: dict) -> dict[str, Any]:
+        headers = self._request(body)
+        if "content-length" in headers:
+            raw = self._exactly(int(headers["content-length"]))
+        else:
+            raw = b"".join(data for _, data in self._chunks())
+        return self.reply(json.loads(raw))
+
+    def _stream(self, body: dict, t0: int) -> dict[str, Any]:
+        self._request(body)
+        received: list[tuple[int, bytes]] = []
+        chunks = self._chunks()
+        for at, data in chunks:
+            received.append((at, data))
+            if data.endswith(b"data: [DONE]\n\n"):
+                break  # the last event: the clock stops when it arrived
+        for _ in chunks:  # the terminating chunk
+            pass
+        payloads = []
+        pending = b""
+        for at, data in received:  # SSE events may in principle span HTTP chunks
+            pending += data
+            *events, pending = pending.split(b"\n\n")
+            payloads += [(at, e[6:]) for e in events if e.startswith(b"data: ")]
+        return self.events(payloads, t0)
+
+    def close(self) -> None:
+        self.sock.close()
+        super().close()
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -316,7 +420,8 @@ def run_setting(direct: Direct, http: Http, daemon: Daemon, prompts: list[list[d
     return rows
 
 
-def analyse(rows: list[dict[str, Any]], timings: dict[str, dict[str, float]]) -> dict[str, Any]:
+def analyse(rows: list[dict[str, Any]], timings: dict[str, dict[str, float]], max_tokens: int,
+            stream: bool) -> dict[str, Any]:
     for r in rows:
         t = timings.get(r["call_id"] or "")
         if t:
@@ -359,7 +464,8 @@ def analyse(rows: list[dict[str, Any]], timings: dict[str, dict[str, float]]) ->
     ttft = [r["http_ttft_ms"] - r["direct_ttft_ms"] for r in rows if r["http_ttft_ms"] is not None]
     if ttft:
         out["added_ttft_ms"] = summary(ttft)
-    out["meets"] = {"p50": pct(added, 50) <= TARGET_P50_MS, "p99": pct(added, 99) <= TARGET_P99_MS,
+    per_token = TARGET_STREAM_TOKEN_MS * max_tokens if stream else 0.0
+    out["meets"] = {"p50": pct(added, 50) <= TARGET_P50_MS + per_token, "p99": pct(added, 99) <= TARGET_P99_MS + per_token,
                     "ratio": out["throughput_ratio"] >= TARGET_RATIO}
     return out
 
@@ -412,6 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, nargs="+", default=[16, 64], help="settings (default 16 64)")
     ap.add_argument("--modes", nargs="+", choices=["plain", "stream"], default=["plain", "stream"],
                     help="non-streaming (plain) and/or streaming requests (default both)")
+    ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
+                    help="HTTP client: a hand-written HTTP/1.1 client that does the least work (raw, default), or "
+                         "httpx (adds its own ~1 ms per request)")
+    ap.add_argument("--turn-type", choices=["side", "main"], default="side",
+                    help="side (default): untagged calls, stored after the reply; main: an agent's own turns, "
+                         "committed to the store before the reply ends (durability) and given the memory notes")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads on each side: torch.set_num_threads here, CLAWBACK_TORCH_THREADS for the daemon (default 1)")
     ap.add_argument("--device", default="auto", help="engine device on both sides (default auto)")
@@ -446,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         direct = Direct(model_dir, args.threads, args.device)  # loads while the daemon loads
         daemon.wait_ready()
-        http = Http(daemon.url)
+        http = (RawHttp if args.client == "raw" else Http)(daemon.url, args.turn_type)
         print(f"daemon pid {daemon.proc.pid} at {daemon.url}; choosing prompts", flush=True)
         prompts = pick_prompts(direct, max(args.max_tokens))
 
@@ -464,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = run_setting(direct, http, daemon, prompts, n, mode == "stream", args.pairs, args.warmup,
                                    args.gap_ms / 1e3, args.quiet_wait)
                 settings_rows.append((f"{n} {mode}", n, mode, rows))
-        metrics = http.client.get("/metrics").text
+        metrics = http.get("/metrics")
     finally:
         if http:
             http.close()
@@ -475,10 +587,10 @@ def main(argv: list[str] | None = None) -> int:
     timings = daemon.server_timings()
     results = []
     for name, n, mode, rows in settings_rows:
-        res = {"setting": name, "max_tokens": n, "mode": mode, "stats": analyse(rows, timings), "rows": rows}
+        res = {"setting": name, "max_tokens": n, "mode": mode, "stats": analyse(rows, timings, n, mode == "stream"), "rows": rows}
         quiet = [r for r in rows if r["other_cores"] < LoadMeter.QUIET]
         if len(rows) > len(quiet) >= 10:  # also the pairs during which nothing else ran on the machine
-            res["stats_quiet"] = analyse(quiet, timings)
+            res["stats_quiet"] = analyse(quiet, timings, n, mode == "stream")
         results.append(res)
     finished = dt.datetime.now().astimezone()
     print()
@@ -498,9 +610,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "started": started.isoformat(), "finished": finished.isoformat(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "daemon_command": daemon.cmd, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "client": args.client, "turn_type": args.turn_type, "daemon_command": daemon.cmd, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "model_dir": str(model_dir), "machine": info, "loadavg_at_end": Path("/proc/loadavg").read_text().strip(),
-        "targets": {"added_p50_ms": TARGET_P50_MS, "added_p99_ms": TARGET_P99_MS, "throughput_ratio": TARGET_RATIO},
+        "targets": {"added_p50_ms": TARGET_P50_MS, "added_p99_ms": TARGET_P99_MS,
+                    "added_per_streamed_token_ms": TARGET_STREAM_TOKEN_MS, "throughput_ratio": TARGET_RATIO},
         "engine_only": engine_only, "prompts": prompts, "added_fit": fits,
         "results": results,
         "daemon_dropped_or_errors": [ln for ln in metrics.splitlines() if ln.startswith(("clawback_store_dropped", "clawback_requests"))],

@@ -15,13 +15,12 @@ import logging
 import os
 import secrets
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,7 +31,7 @@ from clawback.engine import Engine, EngineError, Sampling, Token
 from clawback.records import Call, parse_version, version_name
 
 from .bodies import BodyError, parse_json, read_limited
-from .capture import Capture, CallMeta, MetaError, parse_meta
+from .capture import Capture, CallMeta, MetaError, parse_meta, random_id
 from .config import Settings
 from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
 from .engines import grammar
@@ -150,6 +149,7 @@ class AppState:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
+        self.opd_top_k = self.settings.train_config().opd_top_k  # main calls keep this many top logprobs
         r = self.registry
         self.requests = Counter("clawback_requests", "HTTP requests", ["route", "status"], registry=r)
         self.latency = Histogram("clawback_request_seconds", "Chat completion latency", ["stream"], registry=r,
@@ -173,14 +173,36 @@ ROUTES = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/v1/sta
           "/v1/adapters", "/v1/forget", "/v1/dashboard/link")
 
 
+CHAT_PATH = "/v1/chat/completions"
+
+
 class Gate:
     """Bearer auth (all but /healthz and the dashboard, which has its own login), request counting.
-    Pure ASGI so streaming stays untouched."""
+    Pure ASGI so streaming stays untouched.
+
+    Chat completions, the route every served call takes, go from here straight to their handler:
+    FastAPI's middleware, routing and endpoint machinery cost more than the rest of the handler's
+    own work on a small request. Its FastAPI route stays for the OpenAPI description (and answers
+    405 to other methods)."""
 
     def __init__(self, app: Any, state: AppState) -> None:
         self.app, self.state = app, state
         key = state.api_key
         self.expected = f"Bearer {key}".encode() if key else None
+
+    async def chat(self, scope: Scope, receive: Receive, send: Send, status_box: list[int]) -> None:
+        """POST /v1/chat/completions, with the errors FastAPI's handlers would give. Its status is
+        counted from the response, so that streamed chunks go to `send` without a wrapper."""
+        scope["app"] = self.app  # what Request.app reads
+        try:
+            response = await _chat(self.state, Request(scope, receive))
+        except ApiError as e:
+            response = e.response()
+        except Exception:
+            log.exception("internal error")
+            response = ApiError(500, "internal error", "server_error").response()
+        status_box[0] = response.status_code
+        await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -201,7 +223,10 @@ class Gate:
                     msg = "missing bearer token" if not given else "invalid API key"
                     err = ApiError(401, msg, "authentication_error", code="invalid_api_key")
                     return await err.response()(scope, receive, counting_send)
-            await self.app(scope, receive, counting_send)
+            if path == CHAT_PATH and scope["method"] == "POST":
+                await self.chat(scope, receive, send, status_box)
+            else:
+                await self.app(scope, receive, counting_send)
         finally:
             route = path if path in ROUTES else "other"
             self.state.requests.labels(route, str(status_box[0])).inc()
@@ -298,7 +323,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
             },
         }
 
-    @app.post("/v1/chat/completions")
+    @app.post(CHAT_PATH)  # served by Gate.chat; here for the OpenAPI description
     async def chat_completions(request: Request) -> Response:
         return await _chat(state, request)
 
@@ -569,11 +594,11 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         seed=req.seed,
         stop_token_ids=state.engine.info.eos_token_ids,
         # Main calls keep the policy's top-K per token too, for top-K OPD's teacher to score.
-        top_logprobs=max(req.top_logprobs or 0, state.settings.train_config().opd_top_k if meta.turn_type == "main" else 0),
+        top_logprobs=max(req.top_logprobs or 0, state.opd_top_k if meta.turn_type == "main" else 0),
         constraint=constraint,
     )
     return _Prepared(req, served, meta, prompt_text, prompt_ids, sampling, adapter,
-                     f"chatcmpl-{uuid.uuid4().hex}", arrived, time.time())
+                     f"chatcmpl-{random_id()}", arrived, time.time())
 
 
 async def _render(state: AppState, request: Request, req: ChatRequest, meta: CallMeta,
@@ -582,8 +607,7 @@ async def _render(state: AppState, request: Request, req: ChatRequest, meta: Cal
     active for it in the system prompt; the request is stored as served) and its prompt."""
     served = req
     if meta.turn_type == "main" and state.settings.memory:
-        notes = [n["text"] for n in await asyncio.to_thread(state.store.memory_notes, parse_version(adapter))
-                 if n["active"]]
+        notes = await state.store.note_texts(parse_version(adapter))
         if notes:
             body = req.model_dump(exclude_none=True)
             served = ChatRequest.model_validate({**body, "messages": inject(body["messages"], notes)})
@@ -711,12 +735,63 @@ class _Run:
         s.ttft.observe(rec.timings["ttft_s"])
         s.latency.labels(str(self.p.req.stream).lower()).observe(rec.timings["total_s"])
 
-    async def stored(self) -> None:
-        """Wait until a main call is committed, so that a reply the client has is never lost to a
-        crash (side calls are never trained: they are not waited for)."""
+    async def before_reply(self) -> None:
+        """Runs before the client gets the end of its reply. A main call is handed to capture and
+        committed first, so that a reply the client has is never lost to a crash. A side call is
+        never trained: it is handed over after the reply (`finish` then), which keeps its
+        bookkeeping and the store writer's wake-up off the reply's path."""
         if self.p.meta.turn_type == "main":
+            self.finish()
             with contextlib.suppress(StoreBusy):  # the call was dropped and counted, not lost unseen
                 await self.state.store.committed()
+
+
+class _ReplyThen(JSONResponse):
+    """A JSON reply, then `then()`: work the client need not wait for (also when sending failed)."""
+
+    def __init__(self, content: Any, headers: dict[str, str], then: Callable[[], None]) -> None:
+        super().__init__(content, headers=headers)
+        self.then = then
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.then()
+
+
+class _EventStream(Response):
+    """Server-sent events, each sent as soon as it is made. Starlette's StreamingResponse does the
+    same through an anyio task group and a wrapper per chunk; here one task watches for the client
+    going away (uvicorn reports that on `receive`; `send` does not fail), which cancels the stream
+    and so stops the generation."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        self.events, self.status_code, self.background = events, 200, None
+        self.init_headers(headers)  # no body: no content-length, so uvicorn sends it chunked
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def stream() -> None:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        async def client_gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        streaming, watching = asyncio.ensure_future(stream()), asyncio.ensure_future(client_gone())
+        try:
+            await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            streaming.cancel()  # a no-op once it is done
+        await asyncio.wait((streaming,))  # its cleanup (the engine stops, the call is stored) is done
+        if not streaming.cancelled() and (error := streaming.exception()) is not None:
+            raise error
 
 
 def _headers(p: _Prepared) -> dict[str, str]:
@@ -730,16 +805,17 @@ async def _chat(state: AppState, request: Request) -> Response:
     state.count_running(+1)
     run = _Run(state, p)
     if p.req.stream:
-        return StreamingResponse(_sse(state, run), media_type="text/event-stream",
-                                 headers={**_headers(p), "cache-control": "no-cache"})
+        return _EventStream(_sse(state, run), headers={**_headers(p), "cache-control": "no-cache"})
     try:
         async for _ in run.deltas():
             pass
+        await run.before_reply()
     except EngineError as e:
-        raise ApiError(500, f"generation failed: {e}", "server_error") from None
-    finally:
         run.finish()
-    await run.stored()
+        raise ApiError(500, f"generation failed: {e}", "server_error") from None
+    except BaseException:
+        run.finish()
+        raise
     message: dict[str, Any] = {"role": "assistant", "content": run.content}
     if run.tool_calls:
         message["tool_calls"] = run.tool_calls
@@ -749,7 +825,7 @@ async def _chat(state: AppState, request: Request) -> Response:
         "choices": [{"index": 0, "message": message, "logprobs": run.logprobs_content(), "finish_reason": run.finish_reason}],
         "usage": run.usage(),
     }
-    return JSONResponse(body, headers=_headers(p))
+    return _ReplyThen(body, _headers(p), then=run.finish)
 
 
 async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
@@ -768,23 +844,23 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
     # so a token costs one json.dumps of a short string instead of a whole chunk's.
     head, tail = chunk({"content": "\0"}).rsplit(b'"\\u0000"', 1)
 
+    # The role chunk goes out with the first text, and the closing chunks in one write: the engine
+    # starts before it is sent, and the client wakes once for each instead of once per chunk.
+    opening = chunk({"role": "assistant", "content": ""})
     try:
-        yield chunk({"role": "assistant", "content": ""})
         try:
             async for text in run.deltas():
-                yield head + json.dumps(text, ensure_ascii=False).encode() + tail
+                yield opening + head + json.dumps(text, ensure_ascii=False).encode() + tail
+                opening = b""
         except EngineError as e:
             err = {"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None, "code": None}}
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            yield opening + b"data: " + json.dumps(err).encode() + b"\n\n"
             return
-        for i, call in enumerate(run.tool_calls):
-            yield chunk({"tool_calls": [{"index": i, **call}]})
-        run.finish()
-        await run.stored()  # before the last chunk: a client that got the whole reply has it stored
-        yield chunk({}, run.finish_reason, run.logprobs_content())  # all of them, once the tokens are final
+        closing = [opening, *(chunk({"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(run.tool_calls))]
+        await run.before_reply()
+        closing.append(chunk({}, run.finish_reason, run.logprobs_content()))  # all of them, once the tokens are final
         if include_usage:
-            body = {**base, "choices": [], "usage": run.usage()}
-            yield b"data: " + json.dumps(body).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            closing.append(b"data: " + json.dumps({**base, "choices": [], "usage": run.usage()}).encode() + b"\n\n")
+        yield b"".join(closing) + b"data: [DONE]\n\n"
     finally:
         run.finish()

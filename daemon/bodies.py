@@ -33,10 +33,13 @@ async def read_limited(chunks: AsyncIterator[bytes], limit: int, declared: str |
     stream = aiter(chunks)
     while True:
         try:
-            chunk = await asyncio.wait_for(anext(stream), chunk_timeout_s)
+            # asyncio.timeout, not wait_for: no task per chunk (a small body is one chunk, read in
+            # a few microseconds; wait_for's task would cost more than the read).
+            async with asyncio.timeout(chunk_timeout_s):
+                chunk = await anext(stream)
         except StopAsyncIteration:
             break
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise BodyError(408, f"no request body data for {chunk_timeout_s:g} s", "request_timeout") from None
         body += chunk
         if len(body) > limit:

@@ -17,8 +17,8 @@ import asyncio
 import hashlib
 import json
 import logging
+import random
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
@@ -51,6 +51,12 @@ class CallMeta:
     tagged: bool  # the client said which turn type this is
 
 
+def random_id() -> str:
+    """128 random bits in hex, as unique as `uuid4().hex`. Without its getrandom syscall, which lets
+    the engine and store threads take the GIL in the middle of serving a request."""
+    return f"{random.getrandbits(128):032x}"
+
+
 def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
     """Headers first (OpenClaw-RL names), then body fields, then defaults."""
 
@@ -73,11 +79,11 @@ def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
         # No-plugin mode: OpenClaw's `compat.sendSessionAffinityHeaders` names the session on the
         # agent's own turns and on nothing else (compaction, titles), so a named call is main.
         affinity = pick("x-session-affinity", None) or pick("session_id", None)
-    request_id = pick("x-request-id", req.request_id) or pick("x-client-request-id", None) or f"req-{uuid.uuid4().hex}"
+    request_id = pick("x-request-id", req.request_id) or pick("x-client-request-id", None) or f"req-{random_id()}"
     if not request_id.isprintable() or not request_id.isascii():  # it goes back in the x-request-id header
         raise MetaError(f"request id must be printable ASCII, got {request_id!r}", "request_id")
     return CallMeta(
-        session_id=session_id or affinity or f"anon-{uuid.uuid4().hex}",
+        session_id=session_id or affinity or f"anon-{random_id()}",
         turn_type=turn_type or ("main" if affinity else "side"),  # untagged calls are served and logged, never trained
         turn_id=pick("x-turn-id", req.turn_id),
         request_id=request_id,

@@ -83,6 +83,9 @@ PRESET_SIGNALS: dict[str, dict[str, Any]] = {
 _TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
 
+_TRAIN_CONFIG = TypeAdapter(TrainConfig)  # built once: building its schema takes milliseconds
+
+
 class TrainSettings(BaseModel):
     """`[train]`: whether and how the daemon trains.
 
@@ -126,7 +129,7 @@ class TrainSettings(BaseModel):
     def config(self) -> TrainConfig:
         """The preset with this table's overrides."""
         values = {**dataclasses.asdict(PRESETS[self.preset]), **(self.model_extra or {})}
-        return TypeAdapter(TrainConfig).validate_python(values)
+        return _TRAIN_CONFIG.validate_python(values)
 
 
 class JudgeSettings(BaseModel):

@@ -160,6 +160,8 @@ MEMORY_NOTE_COLUMNS = ("note_id", "text", "topic", "source", "call_id", "created
 ADAPTER_STATES = ("committed", "candidate", "live", "retired", "refused", "failed", "pruned")
 
 Reply = Callable[[Any, "BaseException | None"], None]
+# The write kinds that can change which notes are active: the notes, and the adapters' lineage.
+NOTE_WRITES = ("feedback", "memory_edit", "memory_forget", "memory_retire", "forget", "train_step")
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,8 @@ class Store:
         self.listeners: list[Callable[[str, str], None]] = []  # called on the writer thread after commits
         self._notes: list[tuple[str, str]] = []
         self._scrub_wanted = False  # a forget deleted rows: rewrite the files once it is committed
+        self._notes_version = 0  # bumped after a commit that may have changed the preference notes
+        self._note_texts: tuple[int, int | None, list[str]] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="clawback-store", daemon=True)
         self._thread.start()
 
@@ -376,6 +380,8 @@ class Store:
                     self.dropped[f"{w.kind}:error"] = self.dropped.get(f"{w.kind}:error", 0) + 1
                     log.error("store write %s failed and was dropped: %s", w.kind, e)
                     outcomes.append((None, e))
+        if any(w.kind in NOTE_WRITES for w in writes):  # after the commit: see note_texts
+            self._notes_version += 1
         if self._scrub_wanted:
             self._scrub_wanted = False
             self._scrub()
@@ -578,6 +584,17 @@ class Store:
             n = self._conn.execute("DELETE FROM memory_notes WHERE note_id = ?", (note_id,)).rowcount
         self._event("memory.forgotten", None if note_id is None else str(note_id), {"notes": n})
         return n
+
+    async def note_texts(self, live: int | None) -> list[str]:
+        """The texts of the preference notes active under version `live`, oldest first: read off the
+        event loop once, then kept until a commit may have changed them or another version serves
+        (every main call gets them; most find them unchanged)."""
+        version, cached = self._notes_version, self._note_texts
+        if cached is not None and cached[:2] == (version, live):
+            return cached[2]
+        texts = [n["text"] for n in await asyncio.to_thread(self.memory_notes, live) if n["active"]]
+        self._note_texts = (version, live, texts)  # read after `version`: a later change bumps it again
+        return texts
 
     def memory_notes(self, live: int | None = None) -> list[dict[str, Any]]:
         """The person's preference notes, oldest first (the order they are injected in), each with

@@ -205,6 +205,18 @@ def test_a_refused_stream_leaves_no_generation_running(client: httpx.Client):
     assert client.get("/v1/status").json()["generations_running"] == 0
 
 
+def test_a_client_that_hangs_up_mid_stream_stops_its_generation(client: httpx.Client, daemon: DaemonProcess):
+    """The daemon notices the closed connection and stops the engine: the call is stored as
+    cancelled after fewer tokens than it had room for, and nothing is left running."""
+    with client.stream("POST", "/v1/chat/completions", json=chat(stream=True, max_tokens=480)) as r:
+        call_id = r.headers["x-clawback-call-id"]
+        next(r.iter_lines())  # the first chunk; then the connection closes
+    call = _wait_for_call(daemon, call_id)
+    assert call["finish_reason"] == "cancelled"
+    assert json.loads(call["timings_json"])["completion_tokens"] < 480
+    wait_for(lambda: client.get("/v1/status").json()["generations_running"] == 0, what="no generation running")
+
+
 def test_body_over_limit_is_413(client: httpx.Client):
     big = chat(messages=[{"role": "user", "content": "x" * (4 * 1024 * 1024 + 10)}])
     r = client.post("/v1/chat/completions", json=big)

@@ -117,6 +117,11 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         note_id = notes["data"][0]["note_id"]
         assert c.put(f"/v1/memory/{note_id}", json={"text": "Answer in German."}).json()["data"][0]["text"] == \
             "Answer in German."
+        def served_system(call_id: str) -> str:
+            row = wait_for(lambda: query(db, "SELECT request_json FROM calls WHERE call_id = ?", call_id))[0]
+            return json.loads(row["request_json"])["messages"][0]["content"]
+
+        assert served_system(ask("m4")) == f"Be kind.\n\n{HEADER}\n- Answer in German."  # the edit, at once
         assert c.put(f"/v1/memory/{note_id}", json={"text": " "}).status_code == 400
         assert c.put("/v1/memory/9999", json={"text": "x y"}).status_code == 404
         assert c.delete("/v1/memory/9999").status_code == 404
@@ -129,6 +134,7 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         assert bad.returncode == 2 and "needs a note id" in bad.stderr
         out = subprocess.run([*cli, "forget", "all"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and c.get("/v1/memory").json()["data"] == []
+        assert served_system(ask("m5")) == "Be kind."
 
 
 def test_strip_takes_out_exactly_what_inject_put_in():
