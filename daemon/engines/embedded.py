@@ -231,11 +231,20 @@ class EmbeddedEngine:
         self._acquire(adapter)
         loop = asyncio.get_running_loop()
         out: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def emit(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(out.put_nowait, item)
+            except RuntimeError:  # the consumer's event loop is closed: nobody reads this stream
+                cancelled.set()  # dropped at the next step; the other rows go on
+
         gen = _Generation(
             prompt_ids=list(prompt_ids),
             sampling=sampling,
             adapter=adapter,
-            emit=lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
+            emit=emit,
+            cancelled=cancelled,
             background=background,
             mask=mask,
         )

@@ -48,6 +48,17 @@ async def collect(engine: EmbeddedEngine, sampling: Sampling, adapter: str | Non
     return [t async for t in engine.generate(prompt, sampling, adapter)]
 
 
+def test_a_stream_whose_event_loop_closed_does_not_stop_the_engine(engine: EmbeddedEngine):
+    """A consumer that goes away with its event loop (no aclose) must not take the engine thread,
+    or the streams batched with it, down: its generation is dropped, the others finish."""
+    dead = asyncio.new_event_loop()
+    stream = engine.generate(PROMPT, Sampling(temperature=1.0, max_tokens=400, seed=1))
+    dead.run_until_complete(stream.__anext__())  # generating; then the loop is gone
+    dead.close()
+    toks = run(asyncio.wait_for(collect(engine, Sampling(temperature=0.0, max_tokens=24)), 300))  # hung before
+    assert len(toks) == 24 and engine.running() == 0
+
+
 def test_behaviour_logprobs_match_a_rescore(engine: EmbeddedEngine):
     # Sampled at temperature 0.7 with top-p, yet the logprobs are those of the unscaled distribution.
     toks = run(collect(engine, Sampling(temperature=0.7, top_p=0.9, max_tokens=24, seed=3)))
