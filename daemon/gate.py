@@ -202,12 +202,13 @@ class CandidateGate:
                            f"of 100 on {len(self.probes)} probes; margin {cfg.retention_margin:g})")
         report["collapse"] = {"candidate": cand["stats"], "live": ref["stats"], "base": base["stats"]}
         reasons += against_live_and_base(cand["stats"], ref["stats"], base["stats"], cfg, live_name)
-        own = await self._own_requests(cand_name, live_name)
+        held_out = await asyncio.to_thread(self._held_out_calls)  # read once: generated and replayed
+        own = await self._own_requests(held_out, cand_name, live_name)
         if own:
             report["collapse_own_requests"] = own
             reasons += against_live_and_base(own["candidate"], own["live"], own.get("base"), cfg, live_name,
                                              "your requests")
-        replay = await self._replay(cand_name, live_name)
+        replay = await self._replay(held_out, cand_name, live_name)
         report["replay"] = replay
         reasons += replay.pop("reasons")
         # What the candidate answered where the base model was right: the replies behind the score.
@@ -254,12 +255,12 @@ class CandidateGate:
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         return await self._greedy(prompt_ids, self.cfg.probe_max_tokens, version)
 
-    async def _own_requests(self, cand: str, live: str | None) -> dict[str, Any] | None:
+    async def _own_requests(self, held_out: list[dict[str, Any]], cand: str, live: str | None) -> dict[str, Any] | None:
         """Collapse stats of candidate and live answering the newest held-out calls' prompts (None:
         fewer than 2 such calls). Not cached: the held-out set grows between reviews."""
         if not self.cfg.replay_generate:
             return None
-        items = (await asyncio.to_thread(self._held_out_calls))[: self.cfg.replay_generate]
+        items = held_out[: self.cfg.replay_generate]
         if len(items) < 2:
             return None
         out: dict[str, Any] = {"calls": len(items)}
@@ -288,9 +289,8 @@ class CandidateGate:
 
     # ---- preference replay ----
 
-    async def _replay(self, cand: str, live: str | None) -> dict[str, Any]:
+    async def _replay(self, items: list[dict[str, Any]], cand: str, live: str | None) -> dict[str, Any]:
         cfg = self.cfg
-        items = await asyncio.to_thread(self._held_out_calls)
         rated = [i for i in items if i["reward"] in (1.0, -1.0)]
         corrected = [i for i in items if i["teacher_logprobs"] is not None]
         out: dict[str, Any] = {"held_out": len(items), "reasons": []}
