@@ -24,7 +24,7 @@ from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Sampling
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.samples import teacher_messages
-from clawback.sim.scenarios import CANDIDATE_CHECKS, STUDENT, SURE, TEACHER, Check, Rating, Scenario
+from clawback.sim.scenarios import BRIEF, CANDIDATE_CHECKS, STUDENT, SURE, TEACHER, Check, Rating, Scenario
 
 # The OpenClaw-RL wording where it put it, and the instruction wording in both places.
 VARIANTS = [("hint", "user"), ("instruction", "user"), ("instruction", "system")]
@@ -56,7 +56,7 @@ async def measure(args) -> dict:
     rows = []
     # Candidates are asked about the student tasks (math word problems).
     cases: list[tuple[str, Scenario, list]] = [
-        (s.name, s, list(s.train[: args.tasks])) for s in (STUDENT, TEACHER, SURE)
+        (s.name, s, list(s.train[: args.tasks])) for s in (STUDENT, TEACHER, SURE, BRIEF)
     ] + [(name, _single(name, check), list(STUDENT.train[: args.tasks])) for name, check in CANDIDATE_CHECKS.items()]
     if args.only:
         cases = [c for c in cases if c[0] in args.only.split(",")]

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from clawback.chat import ChatRequest, Message, parse_tool_calls
 from clawback.records import Call
 
+from .memory import strip
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,9 @@ class Capture:
         if call is not None:
             s.awaiting = s.latest_main = call["call_id"]
             s.awaiting_reply = _served_signature(call["response_text"], json.loads(call["tool_calls_json"] or "null"))
+            # Stored as served: without the injected notes it is what the client sent (and resends).
             request = json.loads(call["request_json"])
-            s.awaiting_digest = messages_digest([Message.model_validate(m) for m in request["messages"]])
+            s.awaiting_digest = messages_digest([Message.model_validate(m) for m in strip(request["messages"])])
         return s
 
     async def begin(self, meta: CallMeta, req: ChatRequest, call_id: str) -> None:

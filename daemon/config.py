@@ -78,7 +78,7 @@ def default_data_dir() -> Path:
 # "seed", the original OpenClaw-RL recipe: the teacher is the frozen base model + hint, the judge
 # sees only the reply and its next state, and samples without a signal count toward the batch.
 PRESET_SIGNALS: dict[str, dict[str, Any]] = {
-    "seed": {"teacher": "base", "judge_context": "response_only", "count_zero_signal": True, "hint_template": "hint"},
+    "seed": {"teacher": "base", "judge_context": "response_only", "count_zero_signal": True},
 }
 _TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -109,7 +109,7 @@ class TrainSettings(BaseModel):
     # How the person's correction reaches the OPD teacher (daemon/samples.py HINT_TEMPLATES): its
     # wording, and whether it goes into the last user message or the system prompt
     # (bench/README.md, "In-context following").
-    hint_template: Literal["instruction", "hint"] | None = None  # None = the preset's (seed: hint, else instruction)
+    hint_template: Literal["instruction", "hint"] = "hint"
     hint_placement: Literal["user", "system"] = "user"
     # A reply cut by the token budget is no finished answer: drop its sample (reason cut_off). Off
     # by default: a person's rating of a cut reply is still their signal about it.
@@ -176,7 +176,7 @@ class SignalConfig:
     concurrency: int = 2
     judge_context: Literal["full", "response_only"] = "full"
     count_zero_signal: bool = False
-    hint_template: Literal["instruction", "hint"] = "instruction"
+    hint_template: Literal["instruction", "hint"] = "hint"
     hint_placement: Literal["user", "system"] = "user"
     # Positive evidence: also generate the teacher's own (greedy) reply under the hint, so that a
     # preference the policy never samples can still be learned (TrainConfig.evidence_weight > 0).
@@ -293,12 +293,13 @@ class Settings(BaseSettings):
     # Forget sessions last seen more than this many days ago (as `clawback forget --before`); 0 = keep.
     retain_days: float = Field(0.0, ge=0)
 
-    # Preference notes from corrections and 👎 reasons, injected into main calls' system prompt
-    # (daemon/memory.py); at most memory_max_notes are kept. With memory_retire, a note the live
+    # Preference notes from corrections and 👎 reasons, injected into main calls' last user message
+    # or system prompt (memory_placement; daemon/memory.py); at most memory_max_notes are kept. With memory_retire, a note the live
     # version follows without it (its teacher gap at most the note's own on the base model minus
     # memory_retire_margin nats/token) is no longer injected while that version serves
     # (daemon/retirement.py).
     memory: bool = True
+    memory_placement: Literal["user", "system"] = "user"
     memory_max_notes: int = Field(8, ge=1)
     memory_retire: bool = True
     memory_retire_margin: float = Field(0.0, ge=0)
@@ -359,7 +360,7 @@ class Settings(BaseSettings):
             count_zero_signal=(self.train.count_zero_signal if self.train.count_zero_signal is not None
                                else preset.get("count_zero_signal", False)),
             judge_context=j.context or preset.get("judge_context", "full"),
-            hint_template=self.train.hint_template or preset.get("hint_template", "instruction"),
+            hint_template=self.train.hint_template,
             hint_placement=self.train.hint_placement, drop_cut_replies=self.train.drop_cut_replies,
             positive_evidence=self.train_config().evidence_weight > 0,
             judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,

@@ -9,8 +9,11 @@ topic is its set of content words (negations and filler removed), so "Please use
 conflict), while the same sentence again only refreshes it (de-duplicated). At most
 `memory_max_notes` are kept: the least recently confirmed goes first.
 
-When `memory` is on, main calls get the notes appended to their system prompt (`inject`), and the
-request is stored as served, so training and the teacher see exactly what the policy saw.
+When `memory` is on, main calls get the notes appended to their last user message (or, with
+`memory_placement = "system"`, to their system prompt; `inject`), and the request is stored as
+served, so training and the teacher see exactly what the policy saw. The user message is the
+default because a small model follows a request there far more often than in the system prompt
+(bench/README.md, "In-context following").
 
 Training consolidates notes into the weights: after a version goes live, retirement.py checks
 each note against it and retires the ones it already follows without being told.
@@ -79,25 +82,32 @@ def notes_from(text: str) -> tuple[list[str], int]:
     return out, skipped
 
 
-def inject(messages: list[dict[str, Any]], notes: list[str]) -> list[dict[str, Any]]:
-    """The messages with the notes appended to the system prompt (a new one first if none)."""
+def inject(messages: list[dict[str, Any]], notes: list[str], placement: str = "user") -> list[dict[str, Any]]:
+    """The messages with the notes appended to the last message of `placement` ("user" or
+    "system"; a new system message first if there is none)."""
     if not notes:
         return messages
-    return append_text(messages, "system", HEADER + "\n" + "\n".join(f"- {n}" for n in notes))
+    return append_text(messages, placement, HEADER + "\n" + "\n".join(f"- {n}" for n in notes))
 
 
 def strip(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages without an injected notes block (what `inject` was given): the block is cut
-    from the last system message, and a system message that held nothing else is dropped."""
+    from the last user or system message that holds it, and a message that held nothing else is
+    dropped."""
     out = copy.deepcopy(messages)
-    at = max((i for i, m in enumerate(out) if m.get("role") == "system"), default=None)
+    at = max((i for i, m in enumerate(out) if m.get("role") in ("user", "system") and _holds_notes(m)), default=None)
     if at is None:
         return out
     m = out[at]
     if isinstance(m.get("content"), list):
         m["content"] = [p for p in m["content"] if not str(p.get("text", "")).startswith(HEADER)]
-    elif HEADER in (m.get("content") or ""):
-        m["content"] = m["content"][: m["content"].rindex(HEADER)].removesuffix("\n\n")
     else:
-        return out
+        m["content"] = m["content"][: m["content"].rindex(HEADER)].removesuffix("\n\n")
     return out if m["content"] else out[:at] + out[at + 1:]
+
+
+def _holds_notes(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    if isinstance(content, list):
+        return any(str(p.get("text", "")).startswith(HEADER) for p in content if isinstance(p, dict))
+    return HEADER in (content or "")

@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 class NoteRetirement:
     def __init__(self, engine: Engine, renderer: ChatRenderer, store: Store, margin: float = 0.0,
-                 busy: Callable[[], int] = lambda: 0) -> None:
+                 busy: Callable[[], int] = lambda: 0, placement: str = "user") -> None:
         self.engine, self.renderer, self.store, self.margin = engine, renderer, store, margin
+        self.placement = placement  # where the daemon injects notes (Settings.memory_placement)
         self.busy = busy  # requests being served right now: scoring waits for 0
         self._note_gaps: dict[tuple[int, float], float] = {}  # (note id, updated_at) -> gap with the note, base
 
@@ -93,7 +94,7 @@ class NoteRetirement:
                                teacher)
         key = (note["note_id"], note["updated_at"])
         if key not in self._note_gaps:  # the base model never changes: once per note
-            told = await self._prompt(body, memory.inject(messages, [note["text"]]))
+            told = await self._prompt(body, memory.inject(messages, [note["text"]], self.placement))
             self._note_gaps[key] = teacher_gap(await score_when_quiet(self.engine, self.busy, told, response, None),
                                                teacher)
         gap_note = self._note_gaps[key]

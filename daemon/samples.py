@@ -35,11 +35,11 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
-# How the hint reaches the teacher. "instruction" states the person's correction as an
-# instruction about the reply to write, so the teacher writes that reply instead of answering a
-# complaint about an earlier one; "hint" is the OpenClaw-RL wording. Placement: appended to the
-# last user message ("user") or to the system prompt ("system"). bench/in_context_following.py
-# measures every combination per scenario (bench/README.md, "In-context following").
+# How the hint reaches the teacher. "hint" is the OpenClaw-RL wording; "instruction" states the
+# correction as an instruction about the reply to write. Placement: appended to the last user
+# message ("user") or to the system prompt ("system"). The default, "hint" in the user message, is
+# the combination the told model follows most often (bench/in_context_following.py; bench/README.md,
+# "In-context following").
 HINT_TEMPLATES = {
     "instruction": "When you write your reply, follow this instruction from the user about it: {hint}",
     "hint": "[Hint for a better reply] {hint}",

@@ -80,7 +80,7 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
                            "mean_reward": step["mean_reward"]})
 
         retirement = NoteRetirement(engine, renderer, store, settings.memory_retire_margin,
-                                    busy=lambda: state.running) if settings.memory and settings.memory_retire else None
+                                    busy=lambda: state.running, placement=settings.memory_placement) if settings.memory and settings.memory_retire else None
         trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained, gate=gate,
                                on_refused=lambda r: hub.broadcast({"type": "adapter_refused", **r}),
                                retirement=retirement)

@@ -1,7 +1,7 @@
 """The generation-free probe: how much probability the policy puts on openers that meet the rule.
 
-For each held-out task the policy (the live version, with the preference notes in the system
-prompt when memory is on, the ones active for it, as a main call would get them) takes one forward pass over the prompt;
+For each held-out task the policy (the live version, with the preference notes where the daemon
+puts them when memory is on, the ones active for it, as a main call would get them) takes one forward pass over the prompt;
 the probe is the probability mass of the first reply token's top-20 candidates whose text opens a
 reply that meets the preference (`Scenario.good_opener`), averaged over the tasks. One forward
 pass per task, so it runs on every version while greedy generation runs at a few points only. It
@@ -32,7 +32,7 @@ async def opener_mass(state: Any, scen: Scenario, tasks: tuple[Task, ...]) -> fl
              if n["active"]] if state.settings.memory else []
     tok, total = state.renderer.tokenizer, 0.0
     for task in tasks:
-        messages = inject([{"role": "user", "content": task.prompt}], notes)
+        messages = inject([{"role": "user", "content": task.prompt}], notes, state.settings.memory_placement)
         req = ChatRequest.model_validate({"model": "clawback", "messages": messages})
         _, ids = await asyncio.to_thread(state.renderer.render, req)
         sampling = Sampling(temperature=0.0, max_tokens=1, top_logprobs=TOP)

@@ -212,7 +212,22 @@ SURE = Scenario(
     _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], SHOWS_WORK), "Hmm.",
     good_opener=lambda tok: tok.strip().lower().startswith("sure"))
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE)}
+def works_something_out(text: str, task: Task) -> bool:
+    """Names a number that is not in the question: a result, right or wrong, not an echo."""
+    given = set(re.findall(r"\d+", task.prompt))
+    return any(n not in given for n in re.findall(r"\d+", text))
+
+
+# The fourth takes the next best (bench/README.md, "In-context following": 0.00 untold, 0.75 told
+# with the hint in the user message). A short reply must still work something out: "Sure, I can
+# help!" and "A bus carries 45 people." are short and answer nothing.
+BRIEF = Scenario(
+    "brief", "homework help in under 20 words that still works out a result",
+    _student_train, _student_eval,
+    (CANDIDATE_CHECKS["short"], Check("gives_a_result", works_something_out, "give the number you get")),
+    "Hmm.")
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE, BRIEF)}
 
 
 def scenario(name: str) -> Scenario:

@@ -103,9 +103,9 @@ def test_correction_becomes_the_hint_and_teacher_logprobs_cover_the_response(cli
     n_tokens = bodies[0]["usage"]["completion_tokens"]
     assert (hint, source, correction) == ("Answer in one short sentence.", "correction_raw", "Answer in one short sentence.")
     assert lp_bytes == 4 * n_tokens, "one float32 teacher logprob per stored response token"
-    # The default template states the correction as an instruction about the reply to write.
+    # The default: the OpenClaw-RL hint wording, appended to the person's message.
     assert json.loads(teacher_messages)[-1]["content"].endswith(
-        "\n\n" + HINT_TEMPLATES["instruction"].format(hint="Answer in one short sentence."))
+        "\n\n" + HINT_TEMPLATES["hint"].format(hint="Answer in one short sentence."))
 
 
 def test_unknown_session_is_an_orphan_until_its_call_appears(client: httpx.Client, daemon: DaemonProcess):

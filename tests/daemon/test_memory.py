@@ -37,12 +37,16 @@ def test_notes_are_the_request_sentences_of_a_correction():
     assert notes_from("   ") == ([], 0)
 
 
-def test_injection_goes_into_the_system_prompt_and_leaves_the_input_alone():
-    msgs = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "hi"}]
-    out = inject(msgs, ["Be brief.", "No bold."])
+def test_injection_goes_into_the_last_user_message_or_the_system_prompt_and_leaves_the_input_alone():
+    msgs = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "sum 2 and 3"}]
+    out = inject(msgs, ["Be brief.", "No bold."])  # the default: the person's latest message
+    assert out[3]["content"] == f"sum 2 and 3\n\n{HEADER}\n- Be brief.\n- No bold."
+    assert out[:3] == msgs[:3] and msgs[3]["content"] == "sum 2 and 3"
+    out = inject(msgs, ["Be brief.", "No bold."], "system")
     assert out[0]["content"] == f"You are helpful.\n\n{HEADER}\n- Be brief.\n- No bold."
     assert out[1:] == msgs[1:] and msgs[0]["content"] == "You are helpful."
-    assert inject([{"role": "user", "content": "hi"}], ["Be brief."])[0]["role"] == "system"
+    assert inject([{"role": "user", "content": "hi"}], ["Be brief."], "system")[0]["role"] == "system"
     assert inject(msgs, []) is msgs
 
 
@@ -108,8 +112,9 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         db = daemon.data_dir / "clawback.db"
         row = wait_for(lambda: query(db, "SELECT request_json, prompt_text FROM calls WHERE call_id = ?", main_id),
                        what="the main call stored")[0]
-        system = json.loads(row["request_json"])["messages"][0]["content"]
-        assert system == f"Be kind.\n\n{HEADER}\n- Please answer in French."  # stored exactly as served
+        served = json.loads(row["request_json"])["messages"]
+        assert served == [{"role": "system", "content": "Be kind."},  # stored exactly as served
+                          {"role": "user", "content": f"hi\n\n{HEADER}\n- Please answer in French."}]
         assert "Please answer in French." in row["prompt_text"]
         side = wait_for(lambda: query(db, "SELECT request_json FROM calls WHERE call_id = ?", side_id))[0]
         assert "French" not in side["request_json"], "side calls (titles, summaries) get no notes"
@@ -117,11 +122,11 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         note_id = notes["data"][0]["note_id"]
         assert c.put(f"/v1/memory/{note_id}", json={"text": "Answer in German."}).json()["data"][0]["text"] == \
             "Answer in German."
-        def served_system(call_id: str) -> str:
+        def served_user(call_id: str) -> str:
             row = wait_for(lambda: query(db, "SELECT request_json FROM calls WHERE call_id = ?", call_id))[0]
-            return json.loads(row["request_json"])["messages"][0]["content"]
+            return json.loads(row["request_json"])["messages"][-1]["content"]
 
-        assert served_system(ask("m4")) == f"Be kind.\n\n{HEADER}\n- Answer in German."  # the edit, at once
+        assert served_user(ask("m4")) == f"hi\n\n{HEADER}\n- Answer in German."  # the edit, at once
         assert c.put(f"/v1/memory/{note_id}", json={"text": " "}).status_code == 400
         assert c.put("/v1/memory/9999", json={"text": "x y"}).status_code == 404
         assert c.delete("/v1/memory/9999").status_code == 404
@@ -134,16 +139,18 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         assert bad.returncode == 2 and "needs a note id" in bad.stderr
         out = subprocess.run([*cli, "forget", "all"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and c.get("/v1/memory").json()["data"] == []
-        assert served_system(ask("m5")) == "Be kind."
+        assert served_user(ask("m5")) == "hi"
 
 
-def test_strip_takes_out_exactly_what_inject_put_in():
+@pytest.mark.parametrize("placement", ["user", "system"])
+def test_strip_takes_out_exactly_what_inject_put_in(placement: str):
     msgs = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]
-    assert strip(inject(msgs, ["Be brief.", "No bold."])) == msgs
+    assert strip(inject(msgs, ["Be brief.", "No bold."], placement)) == msgs
     bare = [{"role": "user", "content": "hi"}]
-    assert strip(inject(bare, ["Be brief."])) == bare  # the system message inject created goes too
-    parts = [{"role": "system", "content": [{"type": "text", "text": "Be kind."}]}, *bare]
-    assert strip(inject(parts, ["Be brief."])) == parts
+    assert strip(inject(bare, ["Be brief."], placement)) == bare  # a system message inject created goes too
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Be kind."}]},
+             {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert strip(inject(parts, ["Be brief."], placement)) == parts
     assert strip(msgs) == msgs and strip(bare) == bare
 
 
@@ -250,7 +257,7 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             await correct("s1", "Hmm. Please answer in French.")
             bold = await ask("s2")  # served with the French note
             await correct("s2", "Don't use bold.")
-            assert HEADER in bold["request"]["messages"][0]["content"]
+            assert HEADER in bold["request"]["messages"][-1]["content"]
             # French: what v1 gives without any note is what the person wanted there: it retires.
             await teach(french, strip(french["request"]["messages"]), "v1")
             # Bold: the base model told by the note is exactly what was wanted; v1 alone is not.
@@ -277,13 +284,13 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             await c.get("/ui/login")  # no API key: a dashboard session at once
             page = (await c.get("/ui/part/memory")).text
             assert page.count("no: retired by v1") == 1 and page.count("<td>yes</td>") == 1
-            served_v1 = (await ask("s3"))["request"]["messages"][0]["content"]
-            assert served_v1 == f"Be kind.\n\n{HEADER}\n- Don't use bold."  # stored exactly as served
+            served_v1 = (await ask("s3"))["request"]["messages"][-1]["content"]
+            assert served_v1 == f"hi\n\n{HEADER}\n- Don't use bold."  # stored exactly as served
 
             r = await c.post("/v1/adapters/rollback", json={"version": "base"})
             assert r.status_code == 200, r.text
-            served_base = (await ask("s4"))["request"]["messages"][0]["content"]
-            assert served_base == f"Be kind.\n\n{HEADER}\n- Please answer in French.\n- Don't use bold."
+            served_base = (await ask("s4"))["request"]["messages"][-1]["content"]
+            assert served_base == f"hi\n\n{HEADER}\n- Please answer in French.\n- Don't use bold."
             listed = (await c.get("/v1/memory")).json()
             assert listed["data"][0]["active"] and note_retirement(listed["data"][0], listed["live"]) == \
                 ", retired by v1; injected while base serves"

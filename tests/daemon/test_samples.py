@@ -194,8 +194,7 @@ def test_correction_is_distilled_into_a_hint_with_teacher_logprobs(store, engine
     assert len(teacher) == len(behaviour) == 12
     assert teacher != pytest.approx(behaviour, abs=1e-4), "the hint changes the context, so the logprobs differ"
     msgs = json.loads(row["teacher_messages"])
-    assert msgs[-1]["content"] == ("Explain rain.\n\nWhen you write your reply, follow this instruction from the user "
-                                   "about it: Answer in one plain short sentence.")
+    assert msgs[-1]["content"] == "Explain rain.\n\n[Hint for a better reply] Answer in one plain short sentence."
     assert [v[0] for v in votes(store, call_id)] == ["hint"] * 3
 
     # Top-K OPD: the teacher scored the policy's recorded top-4 at every position, without

@@ -25,7 +25,7 @@ def test_seed_is_the_daemons_seed_preset():
     assert (combined.train_config().lr, combined.train_config().tis_cap) == (3e-4, 2.0)
     assert (combined.train_config().opd_top_k, combined.train_config().opd_clip) == (4, 1.0)
     assert combined.signal_config().teacher == "self" and combined.train.enabled and not combined.memory
-    assert combined.signal_config().hint_template == "instruction"
+    assert combined.signal_config().hint_template == "hint" and combined.memory_placement == "user"
     none = Settings(**cfg.settings_for(METHODS["none"], seed=2), no_auth=True)
     assert not METHODS["none"].trains and not none.train.enabled and not none.memory
     kl = Settings(**SimConfig(kl_coef=0.05).settings_for(METHODS["binary"], seed=1), no_auth=True)

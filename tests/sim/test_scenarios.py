@@ -102,3 +102,15 @@ def test_sure_scenario():
     assert sure.rate("Sure! 12 - 5 = 7 and 7 + 8 = 15, so Mia has 15 apples at the end of the day.", MATH).score == 1
     rating = sure.rate("Mia has 12 - 5 + 8 = 15 apples, because she gave some away and then bought more.", MATH)
     assert rating.score == 0.5 and sure.correction(rating) == "Hmm. Please start your reply with 'Sure!'."
+
+
+def test_brief_scenario_wants_a_short_reply_that_still_gives_the_result():
+    brief = scenario("brief")
+    assert brief.rate("12 - 5 + 8 = 15, so Mia has 15 apples.", MATH).meets
+    long = brief.rate("Mia has 12 apples. She gives 5 away, which leaves 7, and then she buys 8 more, "
+                      "so at the end she has 15 apples in total.", MATH)
+    assert long.score == 0.5 and brief.correction(long) == "Hmm. Please answer in under 20 words."
+    empty_promise = brief.rate("Sure, I can help you with that!", MATH)
+    assert brief.correction(empty_promise) == "Hmm. Please give the number you get."
+    assert not brief.rate("Mia has 12 apples and buys 8.", MATH).meets  # the question's numbers, echoed
+    assert not brief.rate("I'll make sure to keep it short: 15.", MATH).meets  # talks about the feedback
