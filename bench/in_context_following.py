@@ -4,7 +4,9 @@ OPD's teacher is the model given the user's correction as a hint, so OPD can onl
 model already does when told. For each scenario and candidate preference this generates greedy
 replies to the same train tasks untold and told, where "told" is the person's full correction (the
 scenario's complaint and every ask, as the simulated user writes it) given to the teacher in each
-wording and placement of `daemon.samples.teacher_messages` (template x user/system). It reports the
+wording and placement of `daemon.samples.teacher_messages` (template x user/system), or the
+preference notes memory keeps from that correction, where `daemon.memory.inject` puts them
+(memory x user/system). It reports the
 share of replies that meet the preference (every check passed, after the cut/meta gates of
 sim/scenarios.py), the mean rating, and how many replies the token budget cut.
 
@@ -22,12 +24,21 @@ from pathlib import Path
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Sampling
+from clawback.daemon import memory
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.samples import teacher_messages
 from clawback.sim.scenarios import BRIEF, CANDIDATE_CHECKS, STUDENT, SURE, TEACHER, Check, Rating, Scenario
 
-# The OpenClaw-RL wording where it put it, and the instruction wording in both places.
-VARIANTS = [("hint", "user"), ("instruction", "user"), ("instruction", "system")]
+# The OpenClaw-RL wording where it put it, the instruction wording in both places, and the notes
+# memory keeps from the correction in both places.
+VARIANTS = [("hint", "user"), ("instruction", "user"), ("instruction", "system"), ("memory", "user"),
+            ("memory", "system")]
+
+
+def told(messages: list[dict], hint: str, form: str, placement: str) -> list[dict]:
+    if form == "memory":
+        return memory.inject(messages, memory.notes_from(hint)[0], placement)
+    return teacher_messages(messages, hint, form, placement)
 
 
 async def reply(engine, renderer, messages, max_tokens: int) -> tuple[str, bool]:
@@ -57,7 +68,8 @@ async def measure(args) -> dict:
     # Candidates are asked about the student tasks (math word problems).
     cases: list[tuple[str, Scenario, list]] = [
         (s.name, s, list(s.train[: args.tasks])) for s in (STUDENT, TEACHER, SURE, BRIEF)
-    ] + [(name, _single(name, check), list(STUDENT.train[: args.tasks])) for name, check in CANDIDATE_CHECKS.items()]
+    ] + [(f"check:{name}", _single(name, check), list(STUDENT.train[: args.tasks]))
+         for name, check in CANDIDATE_CHECKS.items()]
     if args.only:
         cases = [c for c in cases if c[0] in args.only.split(",")]
     for name, scen, tasks in cases:
@@ -70,7 +82,7 @@ async def measure(args) -> dict:
             for variant in [None, *VARIANTS]:
                 key = "untold" if variant is None else "/".join(variant)
                 text, done = await reply(engine, renderer, msgs if variant is None else
-                                         teacher_messages(msgs, hint, *variant), args.max_tokens)
+                                         told(msgs, hint, *variant), args.max_tokens)
                 results.setdefault(key, []).append((scen.rate(text, task, done), done))
                 ex[key] = text
             examples.append(ex)
@@ -103,8 +115,8 @@ def main() -> None:
     keys = ["untold", *("/".join(v) for v in VARIANTS)]
     print("| preference | " + " | ".join(keys) + " |\n|---" * (len(keys) + 1) + "|")
     for r in result["rows"]:
-        cells = [f"{r['variants'][k]['meets']:.2f} ({r['variants'][k]['score']:.2f}; cut {r['variants'][k]['cut']}, "
-                 f"meta {r['variants'][k]['meta']})" for k in keys]
+        cells = [f"{v['meets']:.2f} ({v['score']:.2f}; cut {v['cut']}, meta {v['meta']})" if v else "–"
+                 for v in (r["variants"].get(k) for k in keys)]
         print(f"| {r['preference']} | " + " | ".join(cells) + " |")
 
 

@@ -6,7 +6,8 @@ note. The rest of a correction (the complaint, "That looks AI-written.", "It was
 what went wrong, not what to do, and is skipped with a recorded reason. A note's
 topic is its set of content words (negations and filler removed), so "Please use bold." and
 "Please don't use bold." share a topic and the newer replaces the older (newest wins on a
-conflict), while the same sentence again only refreshes it (de-duplicated). At most
+conflict), while the same sentence again only refreshes it (de-duplicated); a note whose topic
+covers an older one's and more replaces it too (store.py `_put_note`). At most
 `memory_max_notes` are kept: the least recently confirmed goes first.
 
 When `memory` is on, main calls get the notes appended to their last user message (or, with

@@ -545,8 +545,16 @@ class Store:
             (self.memory_max_notes,))
 
     def _put_note(self, text: str, source: str, call_id: str | None, now: float, replace_id: int | None = None) -> int:
-        """Insert a note; one on the same topic is replaced (newest wins). Returns its id."""
+        """Insert a note; one on the same topic is replaced (newest wins), and so is one whose topic
+        the new note's covers and goes beyond ("Please start with 'Sure!' and show the work."
+        covers "Please start with 'Sure!'."): the same request twice in one prompt makes a small
+        model repeat it. Returns its id."""
         t = memory.topic(text)
+        words = set(t.split())
+        for old_id, old_topic in self._conn.execute("SELECT note_id, topic FROM memory_notes").fetchall():
+            if old_id != replace_id and set(old_topic.split()) < words:
+                self._conn.execute("DELETE FROM memory_notes WHERE note_id = ?", (old_id,))
+                self._event("memory.subsumed", str(old_id), {"source": source, "reason": "covered by a newer note"})
         if replace_id is not None:  # an edit: its new topic may now collide with another note
             self._conn.execute("DELETE FROM memory_notes WHERE topic = ? AND note_id != ?", (t, replace_id))
             self._conn.execute("UPDATE memory_notes SET text = ?, topic = ?, source = ?, updated_at = ?, "

@@ -55,6 +55,27 @@ def _feedback(store: Store, kind: str, text: str | None) -> None:
     asyncio.run(store.apply_feedback(ev, time.time()))
 
 
+def test_a_note_that_covers_older_ones_replaces_them(tmp_path: Path):
+    """The same request twice in one prompt makes a small model repeat it (bench/README.md), so a
+    note that says what older ones said and more replaces them; a narrower one is kept beside it."""
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        _feedback(store, "correction", "Hmm. Please start your reply with 'Sure!'.")
+        _feedback(store, "correction", "Hmm. Please write the work out in plain sentences with the numbers.")
+        _feedback(store, "correction", "Don't use bold.")
+        _feedback(store, "correction", "Hmm. Please start your reply with 'Sure!' and write the work out in plain "
+                                       "sentences with the numbers.")
+        assert [n["text"] for n in store.memory_notes()] == [
+            "Don't use bold.", "Please start your reply with 'Sure!' and write the work out in plain sentences "
+            "with the numbers."]
+        events = store._conn.execute("SELECT payload FROM events WHERE kind = 'memory.subsumed'").fetchall()
+        assert len(events) == 2 and all("Sure" not in e[0] for e in events)  # a reason, never the text
+        _feedback(store, "correction", "Hmm. Please start your reply with 'Sure!'.")  # narrower: kept beside it
+        assert len(store.memory_notes()) == 3
+    finally:
+        store.close()
+
+
 def test_store_dedupes_replaces_on_conflict_and_stays_bounded(tmp_path: Path):
     store = Store(tmp_path / "db.sqlite", memory_max_notes=3)
     try:
