@@ -12,7 +12,9 @@ such streak is *not adapted*: it is counted as such and never enters a mean as a
 Methods are compared **paired**: the same seed means the same tasks, order and user coins, so
 per seed the difference method − comparator is taken and its mean gets a t-interval
 (mean ± t(0.975, n−1)·sd/√n). Sessions-until-adaptation differences use the seeds where both
-adapted (how many is reported beside them).
+adapted (how many is reported beside them); over every shared seed, `adapt_order` counts the
+seeds where the method adapted sooner, at the same session, later, or neither did (a run that
+adapted is sooner than one that did not: an order, never a number for the capped run).
 
 A summary only ever holds cells of one code stamp (stamp.py): by default the newest cell's;
 cells of other code are listed as excluded, never mixed in.
@@ -125,6 +127,19 @@ def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, Any] | None:
     return {"seeds": seeds, "diffs": diffs, "mean": m, "low": lo, "high": hi}
 
 
+def adapt_order(a: dict[int, int | None], b: dict[int, int | None]) -> dict[str, Any] | None:
+    """Per shared seed, did `a` adapt sooner than `b`, at the same session, later, or neither?"""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    never = float("inf")
+    out: dict[str, Any] = {"seeds": seeds, "sooner": 0, "same": 0, "later": 0, "neither": 0}
+    for k in seeds:
+        x, y = (never if v is None else v for v in (a[k], b[k]))
+        out["neither" if x == y == never else "same" if x == y else "sooner" if x < y else "later"] += 1
+    return out
+
+
 def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, stamp: str | None = None) -> dict[str, Any]:
     if cells and stamp is None:  # the newest cell's code
         stamp = stamp_of(max(cells, key=lambda c: c.get("finished_at", "")))
@@ -138,12 +153,14 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
     summary: dict[str, Any] = {"code_stamp": stamp, "commits": commits, "excluded_other_code": excluded,
                                "scenarios": {}, "paired": {}, "missing": []}
     per_seed: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
+    adapt_at: dict[tuple[str, str], dict[int, int | None]] = {}
     for (scen, method), members in sorted(groups.items()):
         n_int = max(m["config"]["interactions"] for m in members)
         curves = [step_curve(m["curve"], n_int) for m in members]
         per_x = [mean_ci([c[x] for c in curves]) for x in range(n_int + 1)]
         probes = [p for p in (_probe_curve(m, n_int) for m in members) if p is not None]
         adapt = {m["cell"]["seed"]: sessions_to_adapt([r["meets"] for r in m["interactions"]]) for m in members}
+        adapt_at[(scen, method)] = adapt
         meets_rate = {m["cell"]["seed"]: statistics.fmean([r["meets"] for r in m["interactions"]])
                       for m in members if m["interactions"]}
         per_seed[(scen, method)] = {
@@ -186,8 +203,9 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
         for a, b in COMPARISONS:
             if (scen, a) in per_seed and (scen, b) in per_seed:
                 summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = {
-                    metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
-                    for metric in ("sessions_to_adapt", "meets_rate", "final_score", "probe_mean")}
+                    **{metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
+                       for metric in ("sessions_to_adapt", "meets_rate", "final_score", "probe_mean")},
+                    "adapt_order": adapt_order(adapt_at[(scen, a)], adapt_at[(scen, b)])}
     have = {(c["cell"]["scenario"], c["cell"]["method"], c["cell"]["seed"]) for c in cells}
     summary["missing"] = [c.key for c in expected or [] if (c.scenario, c.method, c.seed) not in have]
     return summary
@@ -273,6 +291,11 @@ def markdown_table(summary: dict[str, Any]) -> str:
         for name, metrics in pairs.items():
             for metric, d in metrics.items():
                 if d is None:
+                    continue
+                if metric == "adapt_order":
+                    lines.append(f"| {scen} | {name} | adapted sooner / same / later / neither | "
+                                 f"{','.join(map(str, d['seeds']))} | {d['sooner']} / {d['same']} / {d['later']} / "
+                                 f"{d['neither']} | – |")
                     continue
                 lines.append(f"| {scen} | {name} | {metric} | {','.join(map(str, d['seeds']))} "
                              f"| {', '.join(f'{x:+.3g}' for x in d['diffs'])} "

@@ -8,7 +8,7 @@ import pytest
 
 from clawback.daemon.config import Settings
 from clawback.sim.config import METHODS, SimConfig, parse_methods
-from clawback.sim.results import markdown_table, mean_ci, sessions_to_adapt, step_curve, summarize
+from clawback.sim.results import adapt_order, markdown_table, mean_ci, sessions_to_adapt, step_curve, summarize
 
 
 def test_seed_is_the_daemons_seed_preset():
@@ -65,6 +65,8 @@ def test_sessions_until_adaptation():
     assert sessions_to_adapt([False, True, True, False, True, True, True, False]) == 5
     assert sessions_to_adapt([True, True, True]) == 1
     assert sessions_to_adapt([True, True, False] * 10) is None  # capped: not adapted, never a number
+    order = adapt_order({1: 3, 2: None, 3: None, 4: 5, 5: 2}, {1: 5, 2: None, 3: 4, 4: 5})
+    assert order == {"seeds": [1, 2, 3, 4], "sooner": 1, "same": 1, "later": 1, "neither": 1}
 
 
 def _cell(method: str, seed: int, meets: list[bool], stamp: str = "abc", score: float = 0.5) -> dict:
@@ -88,8 +90,12 @@ def test_paired_differences_and_code_stamps_never_mix():
     assert s["scenarios"]["sure"]["memory"]["adapted"] == "1/2"
     d = s["paired"]["sure"]["default - memory"]
     assert d["sessions_to_adapt"]["seeds"] == [1] and d["sessions_to_adapt"]["diffs"] == [-2.0]
+    # Seed 1: 2 before 4; seed 2: default adapted at 3, memory never (an order, not a number).
+    assert {k: d["adapt_order"][k] for k in ("sooner", "same", "later", "neither")} == \
+        {"sooner": 2, "same": 0, "later": 0, "neither": 0}
     assert d["final_score"]["diffs"] == pytest.approx([0.4, 0.2])
     m, lo, hi = mean_ci([0.4, 0.2])
     assert (d["final_score"]["low"], d["final_score"]["high"]) == (pytest.approx(lo), pytest.approx(hi))
     table = markdown_table(s)
     assert "not adapted" in table and "default − memory" not in table and "default - memory" in table
+    assert "| sure | default - memory | adapted sooner / same / later / neither | 1,2 | 2 / 0 / 0 / 0 | – |" in table
