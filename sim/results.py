@@ -184,6 +184,9 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "adapted": f"{len(adapted)}/{len(adapt)}",
             "sessions_to_adapt_adapted": mean_ci([float(v) for v in adapted]) if adapted else None,
             "meets_rate": mean_ci(list(meets_rate.values())) if meets_rate else None,
+            # Per session (1-based at index 0): the share of seeds whose reply met the preference.
+            "meets_by_session": [statistics.fmean(m["interactions"][i]["meets"] for m in members
+                                                  if i < len(m["interactions"])) for i in range(n_int)],
             "mean": [p[0] for p in per_x], "low": [p[1] for p in per_x], "high": [p[2] for p in per_x],
             "probe_mean": [statistics.fmean(p[x] for p in probes) for x in range(n_int + 1)] if probes else None,
             "before": mean_ci([c[0] for c in curves]), "final": mean_ci([c[-1] for c in curves]),
@@ -212,8 +215,9 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
 
 
 def plot(summary: dict[str, Any], out: Path) -> list[Path]:
-    """One PNG per scenario: the probe on every version (left) and the held-out greedy score at the
-    evaluation points with its 95% band (right), one line per method, means over seeds."""
+    """One PNG per scenario, one line per method: the share of seeds whose reply met the preference
+    in each session (left), the probe on every version (middle) and the held-out greedy score at
+    the evaluation points with its 95% band over seeds (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,11 +225,14 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
 
     paths = []
     for scen, methods in summary["scenarios"].items():
-        fig, (ax_p, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
+        fig, (ax_m, ax_p, ax_s) = plt.subplots(1, 3, figsize=(15, 4.2))
         for method, s in methods.items():
             xs = list(range(len(s["mean"])))
             label = f"{method} (n={len(s['seeds'])}, adapted {s['adapted']})"
             line, = ax_s.step(xs, s["mean"], where="post", label=label)
+            if s.get("meets_by_session"):
+                ax_m.plot(range(1, len(s["meets_by_session"]) + 1), s["meets_by_session"], marker=".",
+                          color=line.get_color(), label=label)
             if len(s["seeds"]) > 1:
                 ax_s.fill_between(xs, s["low"], s["high"], step="post", alpha=0.15, color=line.get_color())
             if s.get("probe_mean"):
@@ -235,9 +242,10 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
         if missing:
             title += "\n" + textwrap.fill(f"missing cells: {', '.join(k.split('/', 1)[1] for k in missing)}", 120)
         fig.suptitle(title, fontsize=9)
+        ax_m.set_title("replies meeting the preference (share of seeds, per session)", fontsize=9)
         ax_p.set_title("probe: mass on rule-meeting openers (every version)", fontsize=9)
         ax_s.set_title("held-out greedy score (mean, 95% interval over seeds)", fontsize=9)
-        for ax in (ax_p, ax_s):
+        for ax in (ax_m, ax_p, ax_s):
             ax.set_xlabel("interactions (sessions)")
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)

@@ -88,6 +88,7 @@ def test_paired_differences_and_code_stamps_never_mix():
     assert s["code_stamp"] == "abc" and s["excluded_other_code"] == ["sure/memory/seed3 (old)"]
     assert s["scenarios"]["sure"]["memory"]["sessions_to_adapt"] == {"1": 4, "2": None}
     assert s["scenarios"]["sure"]["memory"]["adapted"] == "1/2"
+    assert s["scenarios"]["sure"]["memory"]["meets_by_session"] == [0, 0, 0, 0.5, 0.5, 0.5]
     d = s["paired"]["sure"]["default - memory"]
     assert d["sessions_to_adapt"]["seeds"] == [1] and d["sessions_to_adapt"]["diffs"] == [-2.0]
     # Seed 1: 2 before 4; seed 2: default adapted at 3, memory never (an order, not a number).
