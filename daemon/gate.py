@@ -83,16 +83,21 @@ def health_reasons(metrics: dict[str, Any], history: list[dict[str, float]], cfg
 # What a person never wants more of, whatever they asked for: also held to the base model, so
 # that small rises that each pass against the live version cannot add up over versions.
 NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "meta_rate")
+# What the person's own requests are not held to: what they ask for often changes how long their
+# replies are ("answer in under 20 words"); runaway and empty replies are still caught there by
+# the cut-off and empty detectors.
+NOT_ON_OWN_REQUESTS = ("median_tokens",)
 
 
 def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateConfig, live_name: str,
-                     on: str | None = None, only: tuple[str, ...] | None = None) -> list[str]:
-    """Collapse alarms: each detector (or those in `only`) against the reference version's value
-    (docs/gate.md); `on` names replies other than the probes'."""
+                     on: str | None = None, only: tuple[str, ...] | None = None,
+                     skip: tuple[str, ...] = ()) -> list[str]:
+    """Collapse alarms: each detector (or those in `only`, less those in `skip`) against the
+    reference version's value (docs/gate.md); `on` names replies other than the probes'."""
     out = []
 
     def check(key: str) -> bool:
-        return only is None or key in only
+        return (only is None or key in only) and key not in skip
 
     if check("min_entropy") and cand["min_entropy"] < cfg.entropy_low * live["min_entropy"]:
         out.append(f"collapse: token entropy {cand['min_entropy']:.2f} vs {live['min_entropy']:.2f} nats on {live_name}")
@@ -114,10 +119,11 @@ def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateCo
 
 
 def against_live_and_base(cand: dict[str, float], live: dict[str, float], base: dict[str, float] | None,
-                          cfg: GateConfig, live_name: str | None, on: str | None = None) -> list[str]:
-    """Every detector against live; the NEVER_WANTED ones against the base model too (base None:
-    live is the base model)."""
-    reasons = collapse_reasons(cand, live, cfg, live_name or "base", on)
+                          cfg: GateConfig, live_name: str | None, on: str | None = None,
+                          skip: tuple[str, ...] = ()) -> list[str]:
+    """Every detector (less `skip`) against live; the NEVER_WANTED ones against the base model
+    too (base None: live is the base model)."""
+    reasons = collapse_reasons(cand, live, cfg, live_name or "base", on, skip=skip)
     if base is not None and live_name is not None:
         reasons += collapse_reasons(cand, base, cfg, "base", on, NEVER_WANTED)
     return reasons
@@ -207,7 +213,7 @@ class CandidateGate:
         if own:
             report["collapse_own_requests"] = own
             reasons += against_live_and_base(own["candidate"], own["live"], own.get("base"), cfg, live_name,
-                                             "your requests")
+                                             "your requests", NOT_ON_OWN_REQUESTS)
         replay = await self._replay(held_out, cand_name, live_name)
         report["replay"] = replay
         reasons += replay.pop("reasons")

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from clawback.daemon.config import GateConfig, Settings
-from clawback.daemon.gate import against_live_and_base, collapse_reasons, health_reasons, held_out
+from clawback.daemon.gate import NOT_ON_OWN_REQUESTS, against_live_and_base, collapse_reasons, health_reasons, held_out
 from clawback.daemon.guard import fisher_greater
 from clawback.daemon.probes import Generation, collapse_stats, load_probes, passes
 
@@ -59,6 +59,19 @@ def test_collapse_detectors_fire_for_the_right_reason():
     assert [r for r in collapse_reasons(meta, live, cfg, "v1") if "about the conversation" in r]
     long = collapse_stats([gen(g.text + " and so on", n=60) for g in VARIED])
     assert any("reply length 60 vs 10" in r for r in collapse_reasons(long, live, cfg, "v1"))
+
+
+def test_a_length_the_person_asked_for_is_no_collapse_on_their_own_requests():
+    """A person who asked for short replies gets them: on their own requests the length shift is
+    not a reason; on the probes it still is, and a loop on their requests still is."""
+    cfg = GateConfig()
+    wordy = collapse_stats([gen(g.text + " and so on", n=60) for g in VARIED])
+    brief = collapse_stats(VARIED)  # 10 tokens against 60
+    assert any("reply length 10 vs 60" in r for r in against_live_and_base(brief, wordy, wordy, cfg, "v1"))
+    assert against_live_and_base(brief, wordy, wordy, cfg, "v1", "your requests", NOT_ON_OWN_REQUESTS) == []
+    looping = collapse_stats([gen("ok ok ok ok ok ok ok ok ok ok ok ok", n=32, finish="length")] * 5)
+    own = against_live_and_base(looping, wordy, wordy, cfg, "v1", "your requests", NOT_ON_OWN_REQUESTS)
+    assert any("collapse (your requests): cut-off" in r for r in own)
 
 
 def test_what_nobody_wants_cannot_creep_up_version_by_version():
