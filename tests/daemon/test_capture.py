@@ -12,6 +12,7 @@ from starlette.datastructures import Headers
 
 from clawback.daemon.capture import Capture, CallMeta, MetaError, next_state_messages, parse_meta
 from clawback.chat import ChatRequest, Message
+from clawback.daemon.memory import inject
 from clawback.daemon.store import Store
 from clawback.records import Call
 
@@ -97,7 +98,8 @@ class Harness:
         return meta, req, call_id
 
     def finish(self, started: tuple[CallMeta, ChatRequest, str], reply: str | None = None,
-               tool_calls: list[dict[str, Any]] | None = None) -> str:
+               tool_calls: list[dict[str, Any]] | None = None, served: list[dict[str, Any]] | None = None) -> str:
+        """`served`: the messages as the engine got them (preference notes injected), stored as such."""
         meta, req, call_id = started
         response_text = raw_tool_text(*tool_calls) if tool_calls else (reply or "")
         if tool_calls and reply:
@@ -106,7 +108,8 @@ class Harness:
         rec = Call(
             call_id=call_id, session_id=meta.session_id, turn_id=meta.turn_id, request_id=meta.request_id,
             turn_type=meta.turn_type, state="served", created_at=now, finished_at=now, model="tiny",
-            adapter_version=None, request=req.openai_body(), prompt_text="<prompt>", prompt_ids=[1, 2, 3],
+            adapter_version=None, request=(chat(*served) if served else req).openai_body(), prompt_text="<prompt>",
+            prompt_ids=[1, 2, 3],
             response_ids=[4, 5], behaviour_logprobs=[-0.5, -0.25], response_text=response_text,
             tool_calls=tool_calls, finish_reason="tool_calls" if tool_calls else "stop",
         )
@@ -433,6 +436,15 @@ def test_retry_of_identical_request(h: Harness) -> None:
     assert h.close_reason(c1) == "retried"
     assert h.next_states()[c2] == {"next": c3, "messages": [user("u2")], "roles": "user", "matched": 1}
     assert h.capture.counters["calls_closed_retried"] == 1
+
+
+def test_a_retry_after_a_restart_is_a_retry_when_the_call_was_served_with_notes(h: Harness) -> None:
+    """The stored request holds the injected notes; the client resends what it sent."""
+    first = [user("u1")]
+    c1 = h.finish(h.begin("s", first), "r1", served=inject(first, ["Be brief."]))
+    h.new_capture()
+    c2 = h.call("s", first, "r1 again")
+    assert h.close_reason(c1) == "retried" and h.states()[c2] == "awaiting_next_state"
 
 
 def test_request_ending_with_an_assistant_message_closes_previous(h: Harness) -> None:
