@@ -89,7 +89,8 @@ def sessions_to_adapt(meets: list[bool], streak: int = 3) -> int | None:
 # Comparisons reported as paired differences (method, comparator), when both have cells.
 COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combined"), ("memory", "none"),
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
-               ("combined", "none"), ("default", "default_ungated"), ("combined", "combined_ungated"))
+               ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
+               ("default", "default_ungated"), ("combined", "combined_ungated"))
 
 
 def step_curve(curve: list[dict[str, Any]], interactions: int) -> list[float]:
