@@ -87,6 +87,8 @@ def sessions_to_adapt(meets: list[bool], streak: int = 3) -> int | None:
 
 
 # Comparisons reported as paired differences (method, comparator), when both have cells.
+# How the rule-based user rates a reply that fails every rule at once (raters.Judgement.gate).
+BROKEN = ("cut", "meta")
 COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combined"), ("memory", "none"),
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
@@ -164,9 +166,13 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
         adapt_at[(scen, method)] = adapt
         meets_rate = {m["cell"]["seed"]: statistics.fmean([r["meets"] for r in m["interactions"]])
                       for m in members if m["interactions"]}
+        # Replies no person wants whatever their preference: cut off, or about the conversation.
+        broken_rate = {m["cell"]["seed"]: statistics.fmean([r["gate"] in BROKEN for r in m["interactions"]])
+                       for m in members if m["interactions"]}
         per_seed[(scen, method)] = {
             "sessions_to_adapt": {k: float(v) for k, v in adapt.items() if v is not None},
             "meets_rate": meets_rate,
+            "broken_rate": broken_rate,
             "final_score": {m["cell"]["seed"]: m["curve"][-1]["score"] for m in members},
             "probe_mean": {m["cell"]["seed"]: statistics.fmean(p) for m, p in
                            ((m, _probe_curve(m, n_int)) for m in members) if p is not None},
@@ -185,6 +191,7 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "adapted": f"{len(adapted)}/{len(adapt)}",
             "sessions_to_adapt_adapted": mean_ci([float(v) for v in adapted]) if adapted else None,
             "meets_rate": mean_ci(list(meets_rate.values())) if meets_rate else None,
+            "broken_rate": mean_ci(list(broken_rate.values())) if broken_rate else None,
             # Per session (1-based at index 0): the share of seeds whose reply met the preference.
             "meets_by_session": [statistics.fmean(m["interactions"][i]["meets"] for m in members
                                                   if i < len(m["interactions"])) for i in range(n_int)],
@@ -208,7 +215,7 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             if (scen, a) in per_seed and (scen, b) in per_seed:
                 summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = {
                     **{metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
-                       for metric in ("sessions_to_adapt", "meets_rate", "final_score", "probe_mean")},
+                       for metric in ("sessions_to_adapt", "meets_rate", "broken_rate", "final_score", "probe_mean")},
                     "adapt_order": adapt_order(adapt_at[(scen, a)], adapt_at[(scen, b)])}
     have = {(c["cell"]["scenario"], c["cell"]["method"], c["cell"]["seed"]) for c in cells}
     summary["missing"] = [c.key for c in expected or [] if (c.scenario, c.method, c.seed) not in have]
@@ -267,8 +274,9 @@ def write_summary(out: Path, expected: list[Cell]) -> tuple[dict[str, Any], list
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """Per scenario and method: adaptation, the rate of replies meeting the preference during the
-    run, held-out score before/after, the probe; then the paired differences."""
+    """Per scenario and method: adaptation, the rates of replies meeting the preference and of cut
+    or meta replies during the run, held-out score before/after, the probe; then the paired
+    differences."""
 
     def ci(t: list[float] | None, fmt: str = ".3f") -> str:
         if t is None:
@@ -281,9 +289,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
     lines = [f"Code stamp {summary['code_stamp']} (commits {', '.join(c[:10] for c in summary['commits'])}).", "",
              "| scenario | method | seeds | sessions until adaptation, per seed | adapted | replies meeting the "
-             "preference during the run (95% CI) | held-out score before | after (95% CI) | probe before → after "
-             "| steps/seed | promoted/refused per seed | wall min/cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "preference during the run (95% CI) | cut or about the conversation (95% CI) | held-out score before "
+             "| after (95% CI) | probe before → after | steps/seed | promoted/refused per seed | wall min/cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen, methods in summary["scenarios"].items():
         for method, s in methods.items():
             wall = statistics.fmean(s["wall_s_per_seed"]) / 60
@@ -292,7 +300,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
             probe = "–" if not s.get("probe_mean") else f"{s['probe_mean'][0]:.3f} → {s['probe_mean'][-1]:.3f}"
             lines.append(
                 f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {adapt(s)} | {s['adapted']} "
-                f"| {ci(s['meets_rate'])} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
+                f"| {ci(s['meets_rate'])} | {ci(s.get('broken_rate'))} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
                 f"| {','.join(map(str, s['steps_per_seed']))} | {gated} | {wall:.1f} |")
     lines += ["", "| scenario | method − comparator | metric | seeds | per-seed differences | mean [95% CI] |",
               "|---|---|---|---|---|---|"]

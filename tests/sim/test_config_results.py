@@ -69,11 +69,12 @@ def test_sessions_until_adaptation():
     assert order == {"seeds": [1, 2, 3, 4], "sooner": 1, "same": 1, "later": 1, "neither": 1}
 
 
-def _cell(method: str, seed: int, meets: list[bool], stamp: str = "abc", score: float = 0.5) -> dict:
+def _cell(method: str, seed: int, meets: list[bool], stamp: str = "abc", score: float = 0.5,
+          gates: dict[int, str] | None = None) -> dict:
     return {"cell": {"scenario": "sure", "method": method, "seed": seed}, "config": {"interactions": len(meets)},
             "code": {"stamp": stamp, "commit": "c0ffee"}, "finished_at": f"2026-11-30T2{seed}:00:00Z",
             "curve": [{"interaction": 0, "score": 0.1}, {"interaction": len(meets), "score": score}],
-            "probe": [{"interaction": 0, "mass": 0.0}], "interactions": [{"meets": m} for m in meets],
+            "probe": [{"interaction": 0, "mass": 0.0}], "interactions": [{"meets": m, "gate": (gates or {}).get(i)} for i, m in enumerate(meets)],
             "steps": [], "wall_s": 60.0}
 
 
@@ -82,7 +83,7 @@ def test_paired_differences_and_code_stamps_never_mix():
     cells = [_cell("default", 1, [False, True, True, True, True, True], score=0.9),
              _cell("default", 2, [False, False, True, True, True, False], score=0.7),
              _cell("memory", 1, [False, False, False, True, True, True], score=0.5),
-             _cell("memory", 2, no, score=0.5),
+             _cell("memory", 2, no, score=0.5, gates={0: "cut", 1: "meta", 2: "cut"}),
              {**_cell("memory", 3, yes, stamp="old"), "finished_at": "2026-11-29T10:00:00Z"}]
     s = summarize(cells)  # the newest cell's code; the older code's cell is excluded, not mixed in
     assert s["code_stamp"] == "abc" and s["excluded_other_code"] == ["sure/memory/seed3 (old)"]
@@ -95,6 +96,9 @@ def test_paired_differences_and_code_stamps_never_mix():
     assert {k: d["adapt_order"][k] for k in ("sooner", "same", "later", "neither")} == \
         {"sooner": 2, "same": 0, "later": 0, "neither": 0}
     assert d["final_score"]["diffs"] == pytest.approx([0.4, 0.2])
+    # Memory's seed 2 had 3 of 6 replies cut off or about the conversation, default none.
+    assert s["scenarios"]["sure"]["memory"]["broken_rate"][0] == pytest.approx(0.25)
+    assert d["broken_rate"]["diffs"] == pytest.approx([0.0, -0.5])
     m, lo, hi = mean_ci([0.4, 0.2])
     assert (d["final_score"]["low"], d["final_score"]["high"]) == (pytest.approx(lo), pytest.approx(hi))
     table = markdown_table(s)
