@@ -219,7 +219,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
             await _settle(state, cfg.batch_size)
             interactions.append({"i": i, "adapter": live_before, "rating": round(reaction.judgement.score, 4),
                                  "meets": reaction.judgement.meets, "gate": reaction.judgement.gate,
-                                 "reaction": reaction.kind})
+                                 "reaction": reaction.kind, "reply": reply})
             on_progress({"interaction": i + 1})
             # The probe on every new version, and where the greedy evaluation runs (the preference
             # notes change the prompt without a new version).
