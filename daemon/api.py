@@ -468,7 +468,10 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
         version = await body_version(request)
         if version is None:
             raise ApiError(400, "promote a version; the base model is served by rollback", param="version")
-        return await guarded(state.adapters.promote(version))
+        out = await guarded(state.adapters.promote(version))
+        if state.trainer is not None:  # its notes were never checked against it if the gate refused it
+            state.trainer.check_notes(version)
+        return out
 
     @app.post("/v1/adapters/prune")
     async def prune() -> dict:

@@ -14,7 +14,9 @@ serving never waits for it. Per step:
      with the live one: promoted, new requests go to it; refused, it stays on disk out of service
      and the next step trains from the live version again. Without a gate it goes live at once.
   5. the preference notes are checked against the version that went live (retirement.py): a note
-     it follows without being told retires while it serves.
+     it follows without being told retires while it serves. A version put live by hand
+     (`check_notes`, after a promote) and the live version at start-up (a restart may have cut a
+     check short) are checked between steps.
 Rated samples the gate holds out for its preference replay are dropped with reason `held_out`.
 A sample the trainer cannot use (empty prompt or response, logprobs that do not match its tokens)
 is quarantined with its reason before it reaches a step. A step that fails (actor crash, NaN, a
@@ -107,6 +109,13 @@ class TrainingLoop:
         self.busy = False
         self.last_metrics: dict[str, Any] = {}
         self.trainer_node: str | None = None  # the Ray node the last step ran on
+        self._notes_to_check: list[int] = []  # versions put live outside a step
+
+    def check_notes(self, version: int) -> None:
+        """Check the preference notes against `version` between steps (it went live by hand)."""
+        if self.retirement is not None and version not in self._notes_to_check:
+            self._notes_to_check.append(version)
+            self._wake.set()
 
     def wake(self) -> None:
         """Thread-safe: a sample became ready (called from the store's writer thread)."""
@@ -115,9 +124,16 @@ class TrainingLoop:
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
+        live = self.adapters.live()
+        if live is not None:
+            self.check_notes(live)
         while True:
             self._wake.clear()
             try:
+                while self._notes_to_check and self.retirement is not None:  # never raises
+                    version = self._notes_to_check.pop(0)
+                    if self.adapters.live() == version:  # not rolled back meanwhile
+                        await self.retirement.check(version)
                 batch = await self._next_batch()
                 if batch:
                     if await self.step(batch) is None:

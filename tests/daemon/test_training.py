@@ -99,7 +99,7 @@ def test_a_sample_that_fails_every_step_is_quarantined_after_backing_off(parts):
         return result
 
     loop.step = recording_step
-    run_until(loop, lambda: adapters.live() == 1)
+    run_until(loop, lambda: None in delays)  # the good sample's step has returned
     assert adapters.live() == 1
     assert delays[:4] == [0.2, 0.4, 0.5, None]  # doubling, capped, then the good sample trains
     states = sample_states(store)
@@ -137,10 +137,55 @@ def test_a_note_check_that_fails_never_stops_a_version_going_live(parts, tiny_mo
     retirement = NoteRetirement(adapters.engine, renderer, store)
     trained: list[dict] = []
     loop = TrainingLoop(store, adapters, cfg, start, trained.append, poll_s=0.2, retirement=retirement)
-    run_until(loop, lambda: adapters.live() == 1 and not loop.busy)  # busy: the step, its check included
+    run_until(loop, lambda: bool(trained))  # reported once the step, its check included, is over
     assert adapters.live() == 1 and loop.failures == 0
     assert [t["version"] for t in trained] == ["v1"]  # the step completed
     assert [sample_states(store)[c][0] for c in good] == ["consumed", "consumed"]
     assert tried, "the check ran"
     note, = store.memory_notes(1)
     assert note["active"] and note["retired_by"] is None
+
+
+def test_notes_are_checked_against_the_live_version_at_start_up_and_after_a_promote(parts, tiny_model_dir):
+    """A version that goes live outside a step (a restart, `adapters promote`) gets its notes
+    checked between steps; a version rolled back before its turn is not checked."""
+    store, adapters, cfg, start = parts
+    good = [ready_sample(store, [40 + i, 41, 42, 2]) for i in range(2)]
+    from transformers import AutoTokenizer
+
+    checked: list[int] = []
+
+    class Recording(NoteRetirement):
+        async def check(self, version: int) -> list[dict]:
+            checked.append(version)
+            return await super().check(version)
+
+    retirement = Recording(adapters.engine, ChatRenderer(AutoTokenizer.from_pretrained(str(tiny_model_dir))), store)
+    first = TrainingLoop(store, adapters, cfg, start, poll_s=0.2, retirement=retirement)
+    run_until(first, lambda: adapters.live() == 1 and not first.busy)
+    assert checked == [1] and [sample_states(store)[c][0] for c in good] == ["consumed", "consumed"]
+
+    restarted = TrainingLoop(store, adapters, cfg, start, poll_s=0.2, retirement=retirement)
+    path = store.adapters()[0]["path"]
+
+    async def until(done) -> None:
+        deadline = time.time() + 120
+        while not done() and time.time() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def go() -> None:
+        task = asyncio.create_task(restarted.run())
+        await until(lambda: len(checked) == 2)
+        assert checked == [1, 1]  # v1 was live at start-up
+        await adapters.rollback(None)
+        restarted.check_notes(1)  # rolled back before its turn: nothing to check
+        await until(lambda: not restarted._notes_to_check)
+        assert checked == [1, 1]
+        await adapters.go_live(1, path)  # as `adapters promote` does
+        restarted.check_notes(1)
+        await until(lambda: len(checked) == 3)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(go())
+    assert checked == [1, 1, 1]
