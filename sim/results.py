@@ -86,9 +86,9 @@ def sessions_to_adapt(meets: list[bool], streak: int = 3) -> int | None:
     return None
 
 
-# Comparisons reported as paired differences (method, comparator), when both have cells.
 # How the rule-based user rates a reply that fails every rule at once (raters.Judgement.gate).
 BROKEN = ("cut", "meta")
+# Comparisons reported as paired differences (method, comparator), when both have cells.
 COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combined"), ("memory", "none"),
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
