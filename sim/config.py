@@ -31,6 +31,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # The daemon's defaults: combined top-K OPD + Binary RL, with preference notes in the prompt.
     Method("default", "combined", memory=True),
     Method("memory", memory=True),  # preference notes only, no training
+    # The default recipe plus the teacher's own hinted reply as positive evidence.
+    Method("default_evidence", "combined", memory=True, train={"evidence_weight": 1.0}),
     Method("binary", "binary"),
     Method("opd", "opd"),  # top-K OPD (opd_top_k = 4)
     Method("opd_token", "opd", train={"opd_top_k": 0}),  # OPD on the sampled token only

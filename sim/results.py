@@ -90,6 +90,7 @@ def sessions_to_adapt(meets: list[bool], streak: int = 3) -> int | None:
 BROKEN = ("cut", "meta")
 # Comparisons reported as paired differences (method, comparator), when both have cells.
 COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combined"), ("memory", "none"),
+               ("default_evidence", "default"), ("default_evidence", "memory"),
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
                ("default", "default_ungated"), ("combined", "combined_ungated"))

@@ -38,13 +38,17 @@ def test_seed_is_the_daemons_seed_preset():
     default = Settings(**cfg.settings_for(METHODS["default"], seed=1), no_auth=True)
     assert default.memory and default.train.enabled and default.train_config().method == "combined"
     assert default.gate.enabled and default.gate.guard_replies > 0
+    default_evidence = Settings(**cfg.settings_for(METHODS["default_evidence"], seed=1), no_auth=True)
+    assert default_evidence.memory and default_evidence.train_config().method == "combined"
+    assert default_evidence.train_config().evidence_weight == 1.0 and default_evidence.signal_config().positive_evidence
     ungated = Settings(**cfg.settings_for(METHODS["default_ungated"], seed=1), no_auth=True)
     assert ungated.memory and ungated.train_config().method == "combined"
     assert not ungated.gate.enabled and ungated.gate.guard_replies == 0
 
 
 def test_method_lists():
-    assert parse_methods("all") == ("none", "default", "memory", "binary", "opd", "opd_token", "opd_evidence",
+    assert parse_methods("all") == ("none", "default", "memory", "default_evidence", "binary", "opd", "opd_token",
+                                     "opd_evidence",
                                      "combined", "default_ungated", "combined_ungated", "seed")
     assert parse_methods("combined, binary,combined") == ("combined", "binary")
     with pytest.raises(ValueError, match="unknown method"):
