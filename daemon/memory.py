@@ -7,7 +7,8 @@ what went wrong, not what to do, and is skipped with a recorded reason. A note's
 topic is its set of content words (negations and filler removed), so "Please use bold." and
 "Please don't use bold." share a topic and the newer replaces the older (newest wins on a
 conflict), while the same sentence again only refreshes it (de-duplicated); a note whose topic
-covers an older one's and more replaces it too (store.py `_put_note`). At most
+covers an older one's and more replaces it too, and one that repeats part of an older one in its
+words only refreshes that one (store.py `_put_note`). At most
 `memory_max_notes` are kept: the least recently confirmed goes first.
 
 When `memory` is on, main calls get the notes appended to their last user message (or, with
@@ -67,6 +68,19 @@ def is_request(sentence: str) -> bool:
 def topic(sentence: str) -> str:
     words = sorted({w for w in _WORD.findall(sentence.lower()) if w not in _FILLER})
     return " ".join(words)
+
+
+_NEGATIONS = frozenset("don't dont not no never".split())
+
+
+def repeats(narrower: str, wider: str) -> bool:
+    """Does `narrower` ask for part of what `wider` asks, in the same words ("Please answer in under
+    20 words." in "Please answer in under 20 words and give the number."), rather than reverse it
+    ("Please use bold." against "Please don't use bold and keep it short.")?"""
+    a = [w for w in _WORD.findall(narrower.lower()) if w not in ("please", "pls")]
+    b = [w for w in _WORD.findall(wider.lower()) if w not in ("please", "pls")]
+    return bool(a) and any(b[i:i + len(a)] == a and (i == 0 or b[i - 1] not in _NEGATIONS)
+                           for i in range(len(b) - len(a) + 1))
 
 
 def notes_from(text: str) -> tuple[list[str], int]:

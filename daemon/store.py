@@ -548,10 +548,20 @@ class Store:
         """Insert a note; one on the same topic is replaced (newest wins), and so is one whose topic
         the new note's covers and goes beyond ("Please start with 'Sure!' and show the work."
         covers "Please start with 'Sure!'."): the same request twice in one prompt makes a small
-        model repeat it. Returns its id."""
+        model repeat it. For that reason a new note that repeats part of an older one in its words
+        only confirms the older one. Returns its id."""
         t = memory.topic(text)
         words = set(t.split())
-        for old_id, old_topic in self._conn.execute("SELECT note_id, topic FROM memory_notes").fetchall():
+        notes = self._conn.execute("SELECT note_id, topic, text FROM memory_notes").fetchall()
+        if replace_id is None:
+            for old_id, old_topic, old_text in notes:
+                if words < set(old_topic.split()) and memory.repeats(text, old_text):
+                    self._conn.execute("UPDATE memory_notes SET updated_at = ?, retired_by = NULL, retired_at = NULL "
+                                       "WHERE note_id = ?", (now, old_id))
+                    self._event("memory.confirmed", str(old_id), {"source": source, "call_id": call_id,
+                                                                   "reason": "repeats part of this note"})
+                    return old_id
+        for old_id, old_topic, _ in notes:
             if old_id != replace_id and set(old_topic.split()) < words:
                 self._conn.execute("DELETE FROM memory_notes WHERE note_id = ?", (old_id,))
                 self._event("memory.subsumed", str(old_id), {"source": source, "reason": "covered by a newer note"})

@@ -17,7 +17,7 @@ import pytest
 
 from clawback.chat import ChatRequest
 from clawback.daemon.cli import note_retirement
-from clawback.daemon.memory import HEADER, inject, notes_from, strip, topic
+from clawback.daemon.memory import HEADER, inject, notes_from, repeats, strip, topic
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.store import Store, blob_ids
 from clawback.engine import EngineError
@@ -50,6 +50,14 @@ def test_injection_goes_into_the_last_user_message_or_the_system_prompt_and_leav
     assert inject(msgs, []) is msgs
 
 
+def test_a_repeat_is_part_of_a_note_in_its_words_not_a_reversal_of_it():
+    wider = "Please answer in under 20 words and give the number you get."
+    assert repeats("Please answer in under 20 words.", wider) and repeats("Give the number you get.", wider)
+    assert not repeats("Please answer in under 30 words.", wider) and not repeats("Please.", wider)
+    assert not repeats("Please use bold.", "Please don't use bold and keep it short.")
+    assert repeats("Don't use bold.", "Please don't use bold and keep it short.")
+
+
 def _feedback(store: Store, kind: str, text: str | None) -> None:
     ev = {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "nobody", "target": "last", "text": text}
     asyncio.run(store.apply_feedback(ev, time.time()))
@@ -57,7 +65,8 @@ def _feedback(store: Store, kind: str, text: str | None) -> None:
 
 def test_a_note_that_covers_older_ones_replaces_them(tmp_path: Path):
     """The same request twice in one prompt makes a small model repeat it (bench/README.md), so a
-    note that says what older ones said and more replaces them; a narrower one is kept beside it."""
+    note that says what older ones said and more replaces them, and one that repeats part of an
+    older one confirms it; one that reverses part of it is kept beside it."""
     store = Store(tmp_path / "db.sqlite")
     try:
         _feedback(store, "correction", "Hmm. Please start your reply with 'Sure!'.")
@@ -70,8 +79,17 @@ def test_a_note_that_covers_older_ones_replaces_them(tmp_path: Path):
             "with the numbers."]
         events = store._conn.execute("SELECT payload FROM events WHERE kind = 'memory.subsumed'").fetchall()
         assert len(events) == 2 and all("Sure" not in e[0] for e in events)  # a reason, never the text
-        _feedback(store, "correction", "Hmm. Please start your reply with 'Sure!'.")  # narrower: kept beside it
-        assert len(store.memory_notes()) == 3
+        covering = store.memory_notes()[1]
+        _feedback(store, "correction", "Hmm. Please start your reply with 'Sure!'.")  # a repeat: confirms it
+        assert [n["text"] for n in store.memory_notes()] == [
+            "Don't use bold.", "Please start your reply with 'Sure!' and write the work out in plain sentences "
+            "with the numbers."]
+        assert store.memory_notes()[1]["updated_at"] > covering["updated_at"]
+        assert store._conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'memory.confirmed'").fetchone()[0] == 1
+        _feedback(store, "correction", "Please use bold and keep it short.")
+        _feedback(store, "correction", "Please don't use bold.")  # part of it reversed: kept beside it
+        assert [n["text"] for n in store.memory_notes()][-2:] == ["Please use bold and keep it short.",
+                                                                   "Please don't use bold."]
     finally:
         store.close()
 
