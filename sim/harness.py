@@ -101,7 +101,8 @@ async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...
     n = len(judgements)
     return {"score": sum(g.score for g in judgements) / n, "meets": sum(g.meets for g in judgements) / n,
             "checks": checks, "cut": sum(g.gate == "cut" for g in judgements),
-            "meta": sum(g.gate == "meta" for g in judgements), "replies": replies}
+            "meta": sum(g.gate == "meta" for g in judgements), "repeat": sum(g.gate == "repeat" for g in judgements),
+            "replies": replies}
 
 
 async def _settle(state: Any, batch_size: int) -> None:
@@ -195,7 +196,8 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
             version = state.adapters.live()
             result = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i)
             curve.append({"interaction": i, "version": version, "score": result["score"], "meets": result["meets"],
-                          "checks": result["checks"], "cut": result["cut"], "meta": result["meta"]})
+                          "checks": result["checks"], "cut": result["cut"], "meta": result["meta"],
+                          "repeat": result["repeat"]})
             evals["before" if i == 0 else "last"] = {"interaction": i, "version": version, "replies": result["replies"]}
             on_progress({"interaction": i, "version": version, "score": result["score"]})
 

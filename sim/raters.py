@@ -24,7 +24,7 @@ class Judgement:
     score: float  # 0..1
     correction: str | None  # the user's words when the reply fell short; None when it was perfect
     checks: dict[str, bool] | None = None  # rule-based only: each check's outcome
-    gate: str | None = None  # rule-based only: "cut" | "meta" when the reply failed every check at once
+    gate: str | None = None  # rule-based only: "cut" | "meta" | "repeat" when the reply failed every check at once
 
     @property
     def meets(self) -> bool:

@@ -87,7 +87,7 @@ def sessions_to_adapt(meets: list[bool], streak: int = 3) -> int | None:
 
 
 # How the rule-based user rates a reply that fails every rule at once (raters.Judgement.gate).
-BROKEN = ("cut", "meta")
+BROKEN = ("cut", "meta", "repeat")
 # Comparisons reported as paired differences (method, comparator), when both have cells.
 COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combined"), ("memory", "none"),
                ("default_evidence", "default"), ("default_evidence", "memory"),

@@ -5,9 +5,11 @@ is a plain, documented rule on the reply text, so a score can be recomputed by h
 also carries what a person says when the reply fails it; the simulated user's correction is built
 from the failed checks only, so it states what it wanted, like a person would.
 
-Two gates come before the checks, so that no rule can be passed by accident: a reply that was cut
-by the token budget (finish_reason "length") and a reply that talks to the person about their
-feedback (apologising, acknowledging, promising to do better) fail every check. A reply *meets the
+Three gates come before the checks, so that no rule can be passed by accident: a reply that was cut
+by the token budget (finish_reason "length"), a reply that talks to the person about their
+feedback (apologising, acknowledging, promising to do better, or repeating their request back to
+them) and a reply that says the same sentence twice ("Sure!\nSure!\n…", a loop that happened to
+end) fail every check. A reply *meets the
 preference* when it passes every check; sessions until adaptation count those (sim/results.py).
 """
 
@@ -38,7 +40,7 @@ class Check:
 class Rating:
     score: float  # fraction of checks passed
     failed: tuple[Check, ...]
-    gate: str | None = None  # "cut" | "meta": why every check failed at once
+    gate: str | None = None  # "cut" | "meta" | "repeat": why every check failed at once
 
     @property
     def meets(self) -> bool:
@@ -58,7 +60,12 @@ class Scenario:
     good_opener: Callable[[str], bool] | None = None
 
     def rate(self, reply: str, task: Task, complete: bool = True) -> Rating:
-        gate = "cut" if not complete else ("meta" if talks_about_feedback(reply) else None)
+        if not complete:
+            gate = "cut"
+        elif talks_about_feedback(reply) or echoes(reply, [c.ask for c in self.checks]):
+            gate = "meta"
+        else:
+            gate = "repeat" if repeats_a_sentence(reply) else None
         if gate:
             return Rating(0.0, self.checks, gate)
         failed = tuple(c for c in self.checks if not c.passes(reply, task))
@@ -68,7 +75,8 @@ class Scenario:
         """The user's own words: the complaint, then one request per failed check (a reply that
         was cut off or talked about the feedback is told so first)."""
         asks = [c.ask for c in rating.failed]
-        lead = {"cut": " It was cut off.", "meta": " Just answer, don't talk about my feedback."}.get(
+        lead = {"cut": " It was cut off.", "meta": " Just answer, don't talk about my feedback.",
+                "repeat": " Don't repeat yourself."}.get(
             rating.gate or "", "")
         return f"{self.complaint}{lead} Please {_join(asks)}."
 
@@ -113,6 +121,33 @@ _META = re.compile(
 
 def talks_about_feedback(text: str) -> bool:
     return bool(_META.search(text))
+
+
+# How many words in a row of the person's own request make a reply an echo of it.
+ECHO_WORDS = 5
+
+
+def echoes(text: str, asks: list[str]) -> bool:
+    """Repeats ECHO_WORDS or more words in a row of one of the person's requests ("Sure! I will
+    write the work out in plain sentences with the numbers."): it talks about the request."""
+    said = " ".join(words(text.lower()))
+    for ask in asks:
+        w = words(ask.lower())
+        if any(f" {' '.join(w[i:i + ECHO_WORDS])} " in f" {said} " for i in range(len(w) - ECHO_WORDS + 1)):
+            return True
+    return False
+
+
+def repeats_a_sentence(text: str) -> bool:
+    """Says one sentence (or line) twice, word for word: a stutter or a loop, not an answer."""
+    seen = set()
+    for part in re.split(r"[!?\n]+|\.(?!\d)", text.lower()):  # "2.50" is one number
+        key = " ".join(words(part))
+        if key in seen:
+            return True
+        if key:
+            seen.add(key)
+    return False
 
 
 def has_digit(text: str) -> bool:

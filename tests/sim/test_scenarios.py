@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clawback.sim.raters import RuleRater
-from clawback.sim.scenarios import SCENARIOS, STUDENT, TEACHER, scenario
+from clawback.sim.scenarios import SCENARIOS, STUDENT, SURE, TEACHER, scenario
 from clawback.sim.user import SimulatedUser
 
 RULES = RuleRater(STUDENT)
@@ -57,6 +57,19 @@ def test_talking_about_the_feedback_fails_every_check(reply):
     rating = TEACHER.rate(reply, TEACHER.train[3])
     assert rating.score == 0 and rating.gate == "meta"
     assert "don't talk about my feedback" in TEACHER.correction(rating)
+
+
+@pytest.mark.parametrize("reply, gate", [
+    ("Sure!\nSure!\nA box holds 24 pencils, so 7 boxes hold 24 * 7 = 168 pencils in all of them.", "repeat"),
+    ("Sure! 7 boxes of 24 pencils. So 7 * 24 = 168 pencils.\n\nSure! 7 boxes of 24 pencils.", "repeat"),
+    ("Sure! I will write the work out in plain sentences with the numbers. 7 * 24 = 168 pencils.", "meta"),
+    ("Sure! The box costs 2.50 and the pens 3.50, so 7 boxes hold 24 * 7 = 168 pencils in all.", None),
+])
+def test_a_stutter_or_an_echo_of_the_request_fails_every_check(reply, gate):
+    rating = SURE.rate(reply, SURE.train[0])
+    assert rating.gate == gate and rating.meets == (gate is None)
+    if gate == "repeat":
+        assert "Don't repeat yourself." in SURE.correction(rating)
 
 
 def test_correction_names_only_what_failed():
