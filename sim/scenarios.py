@@ -9,8 +9,8 @@ Three gates come before the checks, so that no rule can be passed by accident: a
 by the token budget (finish_reason "length"), a reply that talks to the person about their
 feedback (apologising, acknowledging, promising to do better, or repeating their request back to
 them) and a reply that says the same sentence twice ("Sure!\nSure!\n…", a loop that happened to
-end) fail every check. A reply *meets the
-preference* when it passes every check; sessions until adaptation count those (sim/results.py).
+end) fail every check. A reply *meets the preference* when it passes every check; sessions until
+adaptation count those (sim/results.py).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Scenario:
 
     def correction(self, rating: Rating) -> str:
         """The user's own words: the complaint, then one request per failed check (a reply that
-        was cut off or talked about the feedback is told so first)."""
+        was cut off, talked about the feedback or repeated itself is told so first)."""
         asks = [c.ask for c in rating.failed]
         lead = {"cut": " It was cut off.", "meta": " Just answer, don't talk about my feedback.",
                 "repeat": " Don't repeat yourself."}.get(
