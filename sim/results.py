@@ -290,7 +290,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
     lines = [f"Code stamp {summary['code_stamp']} (commits {', '.join(c[:10] for c in summary['commits'])}).", "",
              "| scenario | method | seeds | sessions until adaptation, per seed | adapted | replies meeting the "
-             "preference during the run (95% CI) | cut or about the conversation (95% CI) | held-out score before "
+             "preference during the run (95% CI) | broken: cut, about the conversation or repeated (95% CI) | held-out score before "
              "| after (95% CI) | probe before → after | steps/seed | promoted/refused per seed | wall min/cell |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen, methods in summary["scenarios"].items():
