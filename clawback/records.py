@@ -128,6 +128,10 @@ class JudgedSample:
     # in the original context (the sample's prompt, no hint).
     evidence_ids: list[int] | None = None
     evidence_logprobs: list[float] | None = None
+    # A repetition loop: the response tokens [loop_from, loop_to) are its first repeat. The sample
+    # trains the reply up to loop_to, penalising that repeat only (TrainConfig.loop_penalty).
+    loop_from: int | None = None
+    loop_to: int | None = None
     votes: tuple[VoteRecord, ...] = ()
 
 
@@ -152,6 +156,7 @@ class ReadySample:
     evidence_logprobs: list[float] | None = None
     reward_source: str | None = None  # explicit | judge | none
     correction: str | None = None  # the person's correction, if any
+    loop_from: int | None = None  # a loop sample (see JudgedSample): the response is cut at loop_to
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,7 @@ class SignalConfig:
     # preference the policy never samples can still be learned (TrainConfig.evidence_weight > 0).
     positive_evidence: bool = False
     drop_cut_replies: bool = False  # see TrainSettings
+    train_loops: bool = True  # a looping reply trains against its loop (TrainConfig.loop_penalty > 0)
 
 
 # The flat keys of earlier versions and where each lives in the tree; they load as before (toml,
@@ -363,6 +364,7 @@ class Settings(BaseSettings):
             hint_template=self.train.hint_template,
             hint_placement=self.train.hint_placement, drop_cut_replies=self.train.drop_cut_replies,
             positive_evidence=self.train_config().evidence_weight > 0,
+            train_loops=self.train_config().loop_penalty > 0,
             judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,
             judge_timeout_s=j.timeout_s, judge_retries=j.retries, concurrency=j.concurrency)
 

@@ -88,19 +88,26 @@ def teacher_messages(messages: list[dict[str, Any]], hint: str, template: str = 
     return append_text(messages, placement, HINT_TEMPLATES[template].format(hint=hint))
 
 
-def degenerate(response_ids: list[int], finish_reason: str | None, ngram: int = 6, repeats: int = 3) -> str | None:
-    """Why a reply cannot be trained on, or None: empty, cut off by the token budget (no finished
-    answer), or a repetition loop (some `ngram`-token run occurring `repeats` or more times)."""
+def degenerate(response_ids: list[int], finish_reason: str | None) -> str | None:
+    """Why a reply cannot be trained on as it is, or None: empty, cut off by the token budget (no
+    finished answer), or a repetition loop (see `repetition_loop`)."""
     if not response_ids:
         return "empty_response"
     if finish_reason == "length":
         return "cut_off"
-    counts: dict[tuple[int, ...], int] = {}
+    return "repetition_loop" if repetition_loop(response_ids) else None
+
+
+def repetition_loop(response_ids: list[int], ngram: int = 6, repeats: int = 3) -> tuple[int, int] | None:
+    """The loop's first repeat, as (start, end) response positions, or None: of the first
+    `ngram`-token run that occurs `repeats` times, its second occurrence (where the reply restarts
+    what it already said)."""
+    seen: dict[tuple[int, ...], list[int]] = {}
     for i in range(len(response_ids) - ngram + 1):
-        key = tuple(response_ids[i:i + ngram])
-        counts[key] = counts.get(key, 0) + 1
-        if counts[key] >= repeats:
-            return "repetition_loop"
+        at = seen.setdefault(tuple(response_ids[i:i + ngram]), [])
+        at.append(i)
+        if len(at) >= repeats:
+            return at[1], at[1] + ngram
     return None
 
 
@@ -178,8 +185,18 @@ class SamplePipeline:
                               teacher=cfg.teacher)
         why = degenerate_reply(inp) or degenerate(inp.response_ids,
                                                   inp.finish_reason if self.cfg.drop_cut_replies else None)
-        if why is not None:
+        loop = repetition_loop(inp.response_ids) if why in ("repetition_loop", "cut_off") else None
+        if why is not None and (loop is None or not cfg.train_loops):
             await self._write(replace(sample, reason=why), votes)
+            return
+        if loop is not None:  # trains against the loop's first repeat (TrainConfig.loop_penalty)
+            reward = explicit_reward(inp.feedback)
+            sample = replace(sample, state="ready", loop_from=loop[0], loop_to=loop[1], reward=reward,
+                             reward_source="none" if reward is None else "explicit",
+                             correction=latest_correction(inp.feedback))
+            if await self._write(sample, votes):
+                self.on_ready({"call_id": call_id, "session_id": inp.session_id, "reward": reward,
+                               "reward_source": sample.reward_source, "hint": False})
             return
         judge_kw: VoteOptions = {"m": cfg.judge_votes, "temperature": cfg.judge_temperature,
                                  "max_tokens": cfg.judge_max_tokens, "timeout_s": cfg.judge_timeout_s,

@@ -870,7 +870,7 @@ class Store:
         def q(c: sqlite3.Connection) -> list[ReadySample]:
             rows = c.execute(
                 "SELECT s.call_id, s.reward, s.reward_source, s.correction, s.teacher_logprobs, s.teacher_top_logprobs, s.evidence_ids, "
-                "s.evidence_logprobs, c.prompt_ids, c.response_ids, "
+                "s.evidence_logprobs, s.loop_from, s.loop_to, c.prompt_ids, c.response_ids, "
                 "c.behaviour_logprobs, c.sampling_logprobs, c.top_ids, c.top_logprobs, c.adapter_version "
                 "FROM samples s JOIN calls c USING (call_id) "
                 "WHERE s.state = 'ready' ORDER BY s.updated_at LIMIT ?", (limit,)).fetchall()
@@ -878,19 +878,22 @@ class Store:
             for r in rows:
                 T = len(r["response_ids"]) // 4
                 topk = r["teacher_top_logprobs"] is not None and r["top_ids"] is not None
+                end = r["loop_to"]  # a loop sample trains the reply up to the end of the loop's first repeat
+                sampling = _opt(blob_logprobs, r["sampling_logprobs"])
                 out.append(ReadySample(
                     call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
                     reward_source=r["reward_source"], correction=r["correction"],
-                    prompt_ids=blob_ids(r["prompt_ids"]), response_ids=blob_ids(r["response_ids"]),
-                    behaviour_logprobs=blob_logprobs(r["behaviour_logprobs"]),
+                    prompt_ids=blob_ids(r["prompt_ids"]), response_ids=blob_ids(r["response_ids"])[:end],
+                    behaviour_logprobs=blob_logprobs(r["behaviour_logprobs"])[:end],
                     teacher_logprobs=_opt(blob_logprobs, r["teacher_logprobs"]),
-                    sampling_logprobs=_opt(blob_logprobs, r["sampling_logprobs"]),
+                    sampling_logprobs=None if sampling is None else sampling[:end],
                     # Top-K OPD needs all three; without the teacher's view the sample is token-level.
                     top_ids=blob_rows(blob_ids, r["top_ids"], T) if topk else None,
                     top_logprobs=blob_rows(blob_logprobs, r["top_logprobs"], T) if topk else None,
                     teacher_top_logprobs=blob_rows(blob_logprobs, r["teacher_top_logprobs"], T) if topk else None,
                     evidence_ids=_opt(blob_ids, r["evidence_ids"]),
                     evidence_logprobs=_opt(blob_logprobs, r["evidence_logprobs"]),
+                    loop_from=r["loop_from"],
                 ))
             return out
 

@@ -161,6 +161,8 @@ def _sample_counts(store: Any) -> dict[str, Any]:
             counts["dropped"][r["reason"]] = r["n"]
         else:
             counts[r["state"]] = counts.get(r["state"], 0) + r["n"]
+    counts["loops"] = store.read(lambda c: c.execute(
+        "SELECT count(*) FROM samples WHERE loop_from IS NOT NULL").fetchone()[0])  # trained against their loop
     return counts
 
 

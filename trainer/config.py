@@ -42,6 +42,12 @@ class TrainConfig:
     # A_t = evidence_weight on every token (weighted distillation of the teacher's reply; its
     # behaviour logprobs are the policy's own, so the importance weight is 1). 0 = off.
     evidence_weight: float = 0.0
+    # A reply that falls into a repetition loop (the same 6 tokens three times) trains against the
+    # loop, whatever the method: the row keeps the reply up to the end of the loop's first repeat,
+    # with A_t = −loop_penalty on that repeat's tokens and 0 before it (no reward, no teacher: the
+    # prefix before the repeat may be fine, and the hinted teacher does not disfavour the repeat).
+    # 0 = such samples are dropped (reason repetition_loop).
+    loop_penalty: float = 1.0
 
     # PPO clipped surrogate on ratio = exp(logp_new − logp_old), clipped to [1−clip_low, 1+clip_high].
     clip_low: float = 0.2
@@ -94,8 +100,8 @@ class TrainConfig:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
         if self.tis_cap is not None and self.tis_cap < 1:
             raise ValueError("tis_cap must be >= 1 (or None to disable)")
-        if self.opd_top_k < 0 or self.opd_clip <= 0 or self.evidence_weight < 0:
-            raise ValueError("need opd_top_k >= 0, opd_clip > 0 and evidence_weight >= 0")
+        if self.opd_top_k < 0 or self.opd_clip <= 0 or self.evidence_weight < 0 or self.loop_penalty < 0:
+            raise ValueError("need opd_top_k >= 0, opd_clip > 0, evidence_weight >= 0 and loop_penalty >= 0")
         if self.lora_rank < 1 or self.batch_size < 1 or (self.micro_batch_tokens is not None and self.micro_batch_tokens < 1):
             raise ValueError("lora_rank, batch_size and micro_batch_tokens must be positive")
 

@@ -48,10 +48,14 @@ class Sample:
     top_logprobs: Sequence[Sequence[float]] | None = None
     teacher_top_logprobs: Sequence[Sequence[float]] | None = None
     # Positive evidence: the teacher's own reply under the hint and the policy's logprobs of it
-    # (no hint); `with_evidence` turns it into a row of its own. `bonus` is that row's advantage.
+    # (no hint); `with_evidence` turns it into a row of its own.
     evidence_ids: Sequence[int] | None = None
     evidence_logprobs: Sequence[float] | None = None
+    # A loop sample: the response ends with the loop's first repeat, which starts here.
+    loop_from: int | None = None
+    # A fixed advantage on each response token from bonus_from on (evidence and loop rows).
     bonus: float = 0.0
+    bonus_from: int = 0
 
 
 def with_evidence(samples: Sequence[TrainSample], weight: float) -> list[Any]:
@@ -63,6 +67,21 @@ def with_evidence(samples: Sequence[TrainSample], weight: float) -> list[Any]:
             ids, lps = getattr(s, "evidence_ids", None), getattr(s, "evidence_logprobs", None)
             if ids and lps and len(ids) == len(lps):
                 out.append(Sample(s.prompt_ids, ids, lps, 0.0, lps, bonus=weight))
+    return out
+
+
+def as_loop_rows(samples: Sequence[TrainSample], penalty: float) -> list[Any]:
+    """The samples, each loop sample as a row with advantage −`penalty` on the loop's first repeat
+    and 0 before it: no reward and no teacher, whose signal would fall on the prefix as well."""
+    out: list[Any] = []
+    for s in samples:
+        start = getattr(s, "loop_from", None)
+        if start is None:
+            out.append(s)
+        else:
+            out.append(Sample(s.prompt_ids, s.response_ids, s.behaviour_logprobs, 0.0,
+                              sampling_logprobs=getattr(s, "sampling_logprobs", None), bonus=-penalty,
+                              bonus_from=start))
     return out
 
 
@@ -150,6 +169,7 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
     top_behaviour_B_T_K = torch.zeros(B, T, K)
     top_teacher_B_T_K = torch.zeros(B, T, K)
     topk_B = torch.zeros(B)
+    bonus_B_T = torch.zeros(B, T)
     for i, s in enumerate(samples):
         P, R = len(s.prompt_ids), len(s.response_ids)
         ids_B_L[i, C - P : C] = torch.tensor(list(s.prompt_ids))
@@ -162,6 +182,7 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
         use_topk = has_topk(s, top_k)
         teacher = s.teacher_logprobs if s.teacher_logprobs is not None and not use_topk else s.behaviour_logprobs
         teacher_B_T[i, :R] = torch.tensor(list(teacher))
+        bonus_B_T[i, getattr(s, "bonus_from", 0):R] = float(getattr(s, "bonus", 0.0))
         if use_topk:
             topk_B[i] = 1.0
             top = cast(Any, s)  # has_topk: it carries all three
@@ -183,7 +204,7 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
         "top_teacher_B_T_K": top_teacher_B_T_K,
         "topk_B": topk_B,
         "reward_B": torch.tensor([float(s.reward) for s in samples]),
-        "bonus_B": torch.tensor([float(getattr(s, "bonus", 0.0)) for s in samples]),
+        "bonus_B_T": bonus_B_T,
     }
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -225,8 +246,11 @@ def sample_problem(s: TrainSample, method: str) -> str | None:
         return "every sample needs a non-empty prompt and response"
     if len(s.behaviour_logprobs) != R:
         return "behaviour_logprobs must have one value per response token"
+    loop_from = getattr(s, "loop_from", None)
+    if loop_from is not None and not 0 <= loop_from < R:
+        return "loop_from must point into the response"
     if s.teacher_logprobs is None:
-        if method == "opd":
+        if method == "opd" and loop_from is None:  # a loop row trains without a teacher
             return "method 'opd' needs teacher_logprobs on every sample"
     elif len(s.teacher_logprobs) != R:
         return "teacher_logprobs must have one value per response token"
@@ -268,7 +292,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
 
     Metrics: loss, clip_low, clip_high, clip_frac, ratio, tis, adv, drift, entropy, kl (only when
     kl_coef > 0: it needs a reference pass), grad_norm, response_len, reward_mean, reward_pos,
-    reward_neg, samples, evidence_rows (positive evidence), tokens, pad_frac, micro_batches, step_time_s,
+    reward_neg, samples, evidence_rows (positive evidence), loop_rows, tokens, pad_frac, micro_batches, step_time_s,
     tokens_per_s.
     Raises FloatingPointError, with the model and optimizer untouched, if the gradient is not finite.
     """
@@ -277,7 +301,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     device = next(p for p in model.parameters() if p.requires_grad).device
     w_binary, w_opd = cfg.advantage_weights
     given = samples
-    samples = with_evidence(samples, cfg.evidence_weight if w_opd else 0.0)
+    samples = with_evidence(as_loop_rows(samples, cfg.loop_penalty), cfg.evidence_weight if w_opd else 0.0)
     n = len(samples)
     groups = micro_batches(samples, cfg.token_budget(device.type))
     loss_sum = torch.zeros((), device=device)
@@ -298,7 +322,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
                 model, batch, entropy_grad=bool(cfg.entropy_coef), top_k=use_topk)
             adv_B_T = advantages(
                 batch["reward_B"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
-                w_binary=w_binary, w_opd=w_opd, bonus_B=batch["bonus_B"] if w_opd else None,
+                w_binary=w_binary, w_opd=w_opd, bonus_B_T=batch["bonus_B_T"],
             )
             topk_B_T = None
             if use_topk:
@@ -350,6 +374,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
         reward_neg=sum(r < 0 for r in rewards) / len(given),
         samples=len(given),
         evidence_rows=n - len(given),
+        loop_rows=sum(getattr(s, "loop_from", None) is not None for s in given),
         tokens=n_tokens,  # real prompt + response tokens, padding excluded
         pad_frac=1.0 - n_tokens / padded,
         micro_batches=len(groups),

@@ -17,7 +17,7 @@ import pytest
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.config import SignalConfig
-from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, teacher_messages
+from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, repetition_loop, teacher_messages
 from clawback.daemon.store import Store, blob_logprobs
 from clawback.engine import Token
 from clawback.records import Call, Feedback
@@ -288,7 +288,7 @@ def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, ren
 def test_degenerate_replies_are_dropped_with_a_reason(store, engine, renderer, finish_reason, ids, drop_cut, outcome):
     call_id = served_call(store, renderer, engine, None, finish_reason=finish_reason, response_ids=ids)
     feedback(store, "thumbs_down")
-    drain(pipe(store, engine, renderer, None, method="binary", drop_cut_replies=drop_cut))
+    drain(pipe(store, engine, renderer, None, method="binary", drop_cut_replies=drop_cut, train_loops=False))
     assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == outcome
 
 
@@ -296,6 +296,28 @@ def test_degenerate():
     assert degenerate([1, 2, 3, 4, 5, 6, 7], "stop") is None
     assert degenerate([1, 2, 3] * 6, "stop") == "repetition_loop"
     assert degenerate([1, 2, 3], "tool_calls") is None
+    assert repetition_loop([1, 2, 3] * 6) == (3, 9)  # "1 2 3" said again from position 3
+    assert repetition_loop([9, 8] + [1, 2, 3, 4, 5, 6, 7] * 3) == (9, 15)
+    assert repetition_loop([1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]) is None  # twice is not a loop
+
+
+@pytest.mark.parametrize("finish_reason, drop_cut", [("stop", False), ("length", True)])
+@pytest.mark.parametrize("method", ["binary", "opd", "combined"])
+def test_a_looping_reply_trains_against_its_first_repeat(store, engine, renderer, finish_reason, drop_cut, method):
+    """A reply that loops is not dropped: its sample keeps the reply up to the end of the loop's
+    first repeat, marks where that repeat starts, and carries no teacher (also when cut off, and
+    for every method); the person's 👎 is kept on the record."""
+    ids = [40, 41] + [5, 6, 7, 8, 9, 10, 11] * 4
+    call_id = served_call(store, renderer, engine, None, finish_reason=finish_reason, response_ids=ids)
+    feedback(store, "thumbs_down")
+    feedback(store, "correction", "Don't repeat yourself.")
+    drain(pipe(store, engine, renderer, None, method=method, drop_cut_replies=drop_cut))
+    row = sample_row(store, call_id)
+    assert (row["state"], row["reason"], row["loop_from"], row["loop_to"]) == ("ready", None, 9, 15)
+    assert (row["reward"], row["reward_source"], row["teacher_logprobs"]) == (-1.0, "explicit", None)
+    [ready] = store.ready_samples(10)
+    assert (ready.loop_from, ready.response_ids) == (9, ids[:15])
+    assert len(ready.behaviour_logprobs) == len(ready.sampling_logprobs or ready.behaviour_logprobs) == 15
 
 
 def test_without_a_judge_the_raw_correction_is_the_hint(store, engine, renderer):
@@ -383,4 +405,5 @@ def test_empty_and_degenerate_replies_never_become_samples(store, engine, render
     drain(pipe(store, engine, renderer, method="binary"))
     assert {c: (sample_row(store, c)["state"], sample_row(store, c)["reason"]) for c in (empty, blank, loop, good)} == {
         empty: ("dropped", "empty_reply"), blank: ("dropped", "no_content"),
-        loop: ("dropped", "repetition_loop"), good: ("ready", None)}
+        loop: ("ready", None), good: ("ready", None)}
+    assert sample_row(store, loop)["loop_from"] == 11  # trains against the loop, not on it

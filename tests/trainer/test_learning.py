@@ -230,6 +230,33 @@ def test_positive_evidence_teaches_the_teachers_reply():
     assert moved[1.0] > 0.5 and abs(moved[0.0]) < 1e-3, moved
 
 
+def test_a_loop_row_pushes_down_the_repeat_only():
+    """A loop sample trains −loop_penalty on the loop's first repeat and nothing before it, whatever
+    its reward: the token that restarts the loop loses probability, while the opener the same row
+    carries moves far less than under Binary RL with the 👎 on the whole reply. With loop_penalty
+    0 the row trains nothing."""
+    P = prompts()
+    opener, restart = 8, TARGET
+    moved = {}
+    for case, penalty, loop_from in (("loop", 1.0, 1), ("off", 0.0, 1), ("whole reply", 1.0, None)):
+        cfg = TrainConfig(method="binary", lora_rank=8, lora_alpha=16, lr=1e-2, loop_penalty=penalty)
+        model, opt = tiny_policy(cfg)
+        P1 = torch.cat([P, torch.full((N, 1), opener)], 1)
+        with torch.no_grad():
+            first_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+            second_B_V = model(input_ids=P1).logits[:, -1].float().log_softmax(-1)
+        start = float(first_B_V[:, opener].mean()), float(second_B_V[:, restart].mean())
+        samples = [Sample(P[i].tolist(), [opener, restart], [float(first_B_V[i, opener]), float(second_B_V[i, restart])],
+                          -1.0, loop_from=loop_from) for i in range(N)]
+        for _ in range(5):
+            m = train_step(model, opt, samples, cfg)
+        moved[case] = (first_token_logp(model, P, opener) - start[0], first_token_logp(model, P1, restart) - start[1])
+        assert m["loop_rows"] == (N if loop_from else 0) and m["reward_neg"] == 1.0
+    assert moved["loop"][1] < -2.0, moved
+    assert moved["whole reply"][0] < 3 * moved["loop"][0] < 0, moved
+    assert all(abs(v) < 1e-3 for v in moved["off"]), moved
+
+
 def test_kl_anchor_from_clawback_toml_is_logged_and_non_zero(tmp_path):
     """kl_coef set in clawback.toml reaches the trainer, and every step logs the KL to the base
     model: non-zero once the adapter has moved."""
