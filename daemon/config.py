@@ -182,7 +182,7 @@ class SignalConfig:
     # preference the policy never samples can still be learned (TrainConfig.evidence_weight > 0).
     positive_evidence: bool = False
     drop_cut_replies: bool = False  # see TrainSettings
-    train_loops: bool = True  # a looping reply trains against its loop (TrainConfig.loop_penalty > 0)
+    train_loops: bool = False  # a looping reply marked wrong trains against its loop (TrainConfig.loop_penalty > 0)
 
 
 # The flat keys of earlier versions and where each lives in the tree; they load as before (toml,

@@ -185,15 +185,18 @@ class SamplePipeline:
                               teacher=cfg.teacher)
         why = degenerate_reply(inp) or degenerate(inp.response_ids,
                                                   inp.finish_reason if self.cfg.drop_cut_replies else None)
-        loop = repetition_loop(inp.response_ids) if why in ("repetition_loop", "cut_off") else None
-        if why is not None and (loop is None or not cfg.train_loops):
+        reward, correction = explicit_reward(inp.feedback), latest_correction(inp.feedback)
+        # A loop the person marked wrong trains against its first repeat (TrainConfig.loop_penalty);
+        # a 6-token run said three times in a reply they liked is a restated phrase, not a loop.
+        marked_wrong = reward == -1.0 or (correction is not None and reward is None)
+        loop = (repetition_loop(inp.response_ids)
+                if cfg.train_loops and marked_wrong and why in ("repetition_loop", "cut_off") else None)
+        if why is not None and loop is None:
             await self._write(replace(sample, reason=why), votes)
             return
-        if loop is not None:  # trains against the loop's first repeat (TrainConfig.loop_penalty)
-            reward = explicit_reward(inp.feedback)
+        if loop is not None:
             sample = replace(sample, state="ready", loop_from=loop[0], loop_to=loop[1], reward=reward,
-                             reward_source="none" if reward is None else "explicit",
-                             correction=latest_correction(inp.feedback))
+                             reward_source="none" if reward is None else "explicit", correction=correction)
             if await self._write(sample, votes):
                 self.on_ready({"call_id": call_id, "session_id": inp.session_id, "reward": reward,
                                "reward_source": sample.reward_source, "hint": False})
@@ -202,7 +205,6 @@ class SamplePipeline:
                                  "max_tokens": cfg.judge_max_tokens, "timeout_s": cfg.judge_timeout_s,
                                  "retries": cfg.judge_retries, "context": cfg.judge_context}
 
-        reward = explicit_reward(inp.feedback)
         reward_source = "explicit" if reward is not None else "none"
         if reward is None and next_state and backend is not None:
             verdict = await judge_prm(backend, messages, response, next_state, **judge_kw)
@@ -213,7 +215,6 @@ class SamplePipeline:
             sample = replace(sample, judge_score=verdict.score)
             reward, reward_source = float(verdict.score), "judge"
         reward = reward or 0.0
-        correction = latest_correction(inp.feedback)
         sample = replace(sample, reward=reward, reward_source=reward_source, correction=correction)
 
         if cfg.method in ("opd", "combined"):

@@ -33,6 +33,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("memory", memory=True),  # preference notes only, no training
     # The default recipe plus the teacher's own hinted reply as positive evidence.
     Method("default_evidence", "combined", memory=True, train={"evidence_weight": 1.0}),
+    # The default recipe plus training against loops the person marked wrong (loop_penalty).
+    Method("default_loops", "combined", memory=True, train={"loop_penalty": 1.0}),
     Method("binary", "binary"),
     Method("opd", "opd"),  # top-K OPD (opd_top_k = 4)
     Method("opd_token", "opd", train={"opd_top_k": 0}),  # OPD on the sampled token only

@@ -42,12 +42,15 @@ class TrainConfig:
     # A_t = evidence_weight on every token (weighted distillation of the teacher's reply; its
     # behaviour logprobs are the policy's own, so the importance weight is 1). 0 = off.
     evidence_weight: float = 0.0
-    # A reply that falls into a repetition loop (the same 6 tokens three times) trains against the
-    # loop, whatever the method: the row keeps the reply up to the end of the loop's first repeat,
-    # with A_t = −loop_penalty on that repeat's tokens and 0 before it (no reward, no teacher: the
-    # prefix before the repeat may be fine, and the hinted teacher does not disfavour the repeat).
-    # 0 = such samples are dropped (reason repetition_loop).
-    loop_penalty: float = 1.0
+    # > 0: a reply that falls into a repetition loop (the same 6 tokens three times) and that the
+    # person marked wrong (👎 or a correction) trains against the loop, whatever the method: the
+    # row keeps the reply up to the end of the loop's first repeat, with A_t = −loop_penalty on that
+    # repeat's tokens and 0 before it (no reward, no teacher: the prefix before the repeat may be
+    # fine, and the hinted teacher does not disfavour the repeat). Off by default: where the wanted
+    # reply itself repeats ("Sure!\nSure!…"), pushing the repeat down also pushed the wanted opener
+    # down (bench/README.md, "Training against loops"). 0 = such samples are dropped
+    # (reason repetition_loop).
+    loop_penalty: float = 0.0
 
     # PPO clipped surrogate on ratio = exp(logp_new − logp_old), clipped to [1−clip_low, 1+clip_high].
     clip_low: float = 0.2

@@ -45,6 +45,16 @@ def test_defaults(home: Path) -> None:
     assert not (home / ".clawback").exists()  # loading settings creates nothing
 
 
+def test_loop_training_is_off_until_loop_penalty_is_set(home: Path) -> None:
+    assert not load_settings().signal_config().train_loops
+    write_toml(home / ".clawback" / "clawback.toml", "[train]\nloop_penalty = 0.5\n")
+    s = load_settings()
+    assert s.signal_config().train_loops and s.train_config().loop_penalty == 0.5
+    write_toml(home / ".clawback" / "clawback.toml", "[train]\nloop_penalty = -1\n")
+    with pytest.raises(ValidationError, match="loop_penalty"):
+        load_settings()
+
+
 def test_cli_flags_given_as_none_do_not_override(home: Path) -> None:
     s = load_settings(host=None, port=None, data_dir=None, config_file=None, no_auth=None)
     assert (s.host, s.port, s.no_auth) == ("127.0.0.1", 30000, False)

@@ -288,7 +288,7 @@ def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, ren
 def test_degenerate_replies_are_dropped_with_a_reason(store, engine, renderer, finish_reason, ids, drop_cut, outcome):
     call_id = served_call(store, renderer, engine, None, finish_reason=finish_reason, response_ids=ids)
     feedback(store, "thumbs_down")
-    drain(pipe(store, engine, renderer, None, method="binary", drop_cut_replies=drop_cut, train_loops=False))
+    drain(pipe(store, engine, renderer, None, method="binary", drop_cut_replies=drop_cut))
     assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == outcome
 
 
@@ -304,20 +304,32 @@ def test_degenerate():
 @pytest.mark.parametrize("finish_reason, drop_cut", [("stop", False), ("length", True)])
 @pytest.mark.parametrize("method", ["binary", "opd", "combined"])
 def test_a_looping_reply_trains_against_its_first_repeat(store, engine, renderer, finish_reason, drop_cut, method):
-    """A reply that loops is not dropped: its sample keeps the reply up to the end of the loop's
-    first repeat, marks where that repeat starts, and carries no teacher (also when cut off, and
-    for every method); the person's 👎 is kept on the record."""
+    """With loop training on, a reply that loops and was marked wrong is not dropped: its sample
+    keeps the reply up to the end of the loop's first repeat, marks where that repeat starts, and
+    carries no teacher (also when cut off, and for every method); the person's 👎 is kept on the
+    record."""
     ids = [40, 41] + [5, 6, 7, 8, 9, 10, 11] * 4
     call_id = served_call(store, renderer, engine, None, finish_reason=finish_reason, response_ids=ids)
     feedback(store, "thumbs_down")
     feedback(store, "correction", "Don't repeat yourself.")
-    drain(pipe(store, engine, renderer, None, method=method, drop_cut_replies=drop_cut))
+    drain(pipe(store, engine, renderer, None, method=method, drop_cut_replies=drop_cut, train_loops=True))
     row = sample_row(store, call_id)
     assert (row["state"], row["reason"], row["loop_from"], row["loop_to"]) == ("ready", None, 9, 15)
     assert (row["reward"], row["reward_source"], row["teacher_logprobs"]) == (-1.0, "explicit", None)
     [ready] = store.ready_samples(10)
     assert (ready.loop_from, ready.response_ids) == (9, ids[:15])
     assert len(ready.behaviour_logprobs) == len(ready.sampling_logprobs or ready.behaviour_logprobs) == 15
+
+
+@pytest.mark.parametrize("signal", ["thumbs_up", None])
+def test_a_loop_not_marked_wrong_is_still_dropped(store, engine, renderer, signal):
+    """A 6-token run said three times in a reply the person liked, or did not rate, is a restated
+    phrase as often as a loop: nothing to train against."""
+    call_id = served_call(store, renderer, engine, NEXT_USER, response_ids=[40, 41] + [5, 6, 7, 8, 9, 10, 11] * 3)
+    if signal:
+        feedback(store, signal)
+    drain(pipe(store, engine, renderer, None, method="combined", train_loops=True))
+    assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == ("dropped", "repetition_loop")
 
 
 def test_without_a_judge_the_raw_correction_is_the_hint(store, engine, renderer):
@@ -405,5 +417,4 @@ def test_empty_and_degenerate_replies_never_become_samples(store, engine, render
     drain(pipe(store, engine, renderer, method="binary"))
     assert {c: (sample_row(store, c)["state"], sample_row(store, c)["reason"]) for c in (empty, blank, loop, good)} == {
         empty: ("dropped", "empty_reply"), blank: ("dropped", "no_content"),
-        loop: ("ready", None), good: ("ready", None)}
-    assert sample_row(store, loop)["loop_from"] == 11  # trains against the loop, not on it
+        loop: ("dropped", "repetition_loop"), good: ("ready", None)}

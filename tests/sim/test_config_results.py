@@ -41,13 +41,17 @@ def test_seed_is_the_daemons_seed_preset():
     default_evidence = Settings(**cfg.settings_for(METHODS["default_evidence"], seed=1), no_auth=True)
     assert default_evidence.memory and default_evidence.train_config().method == "combined"
     assert default_evidence.train_config().evidence_weight == 1.0 and default_evidence.signal_config().positive_evidence
+    assert not default.signal_config().train_loops
+    loops = Settings(**cfg.settings_for(METHODS["default_loops"], seed=1), no_auth=True)
+    assert loops.memory and loops.train_config().loop_penalty == 1.0 and loops.signal_config().train_loops
     ungated = Settings(**cfg.settings_for(METHODS["default_ungated"], seed=1), no_auth=True)
     assert ungated.memory and ungated.train_config().method == "combined"
     assert not ungated.gate.enabled and ungated.gate.guard_replies == 0
 
 
 def test_method_lists():
-    assert parse_methods("all") == ("none", "default", "memory", "default_evidence", "binary", "opd", "opd_token",
+    assert parse_methods("all") == ("none", "default", "memory", "default_evidence", "default_loops", "binary", "opd",
+                                     "opd_token",
                                      "opd_evidence",
                                      "combined", "default_ungated", "combined_ungated", "seed")
     assert parse_methods("combined, binary,combined") == ("combined", "binary")
