@@ -35,6 +35,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("default_evidence", "combined", memory=True, train={"evidence_weight": 1.0}),
     # The default recipe plus training against loops the person marked wrong (loop_penalty).
     Method("default_loops", "combined", memory=True, train={"loop_penalty": 1.0}),
+    # The default recipe with four clipped updates per batch instead of one (updates_per_batch).
+    Method("default_updates", "combined", memory=True, train={"updates_per_batch": 4}),
     Method("binary", "binary"),
     Method("opd", "opd"),  # top-K OPD (opd_top_k = 4)
     Method("opd_token", "opd", train={"opd_top_k": 0}),  # OPD on the sampled token only

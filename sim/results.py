@@ -92,6 +92,7 @@ BROKEN = ("cut", "meta", "repeat")
 COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combined"), ("memory", "none"),
                ("default_evidence", "default"), ("default_evidence", "memory"),
                ("default_loops", "default"), ("default_loops", "memory"),
+               ("default_updates", "default"), ("default_updates", "memory"),
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
                ("default", "default_ungated"), ("combined", "combined_ungated"))

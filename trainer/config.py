@@ -74,7 +74,11 @@ class TrainConfig:
     lora_alpha: int = 32
     target_modules: str | tuple[str, ...] = ALL_LINEAR  # every linear projection except lm_head
 
-    # AdamW, one optimizer step per batch.
+    # AdamW. Each batch gets `updates_per_batch` optimizer steps over the same samples (PPO
+    # epochs): logp_old is the policy before the first, so from the second on the ratio moves and
+    # the clip (and, for top-K OPD, the same clip on each of the K tokens) bounds how far the
+    # batch can push. 1 = one step per batch, where the clip never binds.
+    updates_per_batch: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -105,6 +109,8 @@ class TrainConfig:
             raise ValueError("tis_cap must be >= 1 (or None to disable)")
         if self.opd_top_k < 0 or self.opd_clip <= 0 or self.evidence_weight < 0 or self.loop_penalty < 0:
             raise ValueError("need opd_top_k >= 0, opd_clip > 0, evidence_weight >= 0 and loop_penalty >= 0")
+        if self.updates_per_batch < 1:
+            raise ValueError("updates_per_batch must be >= 1")
         if self.lora_rank < 1 or self.batch_size < 1 or (self.micro_batch_tokens is not None and self.micro_batch_tokens < 1):
             raise ValueError("lora_rank, batch_size and micro_batch_tokens must be positive")
 

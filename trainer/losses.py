@@ -43,11 +43,18 @@ def topk_advantages(
     return torch.where(mask_B_T.bool()[..., None], adv, 0.0)
 
 
-def topk_policy_term(logp_B_T_K: Tensor, adv_B_T_K: Tensor) -> Tensor:
-    """Per position −Σ_k π(k)·A_k with π(k) detached in the weight: its gradient is
-    −Σ_k π(k)·A_k·∇log π(k), the sampled-token policy gradient in expectation over the K tokens."""
-    weight = logp_B_T_K.detach().exp() * adv_B_T_K
-    return -(weight * logp_B_T_K).sum(-1)
+def topk_policy_term(logp_B_T_K: Tensor, adv_B_T_K: Tensor, old_logp_B_T_K: Tensor | None = None, *,
+                     clip_low: float = 0.2, clip_high: float = 0.28) -> Tensor:
+    """Per position −Σ_k π_old(k)·min(r_k·A_k, clip(r_k)·A_k) with r_k = π(k)/π_old(k): the
+    clipped surrogate of the sampled-token policy gradient, in expectation over the K tokens.
+    old = None means the policy before this update is the current one (r_k = 1), where the
+    gradient is −Σ_k π(k)·A_k·∇log π(k); over several updates of a batch the clip stops a token
+    that has moved far enough."""
+    old_B_T_K = logp_B_T_K.detach() if old_logp_B_T_K is None else old_logp_B_T_K.detach()
+    ratio_B_T_K = torch.exp(logp_B_T_K - old_B_T_K)
+    clipped_B_T_K = ratio_B_T_K.clamp(1.0 - clip_low, 1.0 + clip_high)
+    surrogate_B_T_K = torch.minimum(ratio_B_T_K * adv_B_T_K, clipped_B_T_K * adv_B_T_K)
+    return -(old_B_T_K.exp() * surrogate_B_T_K).sum(-1)
 
 
 def masked_mean(x_B_T: Tensor, mask_B_T: Tensor) -> Tensor:

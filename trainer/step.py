@@ -1,4 +1,4 @@
-"""One training step: samples -> micro-batches -> accumulated gradients -> one AdamW step.
+"""One training step: samples -> micro-batches -> accumulated gradients -> AdamW step(s).
 
 A sample is any `TrainSample`: `Sample` here, or the daemon's `clawback.records.ReadySample`.
 """
@@ -281,20 +281,25 @@ def _clip_frac(batch: dict[str, torch.Tensor], rows_B_T: torch.Tensor, clip: flo
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: TrainConfig,
                before_micro_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
-    """One AdamW step on `samples`; gradients accumulate over micro-batches so the update equals
-    the one a single batch of all samples would give. Returns the step's metrics.
-    `before_micro_batch` runs before each forward (the trainer yields to serving there).
+    """`cfg.updates_per_batch` AdamW steps on `samples`; within each, gradients accumulate over
+    micro-batches so the update equals the one a single batch of all samples would give. Returns
+    the step's metrics. `before_micro_batch` runs before each forward (the trainer yields to
+    serving there).
 
-    logp_old is the policy before this update. With one optimizer step per batch it is exactly
-    the detached logp of the same forward pass, so it costs no second pass; the ratio is then 1
-    and the clip never binds here (it would with several updates per batch). What corrects for
-    stale samples is the TIS weight against the recorded behaviour logprobs.
+    logp_old is the policy before the first update: the detached logp of the first forward pass
+    (no extra pass), kept per micro-batch for the later updates. In the first update the ratio is
+    1 and the clip never binds; from the second on it bounds how far the batch pushes each token.
+    What corrects for stale samples is the TIS weight of logp_old against the recorded behaviour
+    logprobs.
 
-    Metrics: loss, clip_low, clip_high, clip_frac, ratio, tis, adv, drift, entropy, kl (only when
-    kl_coef > 0: it needs a reference pass), grad_norm, response_len, reward_mean, reward_pos,
-    reward_neg, samples, evidence_rows (positive evidence), loop_rows, tokens, pad_frac, micro_batches, step_time_s,
-    tokens_per_s.
-    Raises FloatingPointError, with the model and optimizer untouched, if the gradient is not finite.
+    Metrics, token-weighted means over all updates: loss, clip_low, clip_high, clip_frac, ratio,
+    tis, adv, drift, entropy, kl (only when kl_coef > 0: it needs a reference pass), topk_adv and
+    topk_clip (top-K OPD); grad_norm (mean over updates); and response_len, reward_mean,
+    reward_pos, reward_neg, samples, evidence_rows (positive evidence), loop_rows, updates, tokens,
+    pad_frac, micro_batches, step_time_s, tokens_per_s.
+    Raises FloatingPointError, with the model and optimizer untouched, if the first update's
+    gradient is not finite; a later update with a non-finite gradient is skipped and ends the step
+    (`updates` counts the ones applied).
     """
     _check(samples, cfg)
     t0 = time.perf_counter()
@@ -304,57 +309,68 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     samples = with_evidence(as_loop_rows(samples, cfg.loop_penalty), cfg.evidence_weight if w_opd else 0.0)
     n = len(samples)
     groups = micro_batches(samples, cfg.token_budget(device.type))
+    # Per micro-batch, what the later updates reuse: logp_old, its top-K view, the reference logp.
+    old: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
     loss_sum = torch.zeros((), device=device)
     metric_sums: dict[str, torch.Tensor] = {}
+    grad_norms: list[float] = []
+    passes = 0  # forward passes over the batch, a skipped update's included
     was_training = model.training
     model.train()
-    optimizer.zero_grad(set_to_none=True)
     try:
-        for group in groups:
-            before_micro_batch()
-            batch = collate(group, device, cfg.opd_top_k if w_opd else 0)
-            ref_B_T = None
-            if cfg.kl_coef:
-                with torch.no_grad(), model.disable_adapter():
-                    ref_B_T, _, _ = response_logprobs(model, batch)
-            use_topk = bool(batch["topk_B"].any())
-            logp_B_T, ent_B_T, top_B_T_K = response_logprobs(
-                model, batch, entropy_grad=bool(cfg.entropy_coef), top_k=use_topk)
-            adv_B_T = advantages(
-                batch["reward_B"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
-                w_binary=w_binary, w_opd=w_opd, bonus_B_T=batch["bonus_B_T"],
-            )
-            topk_B_T = None
-            if use_topk:
-                assert top_B_T_K is not None  # response_logprobs gathers it when top_k > 0
-                rows_B_T = batch["mask_B_T"] * batch["topk_B"][:, None]
-                top_adv_B_T_K = topk_advantages(batch["top_teacher_B_T_K"], batch["top_behaviour_B_T_K"], rows_B_T,
-                                                w_opd=w_opd, clip=cfg.opd_clip)
-                topk_B_T = topk_policy_term(top_B_T_K, top_adv_B_T_K)
+        for update in range(cfg.updates_per_batch):
+            passes += 1
+            optimizer.zero_grad(set_to_none=True)
+            for g, group in enumerate(groups):
+                before_micro_batch()
+                batch = collate(group, device, cfg.opd_top_k if w_opd else 0)
+                use_topk = bool(batch["topk_B"].any())
+                ref_B_T = None
+                if update == 0 and cfg.kl_coef:
+                    with torch.no_grad(), model.disable_adapter():
+                        ref_B_T, _, _ = response_logprobs(model, batch)
+                logp_B_T, ent_B_T, top_B_T_K = response_logprobs(
+                    model, batch, entropy_grad=bool(cfg.entropy_coef), top_k=use_topk)
+                if update == 0:
+                    old.append((logp_B_T.detach(), None if top_B_T_K is None else top_B_T_K.detach(), ref_B_T))
+                old_B_T, old_top_B_T_K, ref_B_T = old[g]
+                adv_B_T = advantages(
+                    batch["reward_B"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
+                    w_binary=w_binary, w_opd=w_opd, bonus_B_T=batch["bonus_B_T"],
+                )
+                topk_B_T = None
                 k = sum(len(s.response_ids) for s in group)
-                for name, v in {"topk_adv": _abs_mean(top_adv_B_T_K, rows_B_T),
-                                "topk_clip": _clip_frac(batch, rows_B_T, cfg.opd_clip)}.items():
+                if use_topk:
+                    assert top_B_T_K is not None  # response_logprobs gathers it when top_k > 0
+                    rows_B_T = batch["mask_B_T"] * batch["topk_B"][:, None]
+                    top_adv_B_T_K = topk_advantages(batch["top_teacher_B_T_K"], batch["top_behaviour_B_T_K"],
+                                                    rows_B_T, w_opd=w_opd, clip=cfg.opd_clip)
+                    topk_B_T = topk_policy_term(top_B_T_K, top_adv_B_T_K, old_top_B_T_K,
+                                                clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+                    for name, v in {"topk_adv": _abs_mean(top_adv_B_T_K, rows_B_T),
+                                    "topk_clip": _clip_frac(batch, rows_B_T, cfg.opd_clip)}.items():
+                        metric_sums[name] = metric_sums.get(name, 0.0) + v * k
+                loss, m = policy_loss(
+                    logp_B_T, old_B_T, batch["behaviour_B_T"], adv_B_T, batch["mask_B_T"],
+                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
+                    ref_logp_B_T=ref_B_T, kl_coef=cfg.kl_coef, entropy_B_T=ent_B_T, entropy_coef=cfg.entropy_coef,
+                    topk_B_T=topk_B_T, sampling_logp_B_T=batch["sampling_B_T"],
+                )
+                # The loss is a mean over this micro-batch; weight it by its share of the whole batch.
+                share = len(group) / n
+                (loss * share).backward()
+                loss_sum += loss.detach() * share
+                for name, v in m.items():  # token-means -> token-weighted sums
                     metric_sums[name] = metric_sums.get(name, 0.0) + v * k
-            loss, m = policy_loss(
-                logp_B_T, logp_B_T.detach(), batch["behaviour_B_T"], adv_B_T, batch["mask_B_T"],
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap,
-                ref_logp_B_T=ref_B_T, kl_coef=cfg.kl_coef, entropy_B_T=ent_B_T, entropy_coef=cfg.entropy_coef,
-                topk_B_T=topk_B_T, sampling_logp_B_T=batch["sampling_B_T"],
-            )
-            # The loss is a mean over this micro-batch; weight it by its share of the whole batch.
-            share = len(group) / n
-            (loss * share).backward()
-            loss_sum += loss.detach() * share
-            k = sum(len(s.response_ids) for s in group)
-            for name, v in m.items():  # token-means -> token-weighted sums
-                metric_sums[name] = metric_sums.get(name, 0.0) + v * k
 
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        if not torch.isfinite(grad_norm):
-            # Stepping would write NaN into the adapter; the caller keeps the samples and the old version.
-            raise FloatingPointError(f"non-finite gradient norm {float(grad_norm)}; step skipped")
-        optimizer.step()
+            params = [p for pg in optimizer.param_groups for p in pg["params"]]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                if update == 0:  # stepping would write NaN into the adapter; the caller keeps the old version
+                    raise FloatingPointError(f"non-finite gradient norm {float(grad_norm)}; step skipped")
+                break  # the updates so far are finite: keep them
+            optimizer.step()
+            grad_norms.append(float(grad_norm))
     finally:
         optimizer.zero_grad(set_to_none=True)
         model.train(was_training)
@@ -363,11 +379,12 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
     n_tokens = n_resp + sum(len(s.prompt_ids) for s in samples)
     padded = sum(len(g) * (max(len(s.prompt_ids) for s in g) + max(len(s.response_ids) for s in g)) for g in groups)
     rewards = [float(s.reward) for s in given]
-    metrics = {name: float(v) / n_resp for name, v in metric_sums.items()}  # float() waits for the device
+    metrics = {name: float(v) / (n_resp * passes) for name, v in metric_sums.items()}  # float() waits for the device
     metrics.update(
-        loss=float(loss_sum),
+        loss=float(loss_sum) / passes,
         clip_frac=metrics["clip_low"] + metrics["clip_high"],
-        grad_norm=float(grad_norm),
+        grad_norm=sum(grad_norms) / len(grad_norms),
+        updates=len(grad_norms),
         response_len=n_resp / n,
         reward_mean=sum(rewards) / len(given),
         reward_pos=sum(r > 0 for r in rewards) / len(given),
@@ -380,5 +397,5 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
         micro_batches=len(groups),
     )
     elapsed = time.perf_counter() - t0
-    metrics.update(step_time_s=elapsed, tokens_per_s=n_tokens / elapsed)
+    metrics.update(step_time_s=elapsed, tokens_per_s=n_tokens * passes / elapsed)
     return metrics

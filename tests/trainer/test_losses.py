@@ -160,3 +160,19 @@ def test_topk_advantage_is_clipped_and_its_gradient_is_the_expectation_over_the_
     torch.testing.assert_close(logp.grad, torch.tensor([[[-0.5 * 1.0, -0.2 * -0.5, 0.0]]]))  # −π(k)·A_k
     pad = topk_advantages(teacher, behaviour, t([0.0]), w_opd=1.0, clip=1.0)
     assert pad.abs().sum() == 0
+
+
+def test_topk_term_against_an_older_policy_is_clipped_per_token():
+    """With logp_old given (a later update of the same batch), each of the K tokens follows the
+    PPO clip: a token whose ratio has left [1 − 0.2, 1 + 0.28] in its advantage's direction gets
+    no gradient; the others get −π_old(k)·r_k·A_k."""
+    old = torch.tensor([[[math.log(0.5), math.log(0.2), math.log(0.1)]]])
+    adv = torch.tensor([[[1.0, -0.5, 1.0]]])
+    # token 0 rose by 50% (past 1.28, advantage > 0), token 1 fell by 30% (past 0.8, advantage < 0),
+    # token 2 rose by 10% (inside the clip)
+    logp = (old + torch.log(torch.tensor([[[1.5, 0.7, 1.1]]])).clone()).requires_grad_(True)
+    topk_policy_term(logp, adv, old).sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[[0.0, 0.0, -0.1 * 1.1 * 1.0]]]))
+    same = logp.detach().clone().requires_grad_(True)  # logp_old = None: the ratio is 1
+    topk_policy_term(same, adv).sum().backward()
+    torch.testing.assert_close(same.grad, -same.detach().exp() * adv)
