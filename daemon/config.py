@@ -114,6 +114,11 @@ class TrainSettings(BaseModel):
     # A reply cut by the token budget is no finished answer: drop its sample (reason cut_off). Off
     # by default: a person's rating of a cut reply is still their signal about it.
     drop_cut_replies: bool = False
+    # The reward of a reply the person corrected without a 👍 or 👎, when no judge scores it
+    # (the judge is off below 1B parameters). −1 reads a typed correction as a 👎, so Binary RL,
+    # and the reward half of combined, learn from a person who types rather than taps. 0: such a
+    # reply trains only through the OPD teacher under the correction (Binary RL drops it).
+    correction_reward: float = Field(default=0.0, ge=-1.0, le=1.0)
 
     @model_validator(mode="after")
     def _overrides_are_train_config_fields(self) -> "TrainSettings":
@@ -121,7 +126,7 @@ class TrainSettings(BaseModel):
         if unknown:
             raise ValueError(f"[train] has no setting {', '.join(unknown)}; besides enabled, preset, teacher, "
                              f"count_zero_signal, keep_versions, device, threads, hint_template, "
-                             f"hint_placement and drop_cut_replies it takes the fields of "
+                             f"hint_placement, drop_cut_replies and correction_reward it takes the fields of "
                              f"TrainConfig: {', '.join(sorted(_TRAIN_FIELDS))}")
         self.config()  # a bad value is an error when the settings load, not at the first batch
         return self
@@ -183,6 +188,7 @@ class SignalConfig:
     positive_evidence: bool = False
     drop_cut_replies: bool = False  # see TrainSettings
     train_loops: bool = False  # a looping reply marked wrong trains against its loop (TrainConfig.loop_penalty > 0)
+    correction_reward: float = 0.0  # see TrainSettings
 
 
 # The flat keys of earlier versions and where each lives in the tree; they load as before (toml,
@@ -363,6 +369,7 @@ class Settings(BaseSettings):
             judge_context=j.context or preset.get("judge_context", "full"),
             hint_template=self.train.hint_template,
             hint_placement=self.train.hint_placement, drop_cut_replies=self.train.drop_cut_replies,
+            correction_reward=self.train.correction_reward,
             positive_evidence=self.train_config().evidence_weight > 0,
             train_loops=self.train_config().loop_penalty > 0,
             judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,

@@ -214,6 +214,8 @@ class SamplePipeline:
                 return
             sample = replace(sample, judge_score=verdict.score)
             reward, reward_source = float(verdict.score), "judge"
+        if reward is None and correction is not None and cfg.correction_reward:
+            reward, reward_source = cfg.correction_reward, "explicit"  # the typed correction as a rating
         reward = reward or 0.0
         sample = replace(sample, reward=reward, reward_source=reward_source, correction=correction)
 

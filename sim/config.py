@@ -38,6 +38,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # The default recipe with four clipped updates per batch instead of one (updates_per_batch).
     Method("default_updates", "combined", memory=True, train={"updates_per_batch": 4}),
     Method("binary", "binary"),
+    # Binary RL that reads a correction without a thumb as a 👎 (correction_reward = −1).
+    Method("binary_corrections", "binary", train={"correction_reward": -1.0}),
     Method("opd", "opd"),  # top-K OPD (opd_top_k = 4)
     Method("opd_token", "opd", train={"opd_top_k": 0}),  # OPD on the sampled token only
     # Top-K OPD plus the teacher's own hinted reply as positive evidence (advantage 1 per token).

@@ -93,6 +93,7 @@ COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combin
                ("default_evidence", "default"), ("default_evidence", "memory"),
                ("default_loops", "default"), ("default_loops", "memory"),
                ("default_updates", "default"), ("default_updates", "memory"),
+               ("default", "binary_corrections"), ("binary_corrections", "binary"), ("binary_corrections", "none"),
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
                ("default", "default_ungated"), ("combined", "combined_ungated"))

@@ -55,6 +55,17 @@ def test_loop_training_is_off_until_loop_penalty_is_set(home: Path) -> None:
         load_settings()
 
 
+def test_correction_reward_reaches_the_sample_pipeline_and_is_bounded(home: Path) -> None:
+    assert load_settings().signal_config().correction_reward == 0.0
+    write_toml(home / ".clawback" / "clawback.toml", "[train]\ncorrection_reward = -1\nupdates_per_batch = 4\n")
+    s = load_settings()
+    assert s.signal_config().correction_reward == -1.0 and s.train_config().updates_per_batch == 4
+    for bad in ("correction_reward = -2", "updates_per_batch = 0"):
+        write_toml(home / ".clawback" / "clawback.toml", f"[train]\n{bad}\n")
+        with pytest.raises(ValidationError, match=bad.split()[0]):
+            load_settings()
+
+
 def test_cli_flags_given_as_none_do_not_override(home: Path) -> None:
     s = load_settings(host=None, port=None, data_dir=None, config_file=None, no_auth=None)
     assert (s.host, s.port, s.no_auth) == ("127.0.0.1", 30000, False)

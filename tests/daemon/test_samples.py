@@ -341,6 +341,23 @@ def test_without_a_judge_the_raw_correction_is_the_hint(store, engine, renderer)
         "ready", "Shorter please.", "correction_raw", "base", None)
 
 
+@pytest.mark.parametrize("correction_reward", [0.0, -1.0])
+def test_without_a_judge_a_correction_is_a_thumbs_down_only_when_asked(store, engine, renderer, correction_reward):
+    """Binary RL has no reward for a typed correction unless `correction_reward` gives it one; a
+    👍 on the same reply still wins."""
+    corrected = served_call(store, renderer, engine, None)
+    feedback(store, "correction", "Shorter please.")
+    drain(pipe(store, engine, renderer, None, method="binary", correction_reward=correction_reward))
+    row = sample_row(store, corrected)
+    want = ("ready", -1.0, "explicit") if correction_reward else ("dropped", 0.0, "none")
+    assert (row["state"], row["reward"], row["reward_source"]) == want
+    liked = served_call(store, renderer, engine, None)
+    feedback(store, "correction", "Also add the units.")
+    feedback(store, "thumbs_up")
+    drain(pipe(store, engine, renderer, None, method="binary", correction_reward=correction_reward))
+    assert (sample_row(store, liked)["state"], sample_row(store, liked)["reward"]) == ("ready", 1.0)
+
+
 def test_next_state_without_judge_or_feedback_is_dropped_with_no_signal(store, engine, renderer):
     call_id = served_call(store, renderer, engine, NEXT_USER)
     drain(pipe(store, engine, renderer, None))

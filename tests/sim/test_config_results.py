@@ -46,6 +46,8 @@ def test_seed_is_the_daemons_seed_preset():
     assert loops.memory and loops.train_config().loop_penalty == 1.0 and loops.signal_config().train_loops
     updates = Settings(**cfg.settings_for(METHODS["default_updates"], seed=1), no_auth=True)
     assert updates.memory and updates.train_config().updates_per_batch == 4 and default.train_config().updates_per_batch == 1
+    corrections = Settings(**cfg.settings_for(METHODS["binary_corrections"], seed=1), no_auth=True)
+    assert corrections.signal_config().correction_reward == -1.0 and default.signal_config().correction_reward == 0.0
     ungated = Settings(**cfg.settings_for(METHODS["default_ungated"], seed=1), no_auth=True)
     assert ungated.memory and ungated.train_config().method == "combined"
     assert not ungated.gate.enabled and ungated.gate.guard_replies == 0
@@ -53,7 +55,7 @@ def test_seed_is_the_daemons_seed_preset():
 
 def test_method_lists():
     assert parse_methods("all") == ("none", "default", "memory", "default_evidence", "default_loops",
-                                     "default_updates", "binary", "opd",
+                                     "default_updates", "binary", "binary_corrections", "opd",
                                      "opd_token",
                                      "opd_evidence",
                                      "combined", "default_ungated", "combined_ungated", "seed")
