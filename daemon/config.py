@@ -54,6 +54,7 @@ class GateConfig(BaseModel):
     empty_rise: float = Field(default=0.15, ge=0)  # empty-reply share more than this above live's
     cut_rise: float = Field(default=0.25, ge=0)  # cut-reply share more than this above live's
     meta_rise: float = Field(default=0.15, ge=0)  # share of replies about the conversation itself
+    refusal_rise: float = Field(default=0.15, ge=0)  # share of replies that decline the task
     # preference replay
     held_out_share: float = Field(default=0.2, ge=0, lt=1)  # of rated calls, never trained on
     replay_calls: int = Field(default=32, ge=0)  # newest held-out calls replayed per candidate

@@ -9,10 +9,11 @@ nothing routed to it. The gate then decides, in this order (docs/gate.md has eve
 2. capability retention: the probe set (probes.py) answered greedily; the candidate's score may
    not fall more than `retention_margin` points (of 100) below the base model's.
 3. collapse detectors on the same probe replies, and on greedy replies to the person's own
-   newest held-out requests (their prompts as served, preference notes included), each against
-   the live version's replies to the same prompts. Repetition, the same reply everywhere, empty
-   replies and replies about the conversation are also held to the base model's replies, so
-   that small rises which each pass against live cannot add up over versions.
+   newest requests (held-out calls first; their prompts as served, preference notes included),
+   each against the live version's replies to the same prompts. Repetition, the same reply
+   everywhere, empty replies, replies about the conversation and replies that decline the task
+   are also held to the base model's replies, so that small rises which each pass against live
+   cannot add up over versions.
 4. preference replay on held-out rated calls (never trained on): the mean per-token logprob
    margin of liked over disliked replies, and the distance to the corrected (hinted) behaviour,
    candidate against live; stored token ids are scored, nothing is generated.
@@ -82,7 +83,7 @@ def health_reasons(metrics: dict[str, Any], history: list[dict[str, float]], cfg
 
 # What a person never wants more of, whatever they asked for: also held to the base model, so
 # that small rises that each pass against the live version cannot add up over versions.
-NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "meta_rate")
+NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "meta_rate", "refusal_rate")
 # What the person's own requests are not held to: what they ask for often changes how long their
 # replies are ("answer in under 20 words"); runaway and empty replies are still caught there by
 # the cut-off and empty detectors.
@@ -112,7 +113,8 @@ def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateCo
     if check("median_tokens") and abs(a - b) >= cfg.length_min_change and (a > cfg.length_ratio * b or a * cfg.length_ratio < b):
         out.append(f"collapse: reply length {a:.0f} vs {b:.0f} tokens on {live_name}")
     for key, limit, what in (("empty_rate", cfg.empty_rise, "empty replies"), ("cut_rate", cfg.cut_rise, "cut-off replies"),
-                             ("meta_rate", cfg.meta_rise, "replies about the conversation")):
+                             ("meta_rate", cfg.meta_rise, "replies about the conversation"),
+                             ("refusal_rate", cfg.refusal_rise, "replies that decline the task")):
         if check(key) and cand[key] > live[key] + limit:
             out.append(f"collapse: {what} {cand[key]:.0%} vs {live[key]:.0%} on {live_name}")
     return [r.replace("collapse:", f"collapse ({on}):", 1) for r in out] if on else out
@@ -262,19 +264,35 @@ class CandidateGate:
         return await self._greedy(prompt_ids, self.cfg.probe_max_tokens, version)
 
     async def _own_requests(self, held_out: list[dict[str, Any]], cand: str, live: str | None) -> dict[str, Any] | None:
-        """Collapse stats of candidate and live answering the newest held-out calls' prompts (None:
-        fewer than 2 such calls). Not cached: the held-out set grows between reviews."""
-        if not self.cfg.replay_generate:
+        """Collapse stats of candidate and live answering the person's newest requests (None: fewer
+        than 2 of them): held-out calls' prompts first, then the newest other main calls'. Not
+        cached: the set moves on between reviews."""
+        n = self.cfg.replay_generate
+        if not n:
             return None
-        items = held_out[: self.cfg.replay_generate]
-        if len(items) < 2:
+        prompts = [i["prompt_ids"] for i in held_out[:n]]
+        if len(prompts) < n:
+            prompts += await asyncio.to_thread(self._recent_prompts, n - len(prompts), {i["call_id"] for i in held_out})
+        if len(prompts) < 2:
             return None
-        out: dict[str, Any] = {"calls": len(items)}
+        out: dict[str, Any] = {"calls": len(prompts)}
         for name, version in (("candidate", cand), ("live", live), ("base", None))[: 2 if live is None else 3]:
-            gens = await asyncio.gather(*(self._greedy(i["prompt_ids"], self.cfg.replay_generate_tokens, version)
-                                          for i in items))
+            gens = await asyncio.gather(*(self._greedy(p, self.cfg.replay_generate_tokens, version) for p in prompts))
             out[name] = collapse_stats(list(gens))  # no reply text: the report outlives a forget
         return out
+
+    def _recent_prompts(self, n: int, skip: set[str]) -> list[list[int]]:
+        """The prompts of the newest main calls outside `skip`, each prompt once."""
+        limit = min(self.cfg.replay_max_tokens, self.engine.info.context_length) - self.cfg.replay_generate_tokens
+        rows = self.store.read(lambda c: c.execute(
+            "SELECT call_id, prompt_ids FROM calls WHERE turn_type = 'main' ORDER BY created_at DESC LIMIT ?",
+            (len(skip) + 5 * n,)).fetchall())
+        out: list[list[int]] = []
+        for r in rows:
+            ids = blob_ids(r["prompt_ids"])
+            if r["call_id"] not in skip and ids not in out and len(ids) <= limit:
+                out.append(ids)
+        return out[:n]
 
     async def _greedy(self, prompt_ids: list[int], max_tokens: int, version: str | None) -> Generation:
         eos = self.engine.info.eos_token_ids

@@ -121,6 +121,15 @@ META_REPLY = re.compile(
     r"i understand your (frustration|concern)|you'?re (absolutely )?right)\b", re.I)
 
 
+# Replies that decline the task: "as a chatbot, I don't have the capability to…", "I'm unable to
+# assist with…". A small policy trained on corrections can drift into declining everything (the
+# simulator's "apology mode"); a person never wants more of it, whatever they asked for.
+REFUSAL_REPLY = re.compile(
+    r"\b(as an? (ai|chatbot|language model|virtual assistant)\b[^.]{0,100}?\b(can(no|')?t|not|unable|don'?t)|"
+    r"i('?m| am) (not able|unable|not equipped|not designed|not capable) to|"
+    r"i (can(no|')?t|do not|don'?t) (help|assist|provide|access|have the (capability|ability|capacity)))", re.I)
+
+
 def _words(text: str) -> list[str]:
     return re.findall(r"\w+", text.lower())
 
@@ -141,6 +150,7 @@ def collapse_stats(gens: list[Generation]) -> dict[str, float]:
     empty_rate       share of replies with no text
     cut_rate         share of replies that hit the token limit
     meta_rate        share of replies about the conversation itself (META_REPLY)
+    refusal_rate     share of replies that decline the task (REFUSAL_REPLY)
     """
     n = max(len(gens), 1)
     logprobs = [lp for g in gens for lp in g.logprobs]
@@ -156,4 +166,5 @@ def collapse_stats(gens: list[Generation]) -> dict[str, float]:
         "empty_rate": sum(not g.text.strip() for g in gens) / n,
         "cut_rate": sum(g.finish == "length" for g in gens) / n,
         "meta_rate": sum(META_REPLY.search(g.text) is not None for g in gens) / n,
+        "refusal_rate": sum(REFUSAL_REPLY.search(g.text) is not None for g in gens) / n,
     }

@@ -80,15 +80,20 @@ def make_adapter(rig, version: int, train: list[tuple[str, str]] = (), steps: in
     return str(path)
 
 
-def held_out_call(rig, prompt: str, reply: str, kind: str) -> None:
-    """A rated call in the held-out share, as the store holds it after the training loop set it aside."""
+def served_call(rig, prompt: str, reply: str, turn_type: str = "main") -> str:
+    """A call as the daemon stores it after serving it; returns its id."""
     ids = prompt_ids(rig["renderer"], prompt)
     response = rig["tok"](reply, add_special_tokens=False)["input_ids"]
     call_id = str(uuid.uuid4())
-    store = rig["store"]
-    store.add_call(Call(call_id, "s1", None, call_id, "main", "awaiting_next_state", time.time(), time.time(), "m", None,
-                        {"messages": [{"role": "user", "content": prompt}]}, "", ids, response, [-1.0] * len(response),
-                        reply, None, "stop"))
+    rig["store"].add_call(Call(call_id, "s1", None, call_id, turn_type, "awaiting_next_state", time.time(), time.time(),
+                               "m", None, {"messages": [{"role": "user", "content": prompt}]}, "", ids, response,
+                               [-1.0] * len(response), reply, None, "stop"))
+    return call_id
+
+
+def held_out_call(rig, prompt: str, reply: str, kind: str) -> None:
+    """A rated call in the held-out share, as the store holds it after the training loop set it aside."""
+    call_id, store = served_call(rig, prompt, reply), rig["store"]
 
     async def rate() -> None:
         await store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "s1", "target": call_id},
@@ -153,3 +158,21 @@ def test_unhealthy_training_is_refused_without_evaluation(rig):
     assert not verdict.promote and "gradient norm 556" in verdict.reason
     assert "retention" not in verdict.report and "v3" not in gate._probe_cache  # no probe was run
     assert json.dumps(verdict.report)  # stored as JSON
+
+
+def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
+    """With fewer held-out calls than `replay_generate`, the collapse detectors answer the newest
+    main calls' prompts as well: each prompt once, never a side call's."""
+    gate, store = rig["gate"], rig["store"]
+    for prompt in ("How many legs does a spider have?", "How many legs does a spider have?", "What is 3 + 4?"):
+        served_call(rig, prompt, "Eight.")
+    served_call(rig, "Give this chat a title.", "Spiders", turn_type="side")
+    store.flush()
+    newest = gate._recent_prompts(3, set())
+    assert newest[:2] == [prompt_ids(rig["renderer"], "What is 3 + 4?"),
+                          prompt_ids(rig["renderer"], "How many legs does a spider have?")]
+    assert prompt_ids(rig["renderer"], "Give this chat a title.") not in newest and len(newest) == 3
+    held_out = gate._held_out_calls()[:1]
+    own = asyncio.run(gate._own_requests(held_out, "v3", None))
+    assert own is not None and own["calls"] == 4 and set(own) == {"calls", "candidate", "live"}
+    assert "refusal_rate" in own["candidate"]

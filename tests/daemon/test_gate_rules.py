@@ -10,7 +10,7 @@ import pytest
 from clawback.daemon.config import GateConfig, Settings
 from clawback.daemon.gate import NOT_ON_OWN_REQUESTS, against_live_and_base, collapse_reasons, health_reasons, held_out
 from clawback.daemon.guard import fisher_greater
-from clawback.daemon.probes import Generation, collapse_stats, load_probes, passes
+from clawback.daemon.probes import REFUSAL_REPLY, Generation, collapse_stats, load_probes, passes
 
 
 def test_the_probe_set_covers_every_kind_and_each_check_can_pass_and_fail():
@@ -59,6 +59,32 @@ def test_collapse_detectors_fire_for_the_right_reason():
     assert [r for r in collapse_reasons(meta, live, cfg, "v1") if "about the conversation" in r]
     long = collapse_stats([gen(g.text + " and so on", n=60) for g in VARIED])
     assert any("reply length 60 vs 10" in r for r in collapse_reasons(long, live, cfg, "v1"))
+
+
+def test_replies_that_decline_the_task_are_refused_against_live_and_base():
+    """The drift seen in the simulator: answers turn into "as a chatbot, I don't have the
+    capability to…". Ordinary answers that mention what they cannot know do not count."""
+    cfg = GateConfig()
+    declining = [gen(t) for t in (
+        "I'm sorry for the misunderstanding, but as a chatbot designed to assist with homework, I don't have the "
+        "capability to assist with homework.",
+        "As an AI, I'm not able to browse the internet.", "I'm unable to assist with your homework.",
+        "I cannot help with that request.", "I am not equipped to provide data about real-world scenarios.")]
+    assert all(REFUSAL_REPLY.search(g.text) for g in declining)
+    fine = ["The train covers 120 km, so it can't be late.", "I can help: 3 + 4 = 7.",
+            "Without the price we do not know the total.", "As a result, 6 apples are left."]
+    assert not any(REFUSAL_REPLY.search(t) for t in fine)
+    answers = VARIED + VARIED
+
+    def declines(n: int) -> dict[str, float]:
+        return collapse_stats(declining[1:1 + n] + answers[n:])
+
+    base, live, cand = declines(0), declines(2), declines(3)
+    assert cand["refusal_rate"] == 0.3 and base["refusal_rate"] == 0.0
+    assert collapse_reasons(cand, base, cfg, "v1") == ["collapse: replies that decline the task 30% vs 0% on v1"]
+    assert collapse_reasons(cand, live, cfg, "v2") == []  # 30% vs 20%: within refusal_rise of live
+    assert against_live_and_base(cand, live, base, cfg, "v2") == [
+        "collapse: replies that decline the task 30% vs 0% on base"]
 
 
 def test_a_length_the_person_asked_for_is_no_collapse_on_their_own_requests():
