@@ -257,10 +257,13 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
 
 
 def _versions(adapters: list[dict[str, Any]]) -> dict[str, Any]:
-    """Which trained versions went live and which the gate (or the live guard) refused, and why."""
+    """Which trained versions went live and which the gate (or the live guard) refused, and why;
+    and what the gate measured on each (its report, less the probe reply texts)."""
     return {"promoted": [a["version"] for a in adapters if a["live_at"] is not None],
             "refused": {str(a["version"]): a["reason"] for a in adapters if a["state"] == "refused"},
-            "gate_seconds": [a["gate"]["seconds"] for a in adapters if "seconds" in a["gate"]]}
+            "gate_seconds": [a["gate"]["seconds"] for a in adapters if "seconds" in a["gate"]],
+            "gate": {str(a["version"]): {k: v for k, v in a["gate"].items() if k != "newly_failed"}
+                     for a in adapters if a["gate"]}}
 
 
 def _tally(items) -> dict[str, int]:

@@ -75,6 +75,8 @@ def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(ending_mod
     # each version was decided: it went live (and may have been rolled back later: then also refused) or was refused
     assert set(versions["promoted"]) | {int(v) for v in versions["refused"]} == set(committed)
     assert all(versions["refused"].values()) and len(versions["gate_seconds"]) == len(committed)
+    assert {int(v) for v in versions["gate"]} == set(committed)  # what the gate measured on each
+    assert all("health" in r and "seconds" in r for r in versions["gate"].values())
     rated = 4 - cell["reactions"].get("moved_on", 0)
     assert cell["samples"].get("consumed", 0) == len(committed)  # batch 1: a step per trained sample
     assert len(committed) + cell["samples"]["dropped"].get("held_out", 0) <= rated
