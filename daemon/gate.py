@@ -272,7 +272,8 @@ class CandidateGate:
             return None
         prompts = [i["prompt_ids"] for i in held_out[:n]]
         if len(prompts) < n:
-            prompts += await asyncio.to_thread(self._recent_prompts, n - len(prompts), {i["call_id"] for i in held_out})
+            skip = {i["call_id"] for i in held_out}
+            prompts += await asyncio.to_thread(self._recent_prompts, n - len(prompts), skip, prompts)
         if len(prompts) < 2:
             return None
         out: dict[str, Any] = {"calls": len(prompts)}
@@ -281,8 +282,8 @@ class CandidateGate:
             out[name] = collapse_stats(list(gens))  # no reply text: the report outlives a forget
         return out
 
-    def _recent_prompts(self, n: int, skip: set[str]) -> list[list[int]]:
-        """The prompts of the newest main calls outside `skip`, each prompt once."""
+    def _recent_prompts(self, n: int, skip: set[str], seen: list[list[int]]) -> list[list[int]]:
+        """The prompts of the newest main calls outside `skip`, each prompt once and none in `seen`."""
         limit = min(self.cfg.replay_max_tokens, self.engine.info.context_length) - self.cfg.replay_generate_tokens
         rows = self.store.read(lambda c: c.execute(
             "SELECT call_id, prompt_ids FROM calls WHERE turn_type = 'main' ORDER BY created_at DESC LIMIT ?",
@@ -290,7 +291,7 @@ class CandidateGate:
         out: list[list[int]] = []
         for r in rows:
             ids = blob_ids(r["prompt_ids"])
-            if r["call_id"] not in skip and ids not in out and len(ids) <= limit:
+            if r["call_id"] not in skip and ids not in out and ids not in seen and len(ids) <= limit:
                 out.append(ids)
         return out[:n]
 

@@ -168,10 +168,11 @@ def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
         served_call(rig, prompt, "Eight.")
     served_call(rig, "Give this chat a title.", "Spiders", turn_type="side")
     store.flush()
-    newest = gate._recent_prompts(3, set())
-    assert newest[:2] == [prompt_ids(rig["renderer"], "What is 3 + 4?"),
-                          prompt_ids(rig["renderer"], "How many legs does a spider have?")]
+    spider, sum_ = prompt_ids(rig["renderer"], "How many legs does a spider have?"), prompt_ids(rig["renderer"], "What is 3 + 4?")
+    newest = gate._recent_prompts(3, set(), [])
+    assert newest[:2] == [sum_, spider]  # newest first, each prompt once
     assert prompt_ids(rig["renderer"], "Give this chat a title.") not in newest and len(newest) == 3
+    assert spider not in gate._recent_prompts(3, set(), [spider])  # a prompt already chosen is not taken again
     held_out = gate._held_out_calls()[:1]
     own = asyncio.run(gate._own_requests(held_out, "v3", None))
     assert own is not None and own["calls"] == 4 and set(own) == {"calls", "candidate", "live"}
