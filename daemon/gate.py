@@ -57,9 +57,12 @@ class Verdict:
         return "; ".join(self.reasons)
 
 
-def held_out(call_id: str, share: float) -> bool:
-    """A fixed share of calls, chosen by a hash of the id (stable across restarts)."""
-    return int(hashlib.sha256(call_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
+def held_out(prompt_ids: list[int], response_ids: list[int], share: float) -> bool:
+    """A fixed share of calls, chosen by a hash of their tokens, prompt and reply: stable across
+    restarts, and the same conversation replayed with the same sampling seeds holds out the same
+    calls, so two runs of it differ only where their replies do."""
+    key = ",".join(map(str, prompt_ids)) + "|" + ",".join(map(str, response_ids))
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
 
 
 def health_reasons(metrics: dict[str, Any], history: list[dict[str, float]], cfg: GateConfig) -> list[str]:
@@ -166,7 +169,7 @@ class CandidateGate:
     def holds_out(self, sample: ReadySample) -> bool:
         """Rated calls (👍/👎 or a correction) in the held-out share are never trained on."""
         rated = sample.reward_source == "explicit" or sample.correction is not None
-        return rated and held_out(sample.call_id, self.cfg.held_out_share)
+        return rated and held_out(sample.prompt_ids, sample.response_ids, self.cfg.held_out_share)
 
     async def review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
         """Decide whether `v{version}` (loaded, not active) may replace `live` (None = base)."""
@@ -265,7 +268,7 @@ class CandidateGate:
 
     async def _own_requests(self, held_out: list[dict[str, Any]], cand: str, live: str | None) -> dict[str, Any] | None:
         """Collapse stats of candidate and live answering the person's newest requests (None: fewer
-        than 2 of them): held-out calls' prompts first, then the newest other main calls'. Not
+        than 2 of them): held-out calls' prompts first, then the newest other rated or answered main calls'. Not
         cached: the set moves on between reviews."""
         n = self.cfg.replay_generate
         if not n:
@@ -283,10 +286,13 @@ class CandidateGate:
         return out
 
     def _recent_prompts(self, n: int, skip: set[str], seen: list[list[int]]) -> list[list[int]]:
-        """The prompts of the newest main calls outside `skip`, each prompt once and none in `seen`."""
+        """The prompts of the newest main calls with a sample (a next state or a rating reached them:
+        the person's conversation, not a one-off call such as an evaluation) outside `skip`, each
+        prompt once and none in `seen`."""
         limit = min(self.cfg.replay_max_tokens, self.engine.info.context_length) - self.cfg.replay_generate_tokens
         rows = self.store.read(lambda c: c.execute(
-            "SELECT call_id, prompt_ids FROM calls WHERE turn_type = 'main' ORDER BY created_at DESC LIMIT ?",
+            "SELECT c.call_id, c.prompt_ids FROM calls c JOIN samples s USING (call_id) WHERE c.turn_type = 'main' "
+            "ORDER BY c.created_at DESC LIMIT ?",
             (len(skip) + 5 * n,)).fetchall())
         out: list[list[int]] = []
         for r in rows:

@@ -91,17 +91,19 @@ def served_call(rig, prompt: str, reply: str, turn_type: str = "main") -> str:
     return call_id
 
 
+def rated_call(rig, prompt: str, reply: str, kind: str = "thumbs_up") -> str:
+    """A served call the person rated: it has a sample, waiting for the judge."""
+    call_id = served_call(rig, prompt, reply)
+    asyncio.run(rig["store"].apply_feedback(
+        {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "s1", "target": call_id}, time.time()))
+    return call_id
+
+
 def held_out_call(rig, prompt: str, reply: str, kind: str) -> None:
     """A rated call in the held-out share, as the store holds it after the training loop set it aside."""
-    call_id, store = served_call(rig, prompt, reply), rig["store"]
-
-    async def rate() -> None:
-        await store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "s1", "target": call_id},
-                                   time.time())
-        await store.write_sample(JudgedSample(call_id, 0, "dropped", reason="held_out", reward_source="explicit",
-                                              reward=1.0 if kind == "thumbs_up" else -1.0))
-
-    asyncio.run(rate())
+    call_id = rated_call(rig, prompt, reply, kind)
+    asyncio.run(rig["store"].write_sample(JudgedSample(call_id, 0, "dropped", reason="held_out", reward_source="explicit",
+                                                       reward=1.0 if kind == "thumbs_up" else -1.0)))
 
 
 def review(rig, version: int, metrics: dict | None = None):
@@ -162,16 +164,19 @@ def test_unhealthy_training_is_refused_without_evaluation(rig):
 
 def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
     """With fewer held-out calls than `replay_generate`, the collapse detectors answer the newest
-    main calls' prompts as well: each prompt once, never a side call's."""
+    main calls' prompts as well: each prompt once, only calls with a sample (never a side call's,
+    nor a one-off call that nothing followed, such as an evaluation)."""
     gate, store = rig["gate"], rig["store"]
-    for prompt in ("How many legs does a spider have?", "How many legs does a spider have?", "What is 3 + 4?"):
-        served_call(rig, prompt, "Eight.")
+    for prompt in ("What is 5 + 5?", "How many legs does a spider have?", "How many legs does a spider have?",
+                   "What is 3 + 4?"):
+        rated_call(rig, prompt, "Eight.")
     served_call(rig, "Give this chat a title.", "Spiders", turn_type="side")
+    served_call(rig, "What is the capital of Chile?", "Santiago.")  # newest, but no sample
     store.flush()
     spider, sum_ = prompt_ids(rig["renderer"], "How many legs does a spider have?"), prompt_ids(rig["renderer"], "What is 3 + 4?")
     newest = gate._recent_prompts(3, set(), [])
-    assert newest[:2] == [sum_, spider]  # newest first, each prompt once
-    assert prompt_ids(rig["renderer"], "Give this chat a title.") not in newest and len(newest) == 3
+    assert newest == [sum_, spider, prompt_ids(rig["renderer"], "What is 5 + 5?")]  # newest first, each prompt once
+    # not the side call's title request, nor the newest main call, which nothing followed
     assert spider not in gate._recent_prompts(3, set(), [spider])  # a prompt already chosen is not taken again
     held_out = gate._held_out_calls()[:1]
     own = asyncio.run(gate._own_requests(held_out, "v3", None))

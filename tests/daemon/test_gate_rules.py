@@ -131,11 +131,13 @@ def test_training_health():
 
 
 def test_held_out_share_is_stable_and_near_the_setting():
-    ids = [f"call-{i}" for i in range(2000)]
-    share = sum(held_out(i, 0.2) for i in ids) / len(ids)
+    calls = [([1, 2, i % 40], [i // 40, 7]) for i in range(2000)]
+    share = sum(held_out(p, r, 0.2) for p, r in calls) / len(calls)
     assert 0.17 < share < 0.23
-    assert [held_out(i, 0.2) for i in ids[:50]] == [held_out(i, 0.2) for i in ids[:50]]
-    assert not any(held_out(i, 0.0) for i in ids)
+    assert [held_out(p, r, 0.2) for p, r in calls[:50]] == [held_out(list(p), list(r), 0.2) for p, r in calls[:50]]
+    assert not any(held_out(p, r, 0.0) for p, r in calls)
+    # The same prompt with another reply is chosen afresh: a recurring request still trains.
+    assert len({held_out([5, 5], [i], 0.5) for i in range(20)}) == 2
 
 
 def test_fisher_one_sided_exact_test():
@@ -161,7 +163,7 @@ def test_only_rated_calls_are_held_out():
     gate = CandidateGate(None, None, None, GateConfig(held_out_share=0.5))  # type: ignore[arg-type]
 
     def sample(i: int, source: str, correction: str | None = None) -> ReadySample:
-        return ReadySample(f"call-{i}", 1.0, None, [1], [2], [-1.0], None, reward_source=source, correction=correction)
+        return ReadySample(f"call-{i}", 1.0, None, [1, i], [2], [-1.0], None, reward_source=source, correction=correction)
 
     rated = [gate.holds_out(sample(i, "explicit")) for i in range(200)]
     assert 70 < sum(rated) < 130
