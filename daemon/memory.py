@@ -15,7 +15,9 @@ When `memory` is on, main calls get the notes appended to their last user messag
 `memory_placement = "system"`, to their system prompt; `inject`), and the request is stored as
 served, so training and the teacher see exactly what the policy saw. The user message is the
 default because a small model follows a request there far more often than in the system prompt
-(bench/README.md, "In-context following").
+(bench/README.md, "In-context following"). The notes go least recently confirmed first, so what
+the person asked for last sits nearest their message, where a small model follows it (the same
+notes in the other order broke 12 of 16 greedy replies against 4: "The order of the notes").
 
 Training consolidates notes into the weights: after a version goes live, retirement.py checks
 each note against it and retires the ones it already follows without being told.

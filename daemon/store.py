@@ -534,8 +534,8 @@ class Store:
 
     def _remember(self, text: str, source: str, call_id: str | None, now: float) -> None:
         notes, skipped = memory.notes_from(text)
-        for note in notes:
-            self._put_note(note, source, call_id, now)
+        for i, note in enumerate(notes):  # a microsecond apart: the notes keep the person's sentence order
+            self._put_note(note, source, call_id, now + i * 1e-6)
         if skipped:  # content-free: the event table outlives a forget
             self._event("memory.skipped", call_id, {"source": source, "sentences": skipped, "reason": "not a request"})
         # Bounded: the least recently confirmed notes go first.
@@ -604,9 +604,9 @@ class Store:
         return n
 
     async def note_texts(self, live: int | None) -> list[str]:
-        """The texts of the preference notes active under version `live`, oldest first: read off the
-        event loop once, then kept until a commit may have changed them or another version serves
-        (every main call gets them; most find them unchanged)."""
+        """The texts of the preference notes active under version `live`, in `memory_notes` order:
+        read off the event loop once, then kept until a commit may have changed them or another
+        version serves (every main call gets them; most find them unchanged)."""
         version, cached = self._notes_version, self._note_texts
         if cached is not None and cached[:2] == (version, live):
             return cached[2]
@@ -615,7 +615,8 @@ class Store:
         return texts
 
     def memory_notes(self, live: int | None = None) -> list[dict[str, Any]]:
-        """The person's preference notes, oldest first (the order they are injected in), each with
+        """The person's preference notes, least recently confirmed first (the order they are injected
+        in: what the person asked for last sits nearest their message), each with
         `active`: whether main calls served by version `live` (None = the base model) get it. A
         retired note is inactive while `live` is the version that retired it or descends from it
         (the adapters' parent links); a rollback to anything else brings it back."""
@@ -624,7 +625,7 @@ class Store:
             "SELECT a.parent FROM adapters a JOIN lineage l ON a.version = l.version WHERE a.parent IS NOT NULL) "
             f"SELECT {', '.join(MEMORY_NOTE_COLUMNS)}, "
             "(retired_by IS NULL OR retired_by NOT IN (SELECT version FROM lineage)) AS active "
-            "FROM memory_notes ORDER BY created_at, note_id", (live, live))])
+            "FROM memory_notes ORDER BY updated_at, note_id", (live, live))])
 
     def _session_known(self, session_id: str) -> bool:
         return self._conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is not None

@@ -114,8 +114,29 @@ def test_store_dedupes_replaces_on_conflict_and_stays_bounded(tmp_path: Path):
         first = store.memory_notes()[0]["note_id"]
         assert asyncio.run(store.edit_note(first, "  Keep   it brief. "))
         assert asyncio.run(store.forget_notes(999)) == 0
-        assert store.memory_notes()[0]["text"] == "Keep it brief." and store.memory_notes()[0]["source"] == "edit"
+        edited = store.memory_notes()[-1]  # what the person said last sits nearest their message
+        assert (edited["note_id"], edited["text"], edited["source"]) == (first, "Keep it brief.", "edit")
         assert asyncio.run(store.forget_notes()) == 3 and store.memory_notes() == []
+    finally:
+        store.close()
+
+
+def test_notes_are_injected_least_recently_confirmed_first_in_the_persons_sentence_order(tmp_path: Path):
+    """The note nearest the person's message is the one a small model follows (bench/README.md,
+    "The order of the notes"): what they asked for last goes there, and the notes of one
+    correction keep the order they were written in."""
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        _feedback(store, "correction", "Hmm. Please answer in under 20 words and give the number you get.")
+        _feedback(store, "correction", "Hmm. Just answer, don't talk about my feedback. Please answer in under 20 "
+                                       "words and give the number you get.")
+        brief = "Please answer in under 20 words and give the number you get."
+        assert [n["text"] for n in store.memory_notes()] == ["Just answer, don't talk about my feedback.", brief]
+        _feedback(store, "correction", "Don't repeat yourself.")
+        _feedback(store, "correction", "Hmm. Please answer in under 20 words.")  # confirms the brief note
+        assert [n["text"] for n in store.memory_notes()] == [
+            "Just answer, don't talk about my feedback.", "Don't repeat yourself.", brief]
+        assert asyncio.run(store.note_texts(None)) == [n["text"] for n in store.memory_notes()]
     finally:
         store.close()
 
