@@ -176,10 +176,12 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     # Memory notes: edit one, forget the other (the store calls of `clawback memory edit|forget`).
     notes = page.locator("#memory tr[data-note]")
     expect(notes).to_have_count(2)
-    notes.first.locator("input[name=text]").fill("Answer in two sentences.")
-    notes.first.locator("button:has-text('Save')").click()
-    expect(notes.first.locator("input[name=text]")).to_have_value("Answer in two sentences.")
-    notes.nth(1).locator("button:has-text('Forget')").click()
+    edited, other = (page.locator(f"#memory tr[data-note='{notes.nth(i).get_attribute('data-note')}']") for i in (0, 1))
+    edited.locator("input[name=text]").fill("Answer in two sentences.")
+    edited.locator("button:has-text('Save')").click()
+    expect(notes.last.locator("input[name=text]")).to_have_value("Answer in two sentences.")  # said last: nearest
+    expect(edited.locator("input[name=text]")).to_have_value("Answer in two sentences.")
+    other.locator("button:has-text('Forget')").click()
     expect(notes).to_have_count(1)
     assert [n["text"] for n in c.get("/v1/memory").json()["data"]] == ["Answer in two sentences."]
 
