@@ -19,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from clawback.chat import ChatRenderer, ChatRequest
+from in_context_following import reply
+
+from clawback.chat import ChatRenderer
 from clawback.daemon import memory
 from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.engine import Sampling
 from clawback.sim.scenarios import BRIEF, SURE, Rating
 
 META = "Just answer, don't talk about my feedback."
@@ -30,15 +31,6 @@ REPEAT = "Don't repeat yourself."
 # Note lists as cells end with them; "pref" is the scenario's own note.
 ORDERS = {"untold": [], "pref": ["pref"], "meta, pref": [META, "pref"], "pref, meta": ["pref", META],
           "repeat, pref, meta": [REPEAT, "pref", META], "meta, repeat, pref": [META, REPEAT, "pref"]}
-
-
-async def reply(engine, renderer, messages, max_tokens: int) -> tuple[str, bool]:
-    """The greedy reply and whether it finished (False: cut by the budget)."""
-    _, ids = renderer.render(ChatRequest.model_validate({"model": "m", "messages": messages}))
-    stops = engine.info.eos_token_ids
-    sampling = Sampling(temperature=0.0, max_tokens=max_tokens, stop_token_ids=stops)
-    out = [t.id async for t in engine.generate(ids, sampling)]
-    return renderer.tokenizer.decode(out, skip_special_tokens=True), bool(out) and out[-1] in stops
 
 
 async def measure(args, done: dict) -> dict:
