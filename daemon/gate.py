@@ -268,8 +268,8 @@ class CandidateGate:
 
     async def _own_requests(self, held_out: list[dict[str, Any]], cand: str, live: str | None) -> dict[str, Any] | None:
         """Collapse stats of candidate and live answering the person's newest requests (None: fewer
-        than 2 of them): held-out calls' prompts first, then the newest other rated or answered main calls'. Not
-        cached: the set moves on between reviews."""
+        than 2 of them): held-out calls' prompts first, then those of the newest other main calls
+        with a sample. Not cached: the set moves on between reviews."""
         n = self.cfg.replay_generate
         if not n:
             return None
