@@ -116,7 +116,12 @@ _META = re.compile(
     r"\b(?:sorry|apologi[sz]e|apologies|feedback|my (?:previous|last|earlier) (?:reply|answer|response|comment)"
     r"|i(?:'ll| will) (?:make sure|keep (?:that|this) in mind|try to|do better)|you(?:'re| are) right"
     r"|thank(?:s| you) for (?:the|your) (?:feedback|correction|hint|note|reminder)"
-    r"|glad you(?:'re| are) happy|as you (?:asked|requested)|hint)\b", re.IGNORECASE)
+    r"|glad you(?:'re| are) happy|as you (?:asked|requested)|hint"
+    # a promise about the reply's form ("I'll just add the numbers to the end of the sentence.",
+    # "I'll make it more concise:") or an acknowledgement ("I'll do that for you.")
+    r"|i(?:'ll| will) (?:just |now |also )?(?:add|write|keep|start|use|include|put|make|give|provide|respond|reply)"
+    r"\b[^.!?\n:\d]{0,40}\b(?:sentences?|repl(?:y|ies)|responses?|simple|short|brief|clear|concise|plain)"
+    r"|i(?:'ll| will) do (?:that|this|so))\b", re.IGNORECASE)
 
 
 def talks_about_feedback(text: str) -> bool:
@@ -150,10 +155,6 @@ def repeats_a_sentence(text: str) -> bool:
     return False
 
 
-def has_digit(text: str) -> bool:
-    return bool(re.search(r"\d", text))
-
-
 def mentions_a_number_of(text: str, task: Task) -> bool:
     """Refers to one of the task's numbers (as a whole number, not inside another)."""
     return any(re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", text) for n in task.numbers)
@@ -171,8 +172,17 @@ def _student_task(p) -> Task:
     return Task(f"Can you help me with my homework? {p.question}", (p.answer,), p.unit)
 
 
-# Guards the other checks against an empty or evasive reply scoring full marks.
-SHOWS_WORK = Check("shows_work", lambda r, t: len(words(r)) >= 12 and has_digit(r),
+def works_something_out(text: str, task: Task) -> bool:
+    """Names the task's answer, or another number that is neither in the question nor a piece of
+    one of its numbers: a result, right or wrong, not an echo ("14" cut from "140" is an echo)."""
+    given = set(re.findall(r"\d+", task.prompt))
+    return mentions_a_number_of(text, task) or any(
+        not any(n in g for g in given) for n in re.findall(r"\d+", text))
+
+
+# Guards the other checks against an empty or evasive reply scoring full marks: some work, and a
+# number it worked out ("So, 11 hens lay 11 eggs." only repeats the question's numbers).
+SHOWS_WORK = Check("shows_work", lambda r, t: len(words(r)) >= 12 and works_something_out(r, t),
                    "write the work out in plain sentences with the numbers")
 
 STUDENT_CHECKS = (
@@ -246,12 +256,6 @@ SURE = Scenario(
     "sure", "homework help that opens with 'Sure!' and shows the work",
     _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], SHOWS_WORK), "Hmm.",
     good_opener=lambda tok: tok.strip().lower().startswith("sure"))
-
-def works_something_out(text: str, task: Task) -> bool:
-    """Names a number that is not in the question: a result, right or wrong, not an echo."""
-    given = set(re.findall(r"\d+", task.prompt))
-    return any(n not in given for n in re.findall(r"\d+", text))
-
 
 # The fourth takes the next best (bench/README.md, "In-context following": 0.00 untold, 0.75 told
 # with the hint in the user message). A short reply must still work something out: "Sure, I can

@@ -63,6 +63,10 @@ def test_talking_about_the_feedback_fails_every_check(reply):
     ("Sure!\nSure!\nA box holds 24 pencils, so 7 boxes hold 24 * 7 = 168 pencils in all of them.", "repeat"),
     ("Sure! 7 boxes of 24 pencils. So 7 * 24 = 168 pencils.\n\nSure! 7 boxes of 24 pencils.", "repeat"),
     ("Sure! I will write the work out in plain sentences with the numbers. 7 * 24 = 168 pencils.", "meta"),
+    ("Sure! I'll just add the numbers to the end of the sentence. Mia has 12 - 5 + 8 = 15 apples.", "meta"),
+    ("Sure! I'll make it more concise: Mia has 12 - 5 + 8 = 15 apples now, after all of it.", "meta"),
+    ("Sure! I'll do that for you. Mia has 12 - 5 + 8 = 15 apples now, after all of it.", "meta"),
+    ("Sure! I'll add them up: 12 - 5 = 7 and 7 + 8 = 15, so Mia has 15 apples in the end.", None),
     ("Sure! The box costs 2.50 and the pens 3.50, so 7 boxes hold 24 * 7 = 168 pencils in all.", None),
 ])
 def test_a_stutter_or_an_echo_of_the_request_fails_every_check(reply, gate):
@@ -115,6 +119,8 @@ def test_sure_scenario():
     assert sure.rate("Sure! 12 - 5 = 7 and 7 + 8 = 15, so Mia has 15 apples at the end of the day.", MATH).score == 1
     rating = sure.rate("Mia has 12 - 5 + 8 = 15 apples, because she gave some away and then bought more.", MATH)
     assert rating.score == 0.5 and sure.correction(rating) == "Hmm. Please start your reply with 'Sure!'."
+    echo = sure.rate("Sure! Mia has 12 apples, she gives 5 of them away and then she buys 8 more apples.", MATH)
+    assert [c.name for c in echo.failed] == ["shows_work"]  # only the question's numbers: no work
 
 
 def test_brief_scenario_wants_a_short_reply_that_still_gives_the_result():
@@ -126,4 +132,7 @@ def test_brief_scenario_wants_a_short_reply_that_still_gives_the_result():
     empty_promise = brief.rate("Sure, I can help you with that!", MATH)
     assert brief.correction(empty_promise) == "Hmm. Please give the number you get."
     assert not brief.rate("Mia has 12 apples and buys 8.", MATH).meets  # the question's numbers, echoed
+    assert not brief.rate("The answer is 1.", MATH).meets  # a piece of "12": an echo, not a result
+    assert brief.rate("The answer is 16.", MATH).meets  # wrong, but worked out
+    assert brief.rate("Mia has 5 left... no: 15.", MATH).meets  # the answer counts even beside an echo
     assert not brief.rate("I'll make sure to keep it short: 15.", MATH).meets  # talks about the feedback
