@@ -179,6 +179,9 @@ class ChatRequest(BaseModel):
     turn_id: str | None = Field(None, max_length=256)
     request_id: str | None = Field(None, max_length=256)
     session_done: bool | str | None = None
+    # The preference notes the daemon appended to the messages (daemon/memory.py), kept with the
+    # stored request so they can be taken out again; a client's own value is dropped.
+    memory_notes: list[str] | None = None
 
     @field_validator("stop")
     @classmethod

@@ -608,12 +608,13 @@ async def _render(state: AppState, request: Request, req: ChatRequest, meta: Cal
                   adapter: str | None) -> tuple[ChatRequest, str, list[int]]:
     """The request as served to `adapter` (main calls get the person's preference notes that are
     active for it, in the message `memory_placement` names; the request is stored as served) and its prompt."""
-    served = req
+    served = req if req.memory_notes is None else req.model_copy(update={"memory_notes": None})
     if meta.turn_type == "main" and state.settings.memory:
         notes = await state.store.note_texts(parse_version(adapter))
         if notes:
-            body = req.model_dump(exclude_none=True)
-            served = ChatRequest.model_validate({**body, "messages": inject(body["messages"], notes, state.settings.memory_placement)})
+            body = served.model_dump(exclude_none=True)
+            served = ChatRequest.model_validate({**body, "memory_notes": notes, "messages": inject(
+                body["messages"], notes, state.settings.memory_placement)})
     try:
         length = request.headers.get("content-length", "")  # absent when chunked: render off the loop
         if length.isdigit() and len(length) <= 6 and int(length) < INLINE_RENDER_BYTES:

@@ -184,7 +184,8 @@ class Capture:
             s.awaiting_reply = _served_signature(call["response_text"], json.loads(call["tool_calls_json"] or "null"))
             # Stored as served: without the injected notes it is what the client sent (and resends).
             request = json.loads(call["request_json"])
-            s.awaiting_digest = messages_digest([Message.model_validate(m) for m in strip(request["messages"])])
+            sent = strip(request["messages"], request.get("memory_notes"))
+            s.awaiting_digest = messages_digest([Message.model_validate(m) for m in sent])
         return s
 
     async def begin(self, meta: CallMeta, req: ChatRequest, call_id: str) -> None:

@@ -12,12 +12,16 @@ words only refreshes that one (store.py `_put_note`). At most
 `memory_max_notes` are kept: the least recently confirmed goes first.
 
 When `memory` is on, main calls get the notes appended to their last user message (or, with
-`memory_placement = "system"`, to their system prompt; `inject`), and the request is stored as
-served, so training and the teacher see exactly what the policy saw. The user message is the
-default because a small model follows a request there far more often than in the system prompt
-(bench/README.md, "In-context following"). The notes go least recently confirmed first, so what
-the person asked for last sits nearest their message, where a small model follows it (the same
-notes in the other order broke 12 of 16 greedy replies against 4: "The order of the notes").
+`memory_placement = "system"`, to their system prompt; `inject`), one per line and in the
+person's own words, as if they had written them under their message; the request is stored as
+served, with the notes it was given as `memory_notes`, so training and the teacher see exactly
+what the policy saw. The user message is the default because a small model follows a request
+there far more often than in the system prompt (bench/README.md, "In-context following"), and
+the plain lines because under a header ("What this user has told you they want:") it opens by
+acknowledging them instead ("Sure! I'll make sure to keep it simple."; "The form of the notes").
+The notes go least recently confirmed first, so what the person asked for last sits nearest their
+message, where a small model follows it (the same notes in the other order broke 12 of 16 greedy
+replies against 4: "The order of the notes").
 
 Training consolidates notes into the weights: after a version goes live, retirement.py checks
 each note against it and retires the ones it already follows without being told.
@@ -32,7 +36,6 @@ from typing import Any
 from clawback.chat import append_text
 
 MAX_NOTE_CHARS = 300
-HEADER = "What this user has told you they want (follow it in every reply):"
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _WORD = re.compile(r"[a-z0-9']+")
@@ -100,31 +103,27 @@ def notes_from(text: str) -> tuple[list[str], int]:
 
 
 def inject(messages: list[dict[str, Any]], notes: list[str], placement: str = "user") -> list[dict[str, Any]]:
-    """The messages with the notes appended to the last message of `placement` ("user" or
-    "system"; a new system message first if there is none)."""
+    """The messages with the notes appended, one per line, to the last message of `placement`
+    ("user" or "system"; a new system message first if there is none)."""
     if not notes:
         return messages
-    return append_text(messages, placement, HEADER + "\n" + "\n".join(f"- {n}" for n in notes))
+    return append_text(messages, placement, "\n".join(notes))
 
 
-def strip(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages without an injected notes block (what `inject` was given): the block is cut
-    from the last user or system message that holds it, and a message that held nothing else is
-    dropped."""
+def strip(messages: list[dict[str, Any]], notes: list[str] | None) -> list[dict[str, Any]]:
+    """The messages without the notes `inject` appended (`notes` as it was given them; a request
+    keeps them as `memory_notes`): they are cut from the last user message, or else the last
+    system message, that ends with them, and a message that held nothing else is dropped."""
     out = copy.deepcopy(messages)
-    at = max((i for i, m in enumerate(out) if m.get("role") in ("user", "system") and _holds_notes(m)), default=None)
-    if at is None:
-        return out
-    m = out[at]
-    if isinstance(m.get("content"), list):
-        m["content"] = [p for p in m["content"] if not str(p.get("text", "")).startswith(HEADER)]
-    else:
-        m["content"] = m["content"][: m["content"].rindex(HEADER)].removesuffix("\n\n")
-    return out if m["content"] else out[:at] + out[at + 1:]
-
-
-def _holds_notes(message: dict[str, Any]) -> bool:
-    content = message.get("content")
-    if isinstance(content, list):
-        return any(str(p.get("text", "")).startswith(HEADER) for p in content if isinstance(p, dict))
-    return HEADER in (content or "")
+    block = "\n".join(notes or [])
+    for role in ("user", "system") if block else ():
+        at = max((i for i, m in enumerate(out) if m.get("role") == role), default=-1)
+        content = out[at].get("content") if at >= 0 else None
+        if isinstance(content, list) and content and isinstance(content[-1], dict) and content[-1].get("text") == block:
+            out[at]["content"] = content[:-1]
+        elif isinstance(content, str) and (content == block or content.endswith("\n\n" + block)):
+            out[at]["content"] = content.removesuffix(block).removesuffix("\n\n")
+        else:
+            continue
+        return out if out[at]["content"] else out[:at] + out[at + 1:]
+    return out

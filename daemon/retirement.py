@@ -88,7 +88,7 @@ class NoteRetirement:
             blob_logprobs(row["teacher_logprobs"])
         if not response:
             return None
-        messages = memory.strip(body["messages"])
+        messages = memory.strip(body["messages"], body.get("memory_notes"))
         bare = await self._prompt(body, messages)
         gap_live = teacher_gap(await score_when_quiet(self.engine, self.busy, bare, response, version_name(version)),
                                teacher)

@@ -68,6 +68,12 @@ class FakeClock:
         self.t += dt
 
 
+def served(req: ChatRequest, notes: list[str] | None) -> dict[str, Any]:
+    """The stored request: what the client sent, with `notes` injected as daemon/api.py does."""
+    body = req.openai_body()
+    return {**body, "messages": inject(body["messages"], notes), "memory_notes": notes} if notes else body
+
+
 class Harness:
     """A Capture over a real Store, driven the way the API drives it: begin, then finish."""
 
@@ -98,8 +104,8 @@ class Harness:
         return meta, req, call_id
 
     def finish(self, started: tuple[CallMeta, ChatRequest, str], reply: str | None = None,
-               tool_calls: list[dict[str, Any]] | None = None, served: list[dict[str, Any]] | None = None) -> str:
-        """`served`: the messages as the engine got them (preference notes injected), stored as such."""
+               tool_calls: list[dict[str, Any]] | None = None, notes: list[str] | None = None) -> str:
+        """`notes`: preference notes injected as the daemon does; the request is stored as served."""
         meta, req, call_id = started
         response_text = raw_tool_text(*tool_calls) if tool_calls else (reply or "")
         if tool_calls and reply:
@@ -108,7 +114,7 @@ class Harness:
         rec = Call(
             call_id=call_id, session_id=meta.session_id, turn_id=meta.turn_id, request_id=meta.request_id,
             turn_type=meta.turn_type, state="served", created_at=now, finished_at=now, model="tiny",
-            adapter_version=None, request=(chat(*served) if served else req).openai_body(), prompt_text="<prompt>",
+            adapter_version=None, request=served(req, notes), prompt_text="<prompt>",
             prompt_ids=[1, 2, 3],
             response_ids=[4, 5], behaviour_logprobs=[-0.5, -0.25], response_text=response_text,
             tool_calls=tool_calls, finish_reason="tool_calls" if tool_calls else "stop",
@@ -441,7 +447,7 @@ def test_retry_of_identical_request(h: Harness) -> None:
 def test_a_retry_after_a_restart_is_a_retry_when_the_call_was_served_with_notes(h: Harness) -> None:
     """The stored request holds the injected notes; the client resends what it sent."""
     first = [user("u1")]
-    c1 = h.finish(h.begin("s", first), "r1", served=inject(first, ["Be brief."]))
+    c1 = h.finish(h.begin("s", first), "r1", notes=["Be brief."])
     h.new_capture()
     c2 = h.call("s", first, "r1 again")
     assert h.close_reason(c1) == "retried" and h.states()[c2] == "awaiting_next_state"

@@ -17,7 +17,7 @@ import pytest
 
 from clawback.chat import ChatRequest
 from clawback.daemon.cli import note_retirement
-from clawback.daemon.memory import HEADER, inject, notes_from, repeats, strip, topic
+from clawback.daemon.memory import inject, notes_from, repeats, strip, topic
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.store import Store, blob_ids
 from clawback.engine import EngineError
@@ -41,10 +41,10 @@ def test_injection_goes_into_the_last_user_message_or_the_system_prompt_and_leav
     msgs = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "sum 2 and 3"}]
     out = inject(msgs, ["Be brief.", "No bold."])  # the default: the person's latest message
-    assert out[3]["content"] == f"sum 2 and 3\n\n{HEADER}\n- Be brief.\n- No bold."
+    assert out[3]["content"] == "sum 2 and 3\n\nBe brief.\nNo bold."  # as if the person had written them
     assert out[:3] == msgs[:3] and msgs[3]["content"] == "sum 2 and 3"
     out = inject(msgs, ["Be brief.", "No bold."], "system")
-    assert out[0]["content"] == f"You are helpful.\n\n{HEADER}\n- Be brief.\n- No bold."
+    assert out[0]["content"] == "You are helpful.\n\nBe brief.\nNo bold."
     assert out[1:] == msgs[1:] and msgs[0]["content"] == "You are helpful."
     assert inject([{"role": "user", "content": "hi"}], ["Be brief."], "system")[0]["role"] == "system"
     assert inject(msgs, []) is msgs
@@ -152,10 +152,10 @@ def daemon(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotten(daemon: DaemonProcess):
     h = {"authorization": f"Bearer {daemon.api_key}"}
     with httpx.Client(base_url=daemon.url, headers=h, timeout=120) as c:
-        def ask(session: str, turn: str = "main") -> str:
+        def ask(session: str, turn: str = "main", **extra: object) -> str:
             r = c.post("/v1/chat/completions", headers={"x-session-id": session, "x-turn-type": turn},
                        json={"model": "policy", "max_tokens": 4, "messages": [
-                           {"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]})
+                           {"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}], **extra})
             assert r.status_code == 200, r.text
             return r.json()["id"]
 
@@ -168,16 +168,19 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         assert c.get("/v1/status").json()["memory"]["notes"] == [  # what the extension's /clawback shows
             {"note_id": notes["data"][0]["note_id"], "text": "Please answer in French.", "active": True, "retired_by": None}]
 
-        main_id, side_id = ask("m2"), ask("m3", "side")
+        # A client's own `memory_notes` is not taken for the daemon's: the side call stores none.
+        main_id, side_id = ask("m2"), ask("m3", "side", memory_notes=["hi"])
         db = daemon.data_dir / "clawback.db"
         row = wait_for(lambda: query(db, "SELECT request_json, prompt_text FROM calls WHERE call_id = ?", main_id),
                        what="the main call stored")[0]
-        served = json.loads(row["request_json"])["messages"]
-        assert served == [{"role": "system", "content": "Be kind."},  # stored exactly as served
-                          {"role": "user", "content": f"hi\n\n{HEADER}\n- Please answer in French."}]
+        served = json.loads(row["request_json"])
+        assert served["messages"] == [{"role": "system", "content": "Be kind."},  # stored exactly as served
+                                      {"role": "user", "content": "hi\n\nPlease answer in French."}]
+        assert served["memory_notes"] == ["Please answer in French."]
         assert "Please answer in French." in row["prompt_text"]
         side = wait_for(lambda: query(db, "SELECT request_json FROM calls WHERE call_id = ?", side_id))[0]
         assert "French" not in side["request_json"], "side calls (titles, summaries) get no notes"
+        assert "memory_notes" not in json.loads(side["request_json"])
 
         note_id = notes["data"][0]["note_id"]
         assert c.put(f"/v1/memory/{note_id}", json={"text": "Answer in German."}).json()["data"][0]["text"] == \
@@ -186,7 +189,7 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
             row = wait_for(lambda: query(db, "SELECT request_json FROM calls WHERE call_id = ?", call_id))[0]
             return json.loads(row["request_json"])["messages"][-1]["content"]
 
-        assert served_user(ask("m4")) == f"hi\n\n{HEADER}\n- Answer in German."  # the edit, at once
+        assert served_user(ask("m4")) == "hi\n\nAnswer in German."  # the edit, at once
         assert c.put(f"/v1/memory/{note_id}", json={"text": " "}).status_code == 400
         assert c.put("/v1/memory/9999", json={"text": "x y"}).status_code == 404
         assert c.delete("/v1/memory/9999").status_code == 404
@@ -205,13 +208,17 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
 @pytest.mark.parametrize("placement", ["user", "system"])
 def test_strip_takes_out_exactly_what_inject_put_in(placement: str):
     msgs = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]
-    assert strip(inject(msgs, ["Be brief.", "No bold."], placement)) == msgs
+    assert strip(inject(msgs, ["Be brief.", "No bold."], placement), ["Be brief.", "No bold."]) == msgs
     bare = [{"role": "user", "content": "hi"}]
-    assert strip(inject(bare, ["Be brief."], placement)) == bare  # a system message inject created goes too
+    assert strip(inject(bare, ["Be brief."], placement), ["Be brief."]) == bare  # a message inject created goes too
     parts = [{"role": "system", "content": [{"type": "text", "text": "Be kind."}]},
              {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
-    assert strip(inject(parts, ["Be brief."], placement)) == parts
-    assert strip(msgs) == msgs and strip(bare) == bare
+    assert strip(inject(parts, ["Be brief."], placement), ["Be brief."]) == parts
+    assert strip(msgs, None) == msgs and strip(bare, ["Be brief."]) == bare
+    # Only what was appended goes: the person's own line that happens to match a note stays.
+    said = [{"role": "user", "content": "Be brief."}, {"role": "assistant", "content": "OK."},
+            {"role": "user", "content": "hi"}]
+    assert strip(inject(said, ["Be brief."], placement), ["Be brief."]) == said
 
 
 def _adapter_row(store: Store, version: int, parent: int | None) -> None:
@@ -317,11 +324,13 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             await correct("s1", "Hmm. Please answer in French.")
             bold = await ask("s2")  # served with the French note
             await correct("s2", "Don't use bold.")
-            assert HEADER in bold["request"]["messages"][-1]["content"]
+            assert bold["request"]["memory_notes"] == ["Please answer in French."]
             # French: what v1 gives without any note is what the person wanted there: it retires.
-            await teach(french, strip(french["request"]["messages"]), "v1")
+            await teach(french, strip(french["request"]["messages"], None), "v1")
             # Bold: the base model told by the note is exactly what was wanted; v1 alone is not.
-            await teach(bold, inject(strip(bold["request"]["messages"]), ["Don't use bold."]), None)
+            unserved = strip(bold["request"]["messages"], bold["request"]["memory_notes"])
+            assert unserved[-1]["content"] == "hi"
+            await teach(bold, inject(unserved, ["Don't use bold."]), None)
 
             reports = await NoteRetirement(state.engine, state.renderer, state.store).check(1)
             by_text = {n["note_id"]: n["text"] for n in state.store.memory_notes()}
@@ -345,12 +354,12 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             page = (await c.get("/ui/part/memory")).text
             assert page.count("no: retired by v1") == 1 and page.count("<td>yes</td>") == 1
             served_v1 = (await ask("s3"))["request"]["messages"][-1]["content"]
-            assert served_v1 == f"hi\n\n{HEADER}\n- Don't use bold."  # stored exactly as served
+            assert served_v1 == "hi\n\nDon't use bold."  # stored exactly as served
 
             r = await c.post("/v1/adapters/rollback", json={"version": "base"})
             assert r.status_code == 200, r.text
             served_base = (await ask("s4"))["request"]["messages"][-1]["content"]
-            assert served_base == f"hi\n\n{HEADER}\n- Please answer in French.\n- Don't use bold."
+            assert served_base == "hi\n\nPlease answer in French.\nDon't use bold."
             listed = (await c.get("/v1/memory")).json()
             assert listed["data"][0]["active"] and note_retirement(listed["data"][0], listed["live"]) == \
                 ", retired by v1; injected while base serves"
