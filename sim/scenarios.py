@@ -172,16 +172,20 @@ def _student_task(p) -> Task:
     return Task(f"Can you help me with my homework? {p.question}", (p.answer,), p.unit)
 
 
+# A computation written out: numbers joined by an operator, then "=" and a number ("3 x 16 - 9 =
+# 39", "25 minutes * 12 days = 300").
+_WORKED = re.compile(r"\d[^=\n]*?(?:[-+*/×÷]|\sx\s)[^=\n]*?=\s*\$?\d")
+
+
 def works_something_out(text: str, task: Task) -> bool:
-    """Names the task's answer, or another number that is neither in the question nor a piece of
-    one of its numbers: a result, right or wrong, not an echo ("14" cut from "140" is an echo)."""
-    given = set(re.findall(r"\d+", task.prompt))
-    return mentions_a_number_of(text, task) or any(
-        not any(n in g for g in given) for n in re.findall(r"\d+", text))
+    """Names the task's answer, or writes a computation out: a result, right or wrong, that a
+    person can follow. A bare wrong number ("17", "What fun 9-bit answer.") or a piece of one of
+    the question's numbers ("14" for 140) is not one."""
+    return mentions_a_number_of(text, task) or bool(_WORKED.search(text))
 
 
-# Guards the other checks against an empty or evasive reply scoring full marks: some work, and a
-# number it worked out ("So, 11 hens lay 11 eggs." only repeats the question's numbers).
+# Guards the other checks against an empty or evasive reply scoring full marks: some work, and the
+# answer or a computation ("So, 11 hens lay 11 eggs." only repeats the question's numbers).
 SHOWS_WORK = Check("shows_work", lambda r, t: len(words(r)) >= 12 and works_something_out(r, t),
                    "write the work out in plain sentences with the numbers")
 

@@ -133,6 +133,7 @@ def test_brief_scenario_wants_a_short_reply_that_still_gives_the_result():
     assert brief.correction(empty_promise) == "Hmm. Please give the number you get."
     assert not brief.rate("Mia has 12 apples and buys 8.", MATH).meets  # the question's numbers, echoed
     assert not brief.rate("The answer is 1.", MATH).meets  # a piece of "12": an echo, not a result
-    assert brief.rate("The answer is 16.", MATH).meets  # wrong, but worked out
-    assert brief.rate("Mia has 5 left... no: 15.", MATH).meets  # the answer counts even beside an echo
+    assert not brief.rate("What fun 9-bit answer.", MATH).meets  # a number, but nothing worked out
+    assert brief.rate("12 - 5 + 8 = 16, so 16 apples.", MATH).meets  # wrong, but worked out where you can see it
+    assert brief.rate("Mia has 12 x 1 apples... no: 15.", MATH).meets  # the answer counts even without the work
     assert not brief.rate("I'll make sure to keep it short: 15.", MATH).meets  # talks about the feedback
