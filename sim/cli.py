@@ -123,6 +123,9 @@ def _cell_process(cell: Any, cfg: SimConfig, model_dir: Path, out: Path, args: a
 
 
 def _check_config(existing: dict[str, Any], cfg: SimConfig, path: Path) -> None:
+    from .results import stamp_of
+    from .stamp import code_stamp
+
     # A key added since the cell ran had its default then, except the gate: cells from before it
     # ran without one.
     defaults = {**SimConfig().as_dict(), "gate": False}
@@ -130,6 +133,10 @@ def _check_config(existing: dict[str, Any], cfg: SimConfig, path: Path) -> None:
             if existing["config"].get(k, defaults[k]) != v}
     if diff:
         raise ValueError(f"{path} was run with other settings {diff} (was, now): use another --out or delete it")
+    # A cell of other code is not this code's result; skipping it would leave a hole in the summary.
+    if stamp_of(existing) != code_stamp()["stamp"]:
+        raise ValueError(f"{path} was run by other code (stamp {stamp_of(existing)}, now {code_stamp()['stamp']}): "
+                         "use another --out or delete it")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -98,3 +98,10 @@ def test_changed_settings_do_not_mix_with_finished_cells(tiny_model_dir: Path, t
     assert simulate(tiny_model_dir, tmp_path, "--method", "none") == 0
     assert simulate(tiny_model_dir, tmp_path, "--method", "none", "--lr", "0.5") == 2
     assert "was run with other settings" in capsys.readouterr().err
+    cell = tmp_path / "cells/sure/none/seed1.json"
+    ran = json.loads(cell.read_text())
+    cell.write_text(json.dumps({**ran, "code": {**ran["code"], "stamp": "0" * 12}}))
+    before = cell.read_bytes()
+    assert simulate(tiny_model_dir, tmp_path, "--method", "none") == 2  # not skipped as if it were this code's
+    assert f"was run by other code (stamp {'0' * 12}, now {ran['code']['stamp']})" in capsys.readouterr().err
+    assert cell.read_bytes() == before
