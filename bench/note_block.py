@@ -48,15 +48,15 @@ FORMS = {"header": (_listed(HEADER), "after"),
          "before": (_listed(HEADER), "before"),
          "silent-before": (_listed(SILENT), "before"),
          "then-answer": (_listed(HEADER, "Now answer the message above."), "after"),
-         "bare": ("\n".join, "after"),  # the notes as if the person had written them under their message
+         "bare": (None, "after"),  # daemon.memory.inject: plain lines under the person's message
          "as-always": (lambda notes: "As always: " + " ".join(notes), "after"),
          "ps": (lambda notes: "P.S. " + " ".join(notes), "after")}
 
 
 def with_notes(prompt: str, notes: list[str], form: str) -> list[dict]:
-    if form == "bare" or not notes:
-        return memory.inject([{"role": "user", "content": prompt}], notes)
     block, where = FORMS[form]
+    if block is None or not notes:
+        return memory.inject([{"role": "user", "content": prompt}], notes)
     return [{"role": "user", "content": f"{block(notes)}\n\n{prompt}" if where == "before" else f"{prompt}\n\n{block(notes)}"}]
 
 
