@@ -31,7 +31,7 @@ from clawback.sim.scenarios import BRIEF, SCENARIOS, SURE, Rating
 META = "Just answer, don't talk about my feedback."
 REPEAT = "Don't repeat yourself."
 # Note lists as cells end with them; "pref" is the scenario's own note.
-ORDERS = {"untold": [], "pref": ["pref"], "meta, pref": [META, "pref"], "pref, meta": ["pref", META],
+ORDERS = {"untold": [], "pref": ["pref"], "meta, pref": [META, "pref"], "pref, meta": ["pref", META], "repeat, pref": [REPEAT, "pref"],
           "repeat, pref, meta": [REPEAT, "pref", META], "meta, repeat, pref": [META, REPEAT, "pref"],
           "repeat, meta, pref": [REPEAT, META, "pref"]}
 HEADER = "What this user has told you they want (follow it in every reply):"

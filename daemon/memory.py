@@ -3,7 +3,11 @@
 A correction is split into sentences; a sentence of two or more words that asks for something
 (a request: "Please start with 'Sure!'.", "Don't use bold.", "I'd like shorter replies.") is a
 note. The rest of a correction (the complaint, "That looks AI-written.", "It was cut off.") says
-what went wrong, not what to do, and is skipped with a recorded reason. A note's
+what went wrong, not what to do, and is skipped with a recorded reason. So is a request about the
+exchange rather than about replies ("Just answer, don't talk about my feedback.", "Don't repeat
+yourself."): it asks the next reply not to do what went wrong in the last one, which plain notes
+already serve, and as a standing line under every message it made a small model loop instead
+(bench/README.md, "Notes about the exchange"). A note's
 topic is its set of content words (negations and filler removed), so "Please use bold." and
 "Please don't use bold." share a topic and the newer replaces the older (newest wins on a
 conflict), while the same sentence again only refreshes it (de-duplicated); a note whose topic
@@ -70,6 +74,11 @@ def is_request(sentence: str) -> bool:
     return first is not None and first.group(0) in _IMPERATIVE
 
 
+# A sentence about the exchange itself: the person's feedback, or the last reply's loop.
+_ABOUT_EXCHANGE = re.compile(r"\b(?:feedback|corrections?|complaints?|repeat(?:ing)? yourself"
+                             r"|what i (?:said|wrote|told you|asked))\b", re.IGNORECASE)
+
+
 def topic(sentence: str) -> str:
     words = sorted({w for w in _WORD.findall(sentence.lower()) if w not in _FILLER})
     return " ".join(words)
@@ -88,17 +97,19 @@ def repeats(narrower: str, wider: str) -> bool:
                            for i in range(len(b) - len(a) + 1))
 
 
-def notes_from(text: str) -> tuple[list[str], int]:
+def notes_from(text: str) -> tuple[list[str], dict[str, int]]:
     """The note sentences of a correction or 👎 reason, in order, each at most MAX_NOTE_CHARS,
-    and how many sentences were skipped as not a request."""
-    out, skipped = [], 0
+    and how many sentences were skipped, by reason."""
+    out, skipped = [], {}
     for sentence in _SENTENCE.split(text.strip()):
         s = " ".join(sentence.split())[:MAX_NOTE_CHARS]
         if len(_WORD.findall(s.lower())) >= 2 and topic(s):
-            if is_request(s):
-                out.append(s)
+            reason = ("not a request" if not is_request(s) else
+                      "about the exchange, not replies" if _ABOUT_EXCHANGE.search(s) else None)
+            if reason:
+                skipped[reason] = skipped.get(reason, 0) + 1
             else:
-                skipped += 1
+                out.append(s)
     return out, skipped
 
 

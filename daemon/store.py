@@ -536,8 +536,8 @@ class Store:
         notes, skipped = memory.notes_from(text)
         for i, note in enumerate(notes):  # a microsecond apart: the notes keep the person's sentence order
             self._put_note(note, source, call_id, now + i * 1e-6)
-        if skipped:  # content-free: the event table outlives a forget
-            self._event("memory.skipped", call_id, {"source": source, "sentences": skipped, "reason": "not a request"})
+        for reason, count in skipped.items():  # content-free: the event table outlives a forget
+            self._event("memory.skipped", call_id, {"source": source, "sentences": count, "reason": reason})
         # Bounded: the least recently confirmed notes go first.
         self._conn.execute(
             "DELETE FROM memory_notes WHERE note_id NOT IN "

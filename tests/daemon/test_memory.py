@@ -26,15 +26,19 @@ from tests.conftest import DaemonProcess, query, wait_for
 
 
 def test_notes_are_the_request_sentences_of_a_correction():
-    assert notes_from("Hmm. Please start your reply with 'Sure!'.  Thanks") == (["Please start your reply with 'Sure!'."], 0)
+    assert notes_from("Hmm. Please start your reply with 'Sure!'.  Thanks") == (["Please start your reply with 'Sure!'."], {})
     # What went wrong is not what to do: the complaint and "It was cut off." are skipped, counted.
     assert notes_from("That looks AI-written. It was cut off. Don't use bold. Next time, keep it short.") == (
-        ["Don't use bold.", "Next time, keep it short."], 2)
+        ["Don't use bold.", "Next time, keep it short."], {"not a request": 2})
     assert notes_from("That comment is not what I need. I'd like shorter replies. No bold. No, that is wrong.") == (
-        ["I'd like shorter replies.", "No bold."], 2)
+        ["I'd like shorter replies.", "No bold."], {"not a request": 2})
+    # A request about the exchange is not one about replies: skipped under its own reason.
+    assert notes_from("That is wrong. Just answer, don't talk about my feedback. Don't repeat yourself. Please use bold.") == (
+        ["Please use bold."], {"not a request": 1, "about the exchange, not replies": 2})
+    assert notes_from("Please ignore what I said about bold. Don't repeat the question.")[0] == ["Don't repeat the question."]
     assert topic("Please use bold.") == topic("Don't use bold, please.")  # a reversal is the same topic
     assert topic("Please use bold.") != topic("Please use headers.")
-    assert notes_from("   ") == ([], 0)
+    assert notes_from("   ") == ([], {})
 
 
 def test_injection_goes_into_the_last_user_message_or_the_system_prompt_and_leaves_the_input_alone():
@@ -99,11 +103,13 @@ def test_store_dedupes_replaces_on_conflict_and_stays_bounded(tmp_path: Path):
     try:
         _feedback(store, "correction", "That looks AI-written. Please don't use bold.")
         _feedback(store, "correction", "That looks AI-written. Please don't use headers.")
-        _feedback(store, "correction", "Keep it short.")
+        _feedback(store, "correction", "Keep it short. Don't talk about my feedback.")
         assert [n["text"] for n in store.memory_notes()] == [
             "Please don't use bold.", "Please don't use headers.", "Keep it short."]
-        skipped = store._conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'memory.skipped'").fetchone()[0]
-        assert skipped == 2  # the complaint, once per correction
+        skipped = store._conn.execute("SELECT json_extract(payload, '$.reason'), json_extract(payload, '$.sentences') "
+                                      "FROM events WHERE kind = 'memory.skipped' ORDER BY rowid").fetchall()
+        # the complaint, once per correction, and the request about the exchange
+        assert [tuple(r) for r in skipped] == [("not a request", 1), ("not a request", 1), ("about the exchange, not replies", 1)]
         _feedback(store, "thumbs_down", "Actually, please use bold.")  # a 👎 reason; newest wins
         texts = [n["text"] for n in store.memory_notes()]
         assert "Please don't use bold." not in texts and "Actually, please use bold." in texts and len(texts) == 3
@@ -128,14 +134,12 @@ def test_notes_are_injected_least_recently_confirmed_first_in_the_persons_senten
     store = Store(tmp_path / "db.sqlite")
     try:
         _feedback(store, "correction", "Hmm. Please answer in under 20 words and give the number you get.")
-        _feedback(store, "correction", "Hmm. Just answer, don't talk about my feedback. Please answer in under 20 "
-                                       "words and give the number you get.")
+        _feedback(store, "correction", "Hmm. No bold. Please answer in under 20 words and give the number you get.")
         brief = "Please answer in under 20 words and give the number you get."
-        assert [n["text"] for n in store.memory_notes()] == ["Just answer, don't talk about my feedback.", brief]
-        _feedback(store, "correction", "Don't repeat yourself.")
+        assert [n["text"] for n in store.memory_notes()] == ["No bold.", brief]
+        _feedback(store, "correction", "Don't use headers.")
         _feedback(store, "correction", "Hmm. Please answer in under 20 words.")  # confirms the brief note
-        assert [n["text"] for n in store.memory_notes()] == [
-            "Just answer, don't talk about my feedback.", "Don't repeat yourself.", brief]
+        assert [n["text"] for n in store.memory_notes()] == ["No bold.", "Don't use headers.", brief]
         assert asyncio.run(store.note_texts(None)) == [n["text"] for n in store.memory_notes()]
     finally:
         store.close()
