@@ -128,6 +128,12 @@ class JudgedSample:
     # in the original context (the sample's prompt, no hint).
     evidence_ids: list[int] | None = None
     evidence_logprobs: list[float] | None = None
+    # Note consolidation: a reply served with preference notes trains under the request without
+    # them (the rendered prompt) against the serving version's logprobs there, sampled token and
+    # top-K, so the weights learn what the notes asked for. None = it trains as it was served.
+    student_prompt_ids: list[int] | None = None
+    student_logprobs: list[float] | None = None
+    student_top_logprobs: list[list[float]] | None = None
     # A repetition loop: the response tokens [loop_from, loop_to) are its first repeat. The sample
     # trains the reply up to loop_to, penalising that repeat only (TrainConfig.loop_penalty).
     loop_from: int | None = None

@@ -190,6 +190,8 @@ class SignalConfig:
     drop_cut_replies: bool = False  # see TrainSettings
     train_loops: bool = False  # a looping reply marked wrong trains against its loop (TrainConfig.loop_penalty > 0)
     correction_reward: float = 0.0  # see TrainSettings
+    # A reply served with preference notes trains in its request without them (see Settings.memory_consolidate).
+    consolidate_notes: bool = False
 
 
 # The flat keys of earlier versions and where each lives in the tree; they load as before (toml,
@@ -311,6 +313,11 @@ class Settings(BaseSettings):
     memory_max_notes: int = Field(8, ge=1)
     memory_retire: bool = True
     memory_retire_margin: float = Field(0.0, ge=0)
+    # Training consolidates the notes: a reply served with notes trains in its request without
+    # them, against the serving version's logprobs there, so the weights learn to do untold what
+    # the notes asked for (daemon/samples.py `_consolidate`). Off: it trains with the notes it
+    # was served with, where the teacher differs from the policy by the hint alone.
+    memory_consolidate: bool = True
 
     # [train] and [judge]: what the daemon learns from and how (TrainSettings, JudgeSettings below).
     # The flat keys they replace (`method`, `lr`, `judge_url`, `train = false`, ...) still load:
@@ -371,6 +378,7 @@ class Settings(BaseSettings):
             hint_template=self.train.hint_template,
             hint_placement=self.train.hint_placement, drop_cut_replies=self.train.drop_cut_replies,
             correction_reward=self.train.correction_reward,
+            consolidate_notes=self.memory and self.memory_consolidate,
             positive_evidence=self.train_config().evidence_weight > 0,
             train_loops=self.train_config().loop_penalty > 0,
             judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,

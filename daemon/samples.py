@@ -31,6 +31,7 @@ from clawback.judge.prm import Vote, VoteOptions, candidate_hints, judge_hint, j
 from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, version_name
 
 from .config import SignalConfig
+from .memory import strip
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -239,6 +240,8 @@ class SamplePipeline:
         keep = has_signal or cfg.count_zero_signal
         sample = replace(sample, state="ready" if keep else "dropped",
                          reason=None if keep else sample.reason or "no_signal")
+        if keep and cfg.consolidate_notes and inp.request.get("memory_notes"):
+            sample = await self._consolidate(inp, sample)
         if await self._write(sample, votes) and keep:
             self.on_ready({"call_id": call_id, "session_id": inp.session_id, "reward": reward,
                            "reward_source": reward_source, "hint": sample.hint is not None})
@@ -303,6 +306,36 @@ class SamplePipeline:
         if degenerate(ids, "stop" if ids and ids[-1] in stops else "length") is not None:
             return sample
         return replace(sample, evidence_ids=ids, evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, adapter))
+
+    async def _consolidate(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
+        """The sample set to train in the request without its preference notes (`memory.strip`):
+        the reply the notes led to, its reward and the teacher that saw the notes then teach the
+        weights to do without being told what the notes asked for, so a note can retire
+        (retirement.py). Trained where it was served, with the notes, a reply's teacher differs
+        from its policy by the hint alone, which repeats the note: the signal would be about 0.
+        The baseline is the serving version's logprobs in that context (sampled token and top-K);
+        when that version is no longer loaded the sample trains as it was served."""
+        adapter = version_name(inp.adapter_version)
+        if adapter is not None and adapter not in self.engine.loaded_versions():
+            log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)
+            return sample
+        messages = strip(inp.request["messages"], inp.request["memory_notes"])
+        req = ChatRequest.model_validate({**inp.request, "messages": messages, "memory_notes": None})
+        _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
+        if prompt_ids == inp.prompt_ids:  # the notes are not where inject put them
+            return sample
+        top = None
+        if sample.teacher_top_logprobs is not None and inp.top_ids:
+            try:
+                top = await self.engine.score_candidates(prompt_ids, inp.response_ids, inp.top_ids, adapter)
+            except EngineError as e:
+                log.debug("no top-K baseline for %s: %s", inp.call_id, e)
+        evidence = (await self.engine.score(prompt_ids, sample.evidence_ids, adapter)
+                    if sample.evidence_ids else sample.evidence_logprobs)
+        return replace(sample, student_prompt_ids=list(prompt_ids), student_top_logprobs=top,
+                       student_logprobs=await self.engine.score(prompt_ids, inp.response_ids, adapter),
+                       teacher_top_logprobs=sample.teacher_top_logprobs if top is not None else None,
+                       evidence_logprobs=evidence)
 
     async def _write(self, sample: JudgedSample, votes: list[VoteRecord]) -> bool:
         return await self.store.write_sample(replace(sample, votes=tuple(votes)))

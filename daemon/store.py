@@ -700,6 +700,12 @@ class Store:
             values["evidence_ids"] = ids_blob(sample.evidence_ids)
         if sample.evidence_logprobs is not None:
             values["evidence_logprobs"] = logprobs_blob(sample.evidence_logprobs)
+        if sample.student_prompt_ids is not None:
+            values["student_prompt_ids"] = ids_blob(sample.student_prompt_ids)
+        if sample.student_logprobs is not None:
+            values["student_logprobs"] = logprobs_blob(sample.student_logprobs)
+        if sample.student_top_logprobs is not None:
+            values["student_top_logprobs"] = logprobs_blob(sample.student_top_logprobs)
         assignments = ", ".join(f"{k} = ?" for k in values)
         cur = self._conn.execute(
             f"UPDATE samples SET {assignments}, updated_at = ? "
@@ -871,7 +877,8 @@ class Store:
         def q(c: sqlite3.Connection) -> list[ReadySample]:
             rows = c.execute(
                 "SELECT s.call_id, s.reward, s.reward_source, s.correction, s.teacher_logprobs, s.teacher_top_logprobs, s.evidence_ids, "
-                "s.evidence_logprobs, s.loop_from, s.loop_to, c.prompt_ids, c.response_ids, "
+                "s.evidence_logprobs, s.loop_from, s.loop_to, s.student_prompt_ids, s.student_logprobs, "
+                "s.student_top_logprobs, c.prompt_ids, c.response_ids, "
                 "c.behaviour_logprobs, c.sampling_logprobs, c.top_ids, c.top_logprobs, c.adapter_version "
                 "FROM samples s JOIN calls c USING (call_id) "
                 "WHERE s.state = 'ready' ORDER BY s.updated_at LIMIT ?", (limit,)).fetchall()
@@ -881,16 +888,24 @@ class Store:
                 topk = r["teacher_top_logprobs"] is not None and r["top_ids"] is not None
                 end = r["loop_to"]  # a loop sample trains the reply up to the end of the loop's first repeat
                 sampling = _opt(blob_logprobs, r["sampling_logprobs"])
+                prompt, behaviour, top_behaviour = r["prompt_ids"], r["behaviour_logprobs"], r["top_logprobs"]
+                if r["student_prompt_ids"] is not None:
+                    # Consolidating notes: the reply trains in the request without them, against the
+                    # serving version's logprobs there. No importance weight for the notes: the
+                    # replies they led to are the states to teach, not a distribution to correct.
+                    prompt, behaviour, top_behaviour = (r["student_prompt_ids"], r["student_logprobs"],
+                                                        r["student_top_logprobs"])
+                    sampling, topk = None, topk and top_behaviour is not None
                 out.append(ReadySample(
                     call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
                     reward_source=r["reward_source"], correction=r["correction"],
-                    prompt_ids=blob_ids(r["prompt_ids"]), response_ids=blob_ids(r["response_ids"])[:end],
-                    behaviour_logprobs=blob_logprobs(r["behaviour_logprobs"])[:end],
+                    prompt_ids=blob_ids(prompt), response_ids=blob_ids(r["response_ids"])[:end],
+                    behaviour_logprobs=blob_logprobs(behaviour)[:end],
                     teacher_logprobs=_opt(blob_logprobs, r["teacher_logprobs"]),
                     sampling_logprobs=None if sampling is None else sampling[:end],
                     # Top-K OPD needs all three; without the teacher's view the sample is token-level.
                     top_ids=blob_rows(blob_ids, r["top_ids"], T) if topk else None,
-                    top_logprobs=blob_rows(blob_logprobs, r["top_logprobs"], T) if topk else None,
+                    top_logprobs=blob_rows(blob_logprobs, top_behaviour, T) if topk else None,
                     teacher_top_logprobs=blob_rows(blob_logprobs, r["teacher_top_logprobs"], T) if topk else None,
                     evidence_ids=_opt(blob_ids, r["evidence_ids"]),
                     evidence_logprobs=_opt(blob_logprobs, r["evidence_logprobs"]),

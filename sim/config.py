@@ -20,6 +20,7 @@ class Method:
     memory: bool = False  # the person's preference notes in the prompt (the daemon's default is on)
     train: dict[str, Any] = field(default_factory=dict)  # more [train] values (TrainConfig fields)
     gated: bool = True  # False: every trained version goes live (the gate and live guard off)
+    consolidate: bool = True  # with memory: replies train without the notes (Settings.memory_consolidate)
 
     @property
     def trains(self) -> bool:
@@ -47,6 +48,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("combined", "combined"),  # top-K, without memory
     # The same two without the candidate gate and the live guard: what the gate changes, paired.
     Method("default_ungated", "combined", memory=True, gated=False),
+    # The default recipe trained in the context each reply was served in, notes and all.
+    Method("default_as_served", "combined", memory=True, consolidate=False),
     Method("combined_ungated", "combined", gated=False),
     # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
     # PRESETS "seed"): combined advantage on the sampled token with its hint wording, teacher = the
@@ -114,7 +117,7 @@ class SimConfig:
         if not method.keeps_own_lr:
             train["lr"] = self.lr
         return {"judge": {"backend": "off"}, "train": train, "default_max_tokens": self.max_tokens,
-                "torch_threads": self.threads, "memory": method.memory,
+                "torch_threads": self.threads, "memory": method.memory, "memory_consolidate": method.consolidate,
                 "gate": {} if self.gate and method.gated else {"enabled": False, "guard_replies": 0}}
 
     def as_dict(self) -> dict[str, Any]:

@@ -96,7 +96,8 @@ COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combin
                ("default", "binary_corrections"), ("binary_corrections", "binary"), ("binary_corrections", "none"),
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
-               ("default", "default_ungated"), ("combined", "combined_ungated"))
+               ("default", "default_ungated"), ("combined", "combined_ungated"),
+               ("default", "default_as_served"), ("default_as_served", "memory"))
 
 
 def step_curve(curve: list[dict[str, Any]], interactions: int) -> list[float]:

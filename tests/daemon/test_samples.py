@@ -17,6 +17,7 @@ import pytest
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.engines.embedded import EmbeddedEngine
 from clawback.daemon.config import SignalConfig
+from clawback.daemon.memory import inject
 from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, repetition_loop, teacher_messages
 from clawback.daemon.store import Store, blob_logprobs
 from clawback.engine import Token
@@ -65,11 +66,11 @@ REQUEST = {"model": "clawback", "messages": [{"role": "system", "content": "Be b
 
 def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None,
                 finish_reason: str = "stop", adapter_version: int | None = None,
-                response_ids: list[int] | None = None) -> str:
+                response_ids: list[int] | None = None, request: dict[str, Any] = REQUEST) -> str:
     """A main call as capture stores it, with real sampled ids, behaviour logprobs and top-4."""
     from clawback.engine import Sampling
 
-    _, prompt_ids = renderer.render(ChatRequest.model_validate(REQUEST))
+    _, prompt_ids = renderer.render(ChatRequest.model_validate(request))
 
     async def sample():
         sampling = Sampling(temperature=1.0, max_tokens=12, seed=1, top_logprobs=4)
@@ -82,10 +83,11 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
     store.add_call(Call(
         call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
         state="awaiting_next_state", created_at=now, finished_at=now, model="tiny",
-        request=REQUEST, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
+        request=request, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
         behaviour_logprobs=[t.logprob for t in toks], response_text="Rain is water.", tool_calls=None,
         finish_reason=finish_reason, adapter_version=adapter_version,
-        top_ids=[list(t.top_ids) for t in toks], top_logprobs=[list(t.top_logprobs) for t in toks]))
+        top_ids=[list(t.top_ids) for t in toks], top_logprobs=[list(t.top_logprobs) for t in toks],
+        sampling_logprobs=[t.logprob for t in toks]))
     if next_state is not None:
         store.add_next_state(call_id, "next", next_state, True, now)
     store.flush()
@@ -267,6 +269,36 @@ def test_of_several_judge_hints_the_one_closest_to_the_students_top_k_is_used(st
     judge = ScriptedJudge(hint=[f"\\boxed{{1}} [HINT_START]{h}[HINT_END]" for h in hints])
     drain(pipe(store, engine, renderer, judge, method="opd"))
     assert sample_row(store, call_id)["hint"] == max(masses, key=masses.get)
+
+
+@pytest.mark.parametrize("consolidate", [True, False])
+def test_a_reply_served_with_notes_trains_without_them(store, engine, renderer, consolidate):
+    """Consolidation: the trainer gets the request minus its notes, and as baseline the serving
+    version's logprobs there (sampled token and top-K); the teacher keeps the notes and the hint.
+    Off, the sample trains as it was served."""
+    notes = ["Please start with 'Sure!'."]
+    served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
+    call_id = served_call(store, renderer, engine, None, request=served)
+    feedback(store, "correction", "Please start with 'Sure!'.")
+    drain(pipe(store, engine, renderer, None, method="combined", consolidate_notes=consolidate))
+    ready, = store.ready_samples(10)
+    _, served_prompt = renderer.render(ChatRequest.model_validate(served))
+    _, bare_prompt = renderer.render(ChatRequest.model_validate(REQUEST))
+    teacher_msgs = json.loads(sample_row(store, call_id)["teacher_messages"])
+    assert teacher_msgs[-1]["content"] == ("Explain rain.\n\nPlease start with 'Sure!'.\n\n"
+                                           "[Hint for a better reply] Please start with 'Sure!'.")
+    if not consolidate:
+        assert ready.prompt_ids == served_prompt and ready.sampling_logprobs is not None
+        return
+    assert ready.prompt_ids == bare_prompt != served_prompt
+    assert ready.behaviour_logprobs == pytest.approx(
+        asyncio.run(engine.score(bare_prompt, ready.response_ids, None)), abs=1e-4)
+    expected = asyncio.run(engine.score_candidates(bare_prompt, ready.response_ids, ready.top_ids))
+    assert [x for r in ready.top_logprobs for x in r] == pytest.approx([x for r in expected for x in r], abs=1e-4)
+    assert ready.sampling_logprobs is None, "no importance weight for the notes"
+    served_behaviour = blob_logprobs(sqlite3.connect(store.db_path).execute(
+        "SELECT behaviour_logprobs FROM calls WHERE call_id = ?", (call_id,)).fetchone()[0])
+    assert ready.behaviour_logprobs != pytest.approx(served_behaviour, abs=1e-4), "the notes change the context"
 
 
 def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, renderer):
