@@ -50,7 +50,7 @@ def main() -> None:
             continue
         cells = [f"{r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]" for r in rows]
         print(f"| {scenario} | {len(rows[0]['seeds'])} | {' | '.join(cells)} | "
-              f"{order['sooner']} / {order['same']} / {order['later']} / {order['neither']} |")
+              f"{order['sooner']} / {order['same']} / {order['later']} / {order['neither']} (p = {order['sign_p']:.2g}) |")
 
 
 if __name__ == "__main__":

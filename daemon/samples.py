@@ -12,6 +12,8 @@ This pipeline turns it into `ready` or `dropped(reason)`:
 - teacher logprobs: the stored response ids scored (never re-tokenised) under the teacher
   context, which is the request with the hint appended to the last user message (HINT_FORMAT);
   teacher `self` = the current policy (active adapter), `base` = the frozen base model.
+- the student context (`consolidate_notes`): a reply served with preference notes trains in its
+  request without them, against the serving version's logprobs there (`_consolidate`).
 
 It runs as a bounded pool of asyncio tasks beside the server, never on the serving path.
 """

@@ -14,7 +14,9 @@ per seed the difference method − comparator is taken and its mean gets a t-int
 (mean ± t(0.975, n−1)·sd/√n). Sessions-until-adaptation differences use the seeds where both
 adapted (how many is reported beside them); over every shared seed, `adapt_order` counts the
 seeds where the method adapted sooner, at the same session, later, or neither did (a run that
-adapted is sooner than one that did not: an order, never a number for the capped run).
+adapted is sooner than one that did not: an order, never a number for the capped run), with the
+exact two-sided sign test on sooner against later (`sign_p`; ties and neither left out): the order
+is decided when p < 0.05, which takes at least 6 seeds that differ, all one way.
 
 A summary only ever holds cells of one code stamp (stamp.py): by default the newest cell's;
 cells of other code are listed as excluded, never mixed in.
@@ -145,7 +147,14 @@ def adapt_order(a: dict[int, int | None], b: dict[int, int | None]) -> dict[str,
     for k in seeds:
         x, y = (never if v is None else v for v in (a[k], b[k]))
         out["neither" if x == y == never else "same" if x == y else "sooner" if x < y else "later"] += 1
+    out["sign_p"] = sign_test(out["sooner"], out["later"])
     return out
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Exact two-sided binomial sign test of wins against losses at p = 1/2 (1.0 with neither)."""
+    n, k = wins + losses, min(wins, losses)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
 def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, stamp: str | None = None) -> dict[str, Any]:
@@ -317,7 +326,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
                 if metric == "adapt_order":
                     lines.append(f"| {scen} | {name} | adapted sooner / same / later / neither | "
                                  f"{','.join(map(str, d['seeds']))} | {d['sooner']} / {d['same']} / {d['later']} / "
-                                 f"{d['neither']} | – |")
+                                 f"{d['neither']} | sign test p = {d.get('sign_p', 1.0):.3g} |")
                     continue
                 lines.append(f"| {scen} | {name} | {metric} | {','.join(map(str, d['seeds']))} "
                              f"| {', '.join(f'{x:+.3g}' for x in d['diffs'])} "

@@ -8,7 +8,8 @@ import pytest
 
 from clawback.daemon.config import Settings
 from clawback.sim.config import METHODS, SimConfig, parse_methods
-from clawback.sim.results import adapt_order, markdown_table, mean_ci, sessions_to_adapt, step_curve, summarize
+from clawback.sim.results import (adapt_order, markdown_table, mean_ci, sessions_to_adapt, sign_test, step_curve,
+                                  summarize)
 
 
 def test_seed_is_the_daemons_seed_preset():
@@ -82,7 +83,10 @@ def test_sessions_until_adaptation():
     assert sessions_to_adapt([True, True, True]) == 1
     assert sessions_to_adapt([True, True, False] * 10) is None  # capped: not adapted, never a number
     order = adapt_order({1: 3, 2: None, 3: None, 4: 5, 5: 2}, {1: 5, 2: None, 3: 4, 4: 5})
-    assert order == {"seeds": [1, 2, 3, 4], "sooner": 1, "same": 1, "later": 1, "neither": 1}
+    assert order == {"seeds": [1, 2, 3, 4], "sooner": 1, "same": 1, "later": 1, "neither": 1, "sign_p": 1.0}
+    # All one way: 5 seeds are not enough (p = 2/32), 6 are (2/64); one seed against halves nothing.
+    assert sign_test(5, 0) == pytest.approx(0.0625) and sign_test(0, 6) == pytest.approx(0.03125)
+    assert sign_test(6, 1) == pytest.approx(16 / 128) and sign_test(0, 0) == 1.0
 
 
 def _cell(method: str, seed: int, meets: list[bool], stamp: str = "abc", score: float = 0.5,
@@ -119,4 +123,4 @@ def test_paired_differences_and_code_stamps_never_mix():
     assert (d["final_score"]["low"], d["final_score"]["high"]) == (pytest.approx(lo), pytest.approx(hi))
     table = markdown_table(s)
     assert "not adapted" in table and "default − memory" not in table and "default - memory" in table
-    assert "| sure | default - memory | adapted sooner / same / later / neither | 1,2 | 2 / 0 / 0 / 0 | – |" in table
+    assert "| sure | default - memory | adapted sooner / same / later / neither | 1,2 | 2 / 0 / 0 / 0 | sign test p = 0.5 |" in table
