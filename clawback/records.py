@@ -162,6 +162,9 @@ class ReadySample:
     evidence_logprobs: list[float] | None = None
     reward_source: str | None = None  # explicit | judge | none
     correction: str | None = None  # the person's correction, if any
+    # The prompt as it was served, where `prompt_ids` is another one (note consolidation): the
+    # call's identity, e.g. for the gate's held-out share.
+    served_prompt_ids: list[int] | None = None
     loop_from: int | None = None  # a loop sample (see JudgedSample): the response is cut at loop_to
 
 

@@ -169,7 +169,8 @@ class CandidateGate:
     def holds_out(self, sample: ReadySample) -> bool:
         """Rated calls (👍/👎 or a correction) in the held-out share are never trained on."""
         rated = sample.reward_source == "explicit" or sample.correction is not None
-        return rated and held_out(sample.prompt_ids, sample.response_ids, self.cfg.held_out_share)
+        return rated and held_out(sample.served_prompt_ids or sample.prompt_ids, sample.response_ids,
+                                  self.cfg.held_out_share)
 
     async def review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
         """Decide whether `v{version}` (loaded, not active) may replace `live` (None = base)."""

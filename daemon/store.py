@@ -910,6 +910,7 @@ class Store:
                     evidence_ids=_opt(blob_ids, r["evidence_ids"]),
                     evidence_logprobs=_opt(blob_logprobs, r["evidence_logprobs"]),
                     loop_from=r["loop_from"],
+                    served_prompt_ids=None if prompt is r["prompt_ids"] else blob_ids(r["prompt_ids"]),
                 ))
             return out
 

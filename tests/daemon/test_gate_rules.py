@@ -169,3 +169,7 @@ def test_only_rated_calls_are_held_out():
     assert 70 < sum(rated) < 130
     assert [gate.holds_out(sample(i, "judge", "shorter")) for i in range(200)] == rated  # a correction is a rating
     assert not any(gate.holds_out(sample(i, "judge")) for i in range(200))  # the judge's verdicts all train
+    # A sample trained in another prompt (note consolidation) is held out as the call it was served as.
+    consolidated = [ReadySample(f"call-{i}", 1.0, None, [7, 7, i], [2], [-1.0], None, reward_source="explicit",
+                                served_prompt_ids=[1, i]) for i in range(200)]
+    assert [gate.holds_out(s) for s in consolidated] == rated
