@@ -37,6 +37,13 @@ class TrainConfig:
     # 0 = token-level OPD: A_t = w_opd·(teacher_t − behaviour_t) on the sampled token, unclipped.
     opd_top_k: int = 4
     opd_clip: float = 1.0
+    # Distilled samples (opd, combined): a sample that trains in another context than its teacher
+    # beyond the hint (note consolidation: the request without the preference notes its reply was
+    # served with) adds distill_weight·KL(teacher ‖ π) over its recorded top-K and the rest of
+    # the vocabulary at each response position (losses.topk_distill_term). There the tokens the
+    # notes asked for are unlikely under π, and the top-K term, weighted by π, barely raises
+    # them; this term raises them in proportion to the teacher. 0 = off.
+    distill_weight: float = 1.0
     # Positive evidence (opd, combined): a sample that carries the teacher's own reply under the
     # hint adds that reply as one more row of the batch, in the sample's original context, with
     # A_t = evidence_weight on every token (weighted distillation of the teacher's reply; its
@@ -107,8 +114,10 @@ class TrainConfig:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
         if self.tis_cap is not None and self.tis_cap < 1:
             raise ValueError("tis_cap must be >= 1 (or None to disable)")
-        if self.opd_top_k < 0 or self.opd_clip <= 0 or self.evidence_weight < 0 or self.loop_penalty < 0:
-            raise ValueError("need opd_top_k >= 0, opd_clip > 0, evidence_weight >= 0 and loop_penalty >= 0")
+        if (self.opd_top_k < 0 or self.opd_clip <= 0 or self.evidence_weight < 0 or self.loop_penalty < 0
+                or self.distill_weight < 0):
+            raise ValueError("need opd_top_k >= 0, opd_clip > 0, and evidence_weight, loop_penalty and "
+                             "distill_weight >= 0")
         if self.updates_per_batch < 1:
             raise ValueError("updates_per_batch must be >= 1")
         if self.lora_rank < 1 or self.batch_size < 1 or (self.micro_batch_tokens is not None and self.micro_batch_tokens < 1):

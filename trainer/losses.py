@@ -57,6 +57,19 @@ def topk_policy_term(logp_B_T_K: Tensor, adv_B_T_K: Tensor, old_logp_B_T_K: Tens
     return -(old_B_T_K.exp() * surrogate_B_T_K).sum(-1)
 
 
+def topk_distill_term(logp_B_T_K: Tensor, teacher_B_T_K: Tensor, eps: float = 1e-6) -> Tensor:
+    """Per position KL(teacher ‖ π) over K+1 outcomes, the K tokens and the rest of the
+    vocabulary: Σ_k p_T(k)·(log p_T(k) − log π(k)) + p_T(rest)·(log p_T(rest) − log π(rest)).
+    Its gradient raises each token in proportion to the teacher's probability of it, however
+    unlikely under π, and is 0 where the two agree (the rest bucket keeps it from sharpening π
+    onto the K tokens)."""
+    teacher_B_T_K = teacher_B_T_K.detach()
+    rest_t_B_T = torch.log((1.0 - teacher_B_T_K.exp().sum(-1)).clamp(min=eps))
+    rest_B_T = torch.log((1.0 - logp_B_T_K.exp().sum(-1)).clamp(min=eps))
+    tokens_B_T = (teacher_B_T_K.exp() * (teacher_B_T_K - logp_B_T_K)).sum(-1)
+    return tokens_B_T + rest_t_B_T.exp() * (rest_t_B_T - rest_B_T)
+
+
 def masked_mean(x_B_T: Tensor, mask_B_T: Tensor) -> Tensor:
     """Token-mean of each sample over its real tokens -> x_B (0 for an all-padding row)."""
     m = mask_B_T.bool()

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from clawback.adapter_format import lora_targets
 
 from .config import TrainConfig
-from .losses import advantages, policy_loss, topk_advantages, topk_policy_term
+from .losses import advantages, policy_loss, topk_advantages, topk_distill_term, topk_policy_term
 
 
 class TrainSample(Protocol):
@@ -53,6 +53,8 @@ class Sample:
     evidence_logprobs: Sequence[float] | None = None
     # A loop sample: the response ends with the loop's first repeat, which starts here.
     loop_from: int | None = None
+    # Its top-K teacher saw another context than prompt_ids plus a hint: distil it (TrainConfig.distill_weight).
+    distill: bool = False
     # A fixed advantage on each response token from bonus_from on (evidence and loop rows).
     bonus: float = 0.0
     bonus_from: int = 0
@@ -169,6 +171,7 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
     top_behaviour_B_T_K = torch.zeros(B, T, K)
     top_teacher_B_T_K = torch.zeros(B, T, K)
     topk_B = torch.zeros(B)
+    distill_B = torch.zeros(B)
     bonus_B_T = torch.zeros(B, T)
     for i, s in enumerate(samples):
         P, R = len(s.prompt_ids), len(s.response_ids)
@@ -185,6 +188,7 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
         bonus_B_T[i, getattr(s, "bonus_from", 0):R] = float(getattr(s, "bonus", 0.0))
         if use_topk:
             topk_B[i] = 1.0
+            distill_B[i] = float(bool(getattr(s, "distill", False)))
             top = cast(Any, s)  # has_topk: it carries all three
             top_ids_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.top_ids])
             top_behaviour_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.top_logprobs])
@@ -203,6 +207,7 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
         "top_behaviour_B_T_K": top_behaviour_B_T_K,
         "top_teacher_B_T_K": top_teacher_B_T_K,
         "topk_B": topk_B,
+        "distill_B": distill_B,
         "reward_B": torch.tensor([float(s.reward) for s in samples]),
         "bonus_B_T": bonus_B_T,
     }
@@ -294,7 +299,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
 
     Metrics, token-weighted means over all updates: loss, clip_low, clip_high, clip_frac, ratio,
     tis, adv, drift, entropy, kl (only when kl_coef > 0: it needs a reference pass), topk_adv and
-    topk_clip (top-K OPD); grad_norm (mean over updates); and response_len, reward_mean,
+    topk_clip (top-K OPD), distill_kl (distilled samples); grad_norm (mean over updates); and response_len, reward_mean,
     reward_pos, reward_neg, samples, evidence_rows (positive evidence), loop_rows, updates, tokens,
     pad_frac, micro_batches, step_time_s, tokens_per_s.
     Raises FloatingPointError, with the model and optimizer untouched, if the first update's
@@ -347,8 +352,14 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
                                                     rows_B_T, w_opd=w_opd, clip=cfg.opd_clip)
                     topk_B_T = topk_policy_term(top_B_T_K, top_adv_B_T_K, old_top_B_T_K,
                                                 clip_low=cfg.clip_low, clip_high=cfg.clip_high)
-                    for name, v in {"topk_adv": _abs_mean(top_adv_B_T_K, rows_B_T),
-                                    "topk_clip": _clip_frac(batch, rows_B_T, cfg.opd_clip)}.items():
+                    step_metrics = {"topk_adv": _abs_mean(top_adv_B_T_K, rows_B_T),
+                                    "topk_clip": _clip_frac(batch, rows_B_T, cfg.opd_clip)}
+                    distilled_B_T = rows_B_T * batch["distill_B"][:, None]
+                    if cfg.distill_weight and bool(distilled_B_T.any()):
+                        kl_B_T = topk_distill_term(top_B_T_K, batch["top_teacher_B_T_K"])
+                        topk_B_T = topk_B_T + cfg.distill_weight * torch.where(distilled_B_T.bool(), kl_B_T, 0.0)
+                        step_metrics["distill_kl"] = _abs_mean(kl_B_T.detach()[..., None], distilled_B_T)
+                    for name, v in step_metrics.items():
                         metric_sums[name] = metric_sums.get(name, 0.0) + v * k
                 loss, m = policy_loss(
                     logp_B_T, old_B_T, batch["behaviour_B_T"], adv_B_T, batch["mask_B_T"],

@@ -289,9 +289,10 @@ def test_a_reply_served_with_notes_trains_without_them(store, engine, renderer, 
                                            "[Hint for a better reply] Please start with 'Sure!'.")
     if not consolidate:
         assert ready.prompt_ids == served_prompt and ready.sampling_logprobs is not None
-        assert ready.served_prompt_ids is None
+        assert ready.served_prompt_ids is None and not ready.distill
         return
     assert ready.prompt_ids == bare_prompt != served_prompt and ready.served_prompt_ids == served_prompt
+    assert ready.distill, "its top-K teacher saw the notes: the trainer distils it"
     assert ready.behaviour_logprobs == pytest.approx(
         asyncio.run(engine.score(bare_prompt, ready.response_ids, None)), abs=1e-4)
     expected = asyncio.run(engine.score_candidates(bare_prompt, ready.response_ids, ready.top_ids))

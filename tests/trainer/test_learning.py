@@ -258,6 +258,35 @@ def test_topk_opd_raises_a_token_the_student_did_not_sample():
     assert moved[4] > 0.5 and abs(moved[0]) < 1e-3, moved
 
 
+def test_a_distilled_sample_raises_a_token_the_student_finds_unlikely():
+    """Note consolidation: in the context it trains in, the student gives the teacher's favourite
+    token little probability (its 40th most likely), so the π-weighted top-K term barely moves
+    it; the distillation term raises it in proportion to the teacher's 0.6."""
+    P = prompts()
+    moved = {}
+    for distill in (True, False):
+        cfg = TrainConfig(method="opd", lora_rank=8, lora_alpha=16, lr=1e-2, opd_top_k=4)
+        model, opt = tiny_policy(cfg)
+        with torch.no_grad():
+            logp_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+        order_B_V = logp_B_V.argsort(-1, descending=True)
+        ids_B_K = torch.cat([order_B_V[:, :3], order_B_V[:, 39:40]], 1)
+        wanted_B = ids_B_K[:, 3]
+        top_B_K = logp_B_V.gather(-1, ids_B_K)
+        teacher_B_K = torch.log(torch.tensor([0.1, 0.1, 0.1, 0.6])).expand(N, 4)
+        samples = [Sample(P[i].tolist(), [int(ids_B_K[i, 0])], [float(top_B_K[i, 0])], 0.0, [float(top_B_K[i, 0])],
+                          top_ids=[ids_B_K[i].tolist()], top_logprobs=[top_B_K[i].tolist()],
+                          teacher_top_logprobs=[teacher_B_K[i].tolist()], distill=distill) for i in range(N)]
+        start = logp_B_V.gather(-1, wanted_B[:, None]).mean()
+        for _ in range(5):
+            m = train_step(model, opt, samples, cfg)
+        with torch.no_grad():
+            end = model(input_ids=P).logits[:, -1].float().log_softmax(-1).gather(-1, wanted_B[:, None]).mean()
+        moved[distill] = float(end - start)
+        assert ("distill_kl" in m) == distill
+    assert moved[True] > 1.0 and moved[True] > 3 * moved[False], moved
+
+
 def test_positive_evidence_teaches_the_teachers_reply():
     """A sample carrying the teacher's own reply adds it as a row with advantage evidence_weight:
     its tokens gain; with the weight at 0 the same samples leave them where they were."""

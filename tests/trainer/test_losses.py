@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from clawback.trainer.config import PRESETS, TrainConfig, preset
-from clawback.trainer.losses import advantages, masked_mean, policy_loss, topk_advantages, topk_policy_term
+from clawback.trainer.losses import (advantages, masked_mean, policy_loss, topk_advantages, topk_distill_term,
+                                     topk_policy_term)
 
 
 def t(*rows):
@@ -160,6 +161,21 @@ def test_topk_advantage_is_clipped_and_its_gradient_is_the_expectation_over_the_
     torch.testing.assert_close(logp.grad, torch.tensor([[[-0.5 * 1.0, -0.2 * -0.5, 0.0]]]))  # −π(k)·A_k
     pad = topk_advantages(teacher, behaviour, t([0.0]), w_opd=1.0, clip=1.0)
     assert pad.abs().sum() == 0
+
+
+def test_topk_distillation_is_the_kl_over_the_k_tokens_and_the_rest():
+    student = torch.tensor([[[math.log(x) for x in (0.5, 0.2, 0.01)]]], requires_grad=True)
+    assert float(topk_distill_term(student, student.detach()).abs().sum()) < 1e-6  # agreeing: nothing to learn
+    teacher = torch.tensor([[[math.log(x) for x in (0.2, 0.1, 0.6)]]])
+    p, q = [0.2, 0.1, 0.6, 0.1], [0.5, 0.2, 0.01, 0.29]
+    kl = topk_distill_term(student, teacher)
+    assert float(kl) == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q)), rel=1e-5)
+    kl.sum().backward()
+    # d/d log π(k) = −p_T(k) + p_T(rest)·π(k)/π(rest): the teacher's 0.6 pulls at full strength on
+    # a token with π = 0.01, where the π-weighted top-K term's pull is 0.01·A.
+    expected = [-a + 0.1 * b / 0.29 for a, b in zip(p[:3], q[:3])]
+    assert student.grad is not None
+    assert student.grad[0, 0].tolist() == pytest.approx(expected, rel=1e-4)
 
 
 def test_topk_term_against_an_older_policy_is_clipped_per_token():
