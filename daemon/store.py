@@ -889,7 +889,8 @@ class Store:
                 end = r["loop_to"]  # a loop sample trains the reply up to the end of the loop's first repeat
                 sampling = _opt(blob_logprobs, r["sampling_logprobs"])
                 prompt, behaviour, top_behaviour = r["prompt_ids"], r["behaviour_logprobs"], r["top_logprobs"]
-                if r["student_prompt_ids"] is not None:
+                consolidated = r["student_prompt_ids"] is not None
+                if consolidated:
                     # Consolidating notes: the reply trains in the request without them, against the
                     # serving version's logprobs there. No importance weight for the notes: the
                     # replies they led to are the states to teach, not a distribution to correct.
@@ -910,7 +911,7 @@ class Store:
                     evidence_ids=_opt(blob_ids, r["evidence_ids"]),
                     evidence_logprobs=_opt(blob_logprobs, r["evidence_logprobs"]),
                     loop_from=r["loop_from"],
-                    served_prompt_ids=None if prompt is r["prompt_ids"] else blob_ids(r["prompt_ids"]),
+                    served_prompt_ids=blob_ids(r["prompt_ids"]) if consolidated else None,
                 ))
             return out
 

@@ -130,7 +130,7 @@ def _train_steps(store: Any) -> list[dict[str, Any]]:
 
     keep = ("loss", "drift", "entropy", "adv", "ratio", "tis", "grad_norm", "reward_mean", "reward_pos",
             "reward_neg", "clip_frac", "response_len", "step_time_s", "samples", "kl", "topk_adv", "topk_clip",
-            "evidence_rows")
+            "evidence_rows", "distill_kl")
     rows = store.read(lambda c: c.execute(
         "SELECT version, parent, samples, outcome, error, metrics, started_at, finished_at FROM train_steps "
         "ORDER BY step").fetchall())
