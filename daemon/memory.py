@@ -18,8 +18,8 @@ words only refreshes that one (store.py `_put_note`). At most
 When `memory` is on, main calls get the notes appended to their last user message (or, with
 `memory_placement = "system"`, to their system prompt; `inject`), one per line and in the
 person's own words, as if they had written them under their message; the request is stored as
-served, with the notes it was given as `memory_notes`, so the teacher sees exactly what the policy
-saw. The user message is the default because a small model follows a request
+served, with the notes it was given as `memory_notes`, so training and the teacher see exactly
+what the policy saw. The user message is the default because a small model follows a request
 there far more often than in the system prompt (bench/README.md, "In-context following"), and
 the plain lines because under a header ("What this user has told you they want:") it opens by
 acknowledging them instead ("Sure! I'll make sure to keep it simple."; "The form of the notes").
@@ -27,10 +27,11 @@ The notes go least recently confirmed first, so what the person asked for last s
 message, where a small model follows it (the same notes in the other order broke 12 of 16 greedy
 replies against 4: "The order of the notes").
 
-Training consolidates notes into the weights: a reply served with notes trains in its request
-without them (`strip`; samples.py `_consolidate`, `memory_consolidate`), so the weights learn to
-do untold what the notes made the policy do; after a version goes live, retirement.py checks each
-note against it and retires the ones it already follows without being told.
+Training consolidates notes into the weights: after a version goes live, retirement.py checks
+each note against it and retires the ones it already follows without being told. With
+`memory_consolidate` a reply served with notes trains in its request without them (`strip`;
+samples.py `_consolidate`), to teach the weights what the notes made the policy do; it is off by
+default (bench/README.md, "Training without the notes").
 """
 
 from __future__ import annotations

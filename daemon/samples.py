@@ -313,9 +313,8 @@ class SamplePipeline:
         """The sample set to train in the request without its preference notes (`memory.strip`):
         the reply the notes led to, its reward and the teacher that saw the notes then teach the
         weights to do without being told what the notes asked for, so a note can retire
-        (retirement.py). Trained where it was served, with the notes, a reply's teacher differs
-        from its policy by the hint alone, which repeats the note: the signal would be about 0.
-        The baseline is the serving version's logprobs in that context (sampled token and top-K);
+        (retirement.py); trained where it was served, a reply's teacher differs from its policy
+        by the hint alone, which repeats a note. The baseline is the serving version's logprobs in that context (sampled token and top-K);
         when that version is no longer loaded the sample trains as it was served."""
         adapter = version_name(inp.adapter_version)
         if adapter is not None and adapter not in self.engine.loaded_versions():

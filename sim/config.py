@@ -20,7 +20,7 @@ class Method:
     memory: bool = False  # the person's preference notes in the prompt (the daemon's default is on)
     train: dict[str, Any] = field(default_factory=dict)  # more [train] values (TrainConfig fields)
     gated: bool = True  # False: every trained version goes live (the gate and live guard off)
-    consolidate: bool = True  # with memory: replies train without the notes (Settings.memory_consolidate)
+    consolidate: bool = False  # with memory: replies train without the notes (Settings.memory_consolidate)
 
     @property
     def trains(self) -> bool:
@@ -48,8 +48,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("combined", "combined"),  # top-K, without memory
     # The same two without the candidate gate and the live guard: what the gate changes, paired.
     Method("default_ungated", "combined", memory=True, gated=False),
-    # The default recipe trained in the context each reply was served in, notes and all.
-    Method("default_as_served", "combined", memory=True, consolidate=False),
+    # The default recipe with note consolidation: replies train without the notes, distilled.
+    Method("default_consolidated", "combined", memory=True, consolidate=True),
     Method("combined_ungated", "combined", gated=False),
     # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
     # PRESETS "seed"): combined advantage on the sampled token with its hint wording, teacher = the

@@ -99,7 +99,7 @@ COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combin
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
                ("default", "default_ungated"), ("combined", "combined_ungated"),
-               ("default", "default_as_served"), ("default_as_served", "memory"))
+               ("default_consolidated", "default"), ("default_consolidated", "memory"))
 
 
 def step_curve(curve: list[dict[str, Any]], interactions: int) -> list[float]:

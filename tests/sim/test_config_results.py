@@ -27,9 +27,9 @@ def test_seed_is_the_daemons_seed_preset():
     assert (combined.train_config().opd_top_k, combined.train_config().opd_clip) == (4, 1.0)
     assert combined.signal_config().teacher == "self" and combined.train.enabled and not combined.memory
     assert combined.signal_config().hint_template == "hint" and combined.memory_placement == "user"
-    served = Settings(**cfg.settings_for(METHODS["default_as_served"], seed=2), no_auth=True)
-    assert served.memory and not served.signal_config().consolidate_notes
-    assert Settings(**cfg.settings_for(METHODS["default"], seed=2), no_auth=True).signal_config().consolidate_notes
+    consolidated = Settings(**cfg.settings_for(METHODS["default_consolidated"], seed=2), no_auth=True)
+    assert consolidated.memory and consolidated.signal_config().consolidate_notes
+    assert not Settings(**cfg.settings_for(METHODS["default"], seed=2), no_auth=True).signal_config().consolidate_notes
     none = Settings(**cfg.settings_for(METHODS["none"], seed=2), no_auth=True)
     assert not METHODS["none"].trains and not none.train.enabled and not none.memory
     kl = Settings(**SimConfig(kl_coef=0.05).settings_for(METHODS["binary"], seed=1), no_auth=True)
@@ -62,7 +62,8 @@ def test_method_lists():
                                      "default_updates", "binary", "binary_corrections", "opd",
                                      "opd_token",
                                      "opd_evidence",
-                                     "combined", "default_ungated", "default_as_served", "combined_ungated", "seed")
+                                     "combined", "default_ungated", "default_consolidated", "combined_ungated",
+                                     "seed")
     assert parse_methods("combined, binary,combined") == ("combined", "binary")
     with pytest.raises(ValueError, match="unknown method"):
         parse_methods("")
