@@ -316,8 +316,9 @@ class Settings(BaseSettings):
     # Note consolidation: a reply served with notes trains in its request without them, against
     # the serving version's logprobs there, and is distilled (TrainConfig.distill_weight), so the
     # weights learn to do untold what the notes asked for (daemon/samples.py `_consolidate`).
-    # Off (the default): it trains with the notes it was served with. Off adapted in 3 of 6 runs
-    # on `sure` where on adapted in 1, as the notes alone (bench/README.md, "Training without the notes").
+    # Off (the default): it trains with the notes it was served with. On adapted in 1 of 6 runs on
+    # `sure` (later than off in 2 seeds, sooner in none; not decided), no better than the notes
+    # alone, and retired no note (bench/README.md, "Training without the notes").
     memory_consolidate: bool = False
 
     # [train] and [judge]: what the daemon learns from and how (TrainSettings, JudgeSettings below).
