@@ -151,6 +151,11 @@ FEEDBACK_COLUMNS = ("event_id", "kind", "session_id", "target", "text", "source"
 VOTE_COLUMNS = ("call_id", "kind", "backend", "prompt_version", "score", "hint", "raw", "error", "created_at")
 # What the sample pipeline sets on its sample: the verdict's fields, by name.
 SAMPLE_VERDICT_COLUMNS = tuple(f.name for f in fields(JudgedSample) if f.name not in ("call_id", "revision", "votes"))
+# The verdict's token ids and logprobs, as the blobs their columns hold.
+SAMPLE_BLOBS: dict[str, Callable[[Any], bytes]] = {
+    "teacher_prompt_ids": ids_blob, "teacher_logprobs": logprobs_blob, "teacher_top_logprobs": logprobs_blob,
+    "evidence_ids": ids_blob, "evidence_logprobs": logprobs_blob, "student_prompt_ids": ids_blob,
+    "student_logprobs": logprobs_blob, "student_top_logprobs": logprobs_blob}
 TRAIN_STEP_COLUMNS = ("version", "parent", "started_at", "finished_at", "samples", "outcome", "error", "metrics")
 ADAPTER_COLUMNS = ("version", "parent", "path", "state", "reason", "method", "samples", "metrics", "created_at",
                    "updated_at")
@@ -690,22 +695,9 @@ class Store:
         values["teacher_adapter"] = version_name(sample.teacher_adapter)
         if sample.teacher_messages is not None:
             values["teacher_messages"] = json.dumps(sample.teacher_messages, ensure_ascii=False)
-        if sample.teacher_prompt_ids is not None:
-            values["teacher_prompt_ids"] = ids_blob(sample.teacher_prompt_ids)
-        if sample.teacher_logprobs is not None:
-            values["teacher_logprobs"] = logprobs_blob(sample.teacher_logprobs)
-        if sample.teacher_top_logprobs is not None:
-            values["teacher_top_logprobs"] = logprobs_blob(sample.teacher_top_logprobs)
-        if sample.evidence_ids is not None:
-            values["evidence_ids"] = ids_blob(sample.evidence_ids)
-        if sample.evidence_logprobs is not None:
-            values["evidence_logprobs"] = logprobs_blob(sample.evidence_logprobs)
-        if sample.student_prompt_ids is not None:
-            values["student_prompt_ids"] = ids_blob(sample.student_prompt_ids)
-        if sample.student_logprobs is not None:
-            values["student_logprobs"] = logprobs_blob(sample.student_logprobs)
-        if sample.student_top_logprobs is not None:
-            values["student_top_logprobs"] = logprobs_blob(sample.student_top_logprobs)
+        for name, encode in SAMPLE_BLOBS.items():
+            if values[name] is not None:
+                values[name] = encode(values[name])
         assignments = ", ".join(f"{k} = ?" for k in values)
         cur = self._conn.execute(
             f"UPDATE samples SET {assignments}, updated_at = ? "
@@ -885,7 +877,6 @@ class Store:
             out = []
             for r in rows:
                 T = len(r["response_ids"]) // 4
-                topk = r["teacher_top_logprobs"] is not None and r["top_ids"] is not None
                 end = r["loop_to"]  # a loop sample trains the reply up to the end of the loop's first repeat
                 sampling = _opt(blob_logprobs, r["sampling_logprobs"])
                 prompt, behaviour, top_behaviour = r["prompt_ids"], r["behaviour_logprobs"], r["top_logprobs"]
@@ -896,7 +887,10 @@ class Store:
                     # replies they led to are the states to teach, not a distribution to correct.
                     prompt, behaviour, top_behaviour = (r["student_prompt_ids"], r["student_logprobs"],
                                                         r["student_top_logprobs"])
-                    sampling, topk = None, topk and top_behaviour is not None
+                    sampling = None
+                # Top-K OPD needs all three; without the teacher's view the sample is token-level.
+                if r["teacher_top_logprobs"] is None or r["top_ids"] is None:
+                    top_behaviour = None
                 out.append(ReadySample(
                     call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
                     reward_source=r["reward_source"], correction=r["correction"],
@@ -904,10 +898,10 @@ class Store:
                     behaviour_logprobs=blob_logprobs(behaviour)[:end],
                     teacher_logprobs=_opt(blob_logprobs, r["teacher_logprobs"]),
                     sampling_logprobs=None if sampling is None else sampling[:end],
-                    # Top-K OPD needs all three; without the teacher's view the sample is token-level.
-                    top_ids=blob_rows(blob_ids, r["top_ids"], T) if topk else None,
-                    top_logprobs=blob_rows(blob_logprobs, top_behaviour, T) if topk else None,
-                    teacher_top_logprobs=blob_rows(blob_logprobs, r["teacher_top_logprobs"], T) if topk else None,
+                    top_ids=blob_rows(blob_ids, r["top_ids"], T) if top_behaviour is not None else None,
+                    top_logprobs=blob_rows(blob_logprobs, top_behaviour, T) if top_behaviour is not None else None,
+                    teacher_top_logprobs=(blob_rows(blob_logprobs, r["teacher_top_logprobs"], T)
+                                          if top_behaviour is not None else None),
                     evidence_ids=_opt(blob_ids, r["evidence_ids"]),
                     evidence_logprobs=_opt(blob_logprobs, r["evidence_logprobs"]),
                     loop_from=r["loop_from"],
