@@ -314,8 +314,9 @@ class SamplePipeline:
         the reply the notes led to, its reward and the teacher that saw the notes then teach the
         weights to do without being told what the notes asked for, so a note can retire
         (retirement.py); trained where it was served, a reply's teacher differs from its policy
-        by the hint alone, which repeats a note. The baseline is the serving version's logprobs in that context (sampled token and top-K);
-        when that version is no longer loaded the sample trains as it was served."""
+        by the hint alone, which repeats a note. The baseline is the serving version's logprobs
+        in that context (sampled token and top-K); when that version is no longer loaded the
+        sample trains as it was served."""
         adapter = version_name(inp.adapter_version)
         if adapter is not None and adapter not in self.engine.loaded_versions():
             log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)

@@ -299,8 +299,8 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
 
     Metrics, token-weighted means over all updates: loss, clip_low, clip_high, clip_frac, ratio,
     tis, adv, drift, entropy, kl (only when kl_coef > 0: it needs a reference pass), topk_adv and
-    topk_clip (top-K OPD), distill_kl (distilled samples); grad_norm (mean over updates); and response_len, reward_mean,
-    reward_pos, reward_neg, samples, evidence_rows (positive evidence), loop_rows, updates, tokens,
+    topk_clip (top-K OPD), distill_kl (distilled samples); grad_norm (mean over updates); and
+    response_len, reward_mean, reward_pos, reward_neg, samples, evidence_rows (positive evidence), loop_rows, updates, tokens,
     pad_frac, micro_batches, step_time_s, tokens_per_s.
     Raises FloatingPointError, with the model and optimizer untouched, if the first update's
     gradient is not finite; a later update with a non-finite gradient is skipped and ends the step
