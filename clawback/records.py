@@ -165,12 +165,12 @@ class ReadySample:
     # The prompt as it was served, where `prompt_ids` is another one (note consolidation): the
     # call's identity, e.g. for the gate's held-out share.
     served_prompt_ids: list[int] | None = None
+    loop_from: int | None = None  # a loop sample (see JudgedSample): the response is cut at loop_to
 
     @property
     def distill(self) -> bool:
         """It trains in another context than its teacher's beyond the hint (TrainConfig.distill_weight)."""
         return self.served_prompt_ids is not None
-    loop_from: int | None = None  # a loop sample (see JudgedSample): the response is cut at loop_to
 
 
 @dataclass(frozen=True)

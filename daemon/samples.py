@@ -315,8 +315,8 @@ class SamplePipeline:
         weights to do without being told what the notes asked for, so a note can retire
         (retirement.py); trained where it was served, a reply's teacher differs from its policy
         by the hint alone, which repeats a note. The baseline is the serving version's logprobs
-        in that context (sampled token and top-K); when that version is no longer loaded the
-        sample trains as it was served."""
+        in that context (sampled token and top-K; without the latter it trains token-level);
+        when that version is no longer loaded the sample trains as it was served."""
         adapter = version_name(inp.adapter_version)
         if adapter is not None and adapter not in self.engine.loaded_versions():
             log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)
@@ -336,7 +336,6 @@ class SamplePipeline:
                     if sample.evidence_ids else sample.evidence_logprobs)
         return replace(sample, student_prompt_ids=list(prompt_ids), student_top_logprobs=top,
                        student_logprobs=await self.engine.score(prompt_ids, inp.response_ids, adapter),
-                       teacher_top_logprobs=sample.teacher_top_logprobs if top is not None else None,
                        evidence_logprobs=evidence)
 
     async def _write(self, sample: JudgedSample, votes: list[VoteRecord]) -> bool:
