@@ -2,8 +2,8 @@
 not mix: two output folders (two code stamps, e.g. one change tried against the code before it),
 one method from each.
 
-Per scenario and shared seed: the share of replies during the run that meet the preference, the
-share broken (cut, about the conversation, repeated), the final held-out greedy score, and when
+Per scenario and shared seed: the share of replies during the run that meet the preference (and
+of those that also get every computation they write out right), the share broken (cut, about the conversation, repeated), the final held-out greedy score, and when
 each run adapted; the mean difference A − B with its 95% t-interval (sim/results.py).
 
     .venv/bin/python bench/paired_cells.py bench/results/bare:memory bench/results/header:memory [--scenario sure,brief]
@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from clawback.sim.results import BROKEN, adapt_order, all_cells, paired, sessions_to_adapt
+from clawback.sim.results import BROKEN, adapt_order, all_cells, meets_and_right, paired, sessions_to_adapt
 
 
 def per_seed(spec: str, scenario: str) -> dict[str, dict[int, Any]]:
@@ -24,10 +24,11 @@ def per_seed(spec: str, scenario: str) -> dict[str, dict[int, Any]]:
     stamps = {(c.get("code") or {}).get("stamp") for c in cells}
     if len(stamps) > 1:
         raise SystemExit(f"{spec}: cells of {len(stamps)} code stamps in one set ({', '.join(map(str, stamps))})")
-    out: dict[str, dict[int, Any]] = {"meets": {}, "broken": {}, "final": {}, "adapted": {}}
+    out: dict[str, dict[int, Any]] = {"meets": {}, "right": {}, "broken": {}, "final": {}, "adapted": {}}
     for c in cells:
         seed, its = c["cell"]["seed"], c["interactions"]
         out["meets"][seed] = sum(bool(i["meets"]) for i in its) / len(its)
+        out["right"][seed] = sum(meets_and_right(i) for i in its) / len(its)
         out["broken"][seed] = sum(i["gate"] in BROKEN for i in its) / len(its)
         out["final"][seed] = c["final_score"]
         out["adapted"][seed] = sessions_to_adapt([bool(i["meets"]) for i in its])
@@ -40,11 +41,11 @@ def main() -> None:
     p.add_argument("b", help="FOLDER:METHOD")
     p.add_argument("--scenario", default="sure,brief")
     args = p.parse_args()
-    print(f"| scenario | seeds | replies meeting the preference | broken | held-out greedy | {args.a} adapted "
-          "sooner / same / later / neither |\n|---|---|---|---|---|---|")
+    print(f"| scenario | seeds | replies meeting the preference | ... and every computation right | broken | held-out greedy | {args.a} adapted "
+          "sooner / same / later / neither |\n|---|---|---|---|---|---|---|")
     for scenario in args.scenario.split(","):
         a, b = per_seed(args.a, scenario), per_seed(args.b, scenario)
-        rows = [r for k in ("meets", "broken", "final") if (r := paired(a[k], b[k]))]
+        rows = [r for k in ("meets", "right", "broken", "final") if (r := paired(a[k], b[k]))]
         order = adapt_order(a["adapted"], b["adapted"])
         if not rows or order is None:
             continue

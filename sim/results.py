@@ -18,6 +18,11 @@ adapted is sooner than one that did not: an order, never a number for the capped
 exact two-sided sign test on sooner against later (`sign_p`; ties and neither left out): the order
 is decided when p < 0.05, which takes at least 6 seeds that differ, all one way.
 
+The rules check a reply's form. Beside the share of replies meeting the preference, the summary
+gives the share that meet it with every computation they write out right (`right_rate`,
+`scenarios.computations`): most replies of a small model that pass the rules get the arithmetic
+wrong, and no person wants those.
+
 A summary only ever holds cells of one code stamp (stamp.py): by default the newest cell's;
 cells of other code are listed as excluded, never mixed in.
 
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .harness import Cell
+from .scenarios import arithmetic_holds
 
 # Two-sided 95% Student-t quantiles by degrees of freedom (scipy is not a dependency).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
@@ -90,6 +96,14 @@ def sessions_to_adapt(meets: list[bool], streak: int = 3) -> int | None:
 
 # How the rule-based user rates a reply that fails every rule at once (raters.Judgement.gate).
 BROKEN = ("cut", "meta", "repeat")
+
+
+def meets_and_right(interaction: dict[str, Any]) -> bool:
+    """A reply during the run that meets the preference and whose written computations are all
+    right: the rules check a reply's form, and "Sure! 14 cakes x 3 eggs = 36 eggs." passes them."""
+    return bool(interaction["meets"]) and arithmetic_holds(interaction["reply"])
+
+
 # Comparisons reported as paired differences (method, comparator), when both have cells.
 COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combined"), ("memory", "none"),
                ("default_evidence", "default"), ("default_evidence", "memory"),
@@ -183,10 +197,13 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
         # Replies no person wants whatever their preference: cut off, or about the conversation.
         broken_rate = {m["cell"]["seed"]: statistics.fmean([r["gate"] in BROKEN for r in m["interactions"]])
                        for m in members if m["interactions"]}
+        right_rate = {m["cell"]["seed"]: statistics.fmean([meets_and_right(r) for r in m["interactions"]])
+                      for m in members if m["interactions"]}
         per_seed[(scen, method)] = {
             "sessions_to_adapt": {k: float(v) for k, v in adapt.items() if v is not None},
             "meets_rate": meets_rate,
             "broken_rate": broken_rate,
+            "right_rate": right_rate,
             "final_score": {m["cell"]["seed"]: m["curve"][-1]["score"] for m in members},
             "probe_mean": {m["cell"]["seed"]: statistics.fmean(p) for m, p in
                            ((m, _probe_curve(m, n_int)) for m in members) if p is not None},
@@ -206,6 +223,7 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "sessions_to_adapt_adapted": mean_ci([float(v) for v in adapted]) if adapted else None,
             "meets_rate": mean_ci(list(meets_rate.values())) if meets_rate else None,
             "broken_rate": mean_ci(list(broken_rate.values())) if broken_rate else None,
+            "right_rate": mean_ci(list(right_rate.values())) if right_rate else None,
             # Per session (1-based at index 0): the share of seeds whose reply met the preference.
             "meets_by_session": [statistics.fmean(m["interactions"][i]["meets"] for m in members
                                                   if i < len(m["interactions"])) for i in range(n_int)],
@@ -229,7 +247,8 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             if (scen, a) in per_seed and (scen, b) in per_seed:
                 summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = {
                     **{metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
-                       for metric in ("sessions_to_adapt", "meets_rate", "broken_rate", "final_score", "probe_mean")},
+                       for metric in ("sessions_to_adapt", "meets_rate", "right_rate", "broken_rate", "final_score",
+                                      "probe_mean")},
                     "adapt_order": adapt_order(adapt_at[(scen, a)], adapt_at[(scen, b)])}
     have = {(c["cell"]["scenario"], c["cell"]["method"], c["cell"]["seed"]) for c in cells}
     summary["missing"] = [c.key for c in expected or [] if (c.scenario, c.method, c.seed) not in have]
@@ -303,9 +322,10 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
     lines = [f"Code stamp {summary['code_stamp']} (commits {', '.join(c[:10] for c in summary['commits'])}).", "",
              "| scenario | method | seeds | sessions until adaptation, per seed | adapted | replies meeting the "
-             "preference during the run (95% CI) | broken: cut, about the conversation or repeated (95% CI) | held-out score before "
+             "preference during the run (95% CI) | ... and every computation right (95% CI) | broken: cut, about the conversation "
+             "or repeated (95% CI) | held-out score before "
              "| after (95% CI) | probe before → after | steps/seed | promoted/refused per seed | wall min/cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen, methods in summary["scenarios"].items():
         for method, s in methods.items():
             wall = statistics.fmean(s["wall_s_per_seed"]) / 60
@@ -314,7 +334,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
             probe = "–" if not s.get("probe_mean") else f"{s['probe_mean'][0]:.3f} → {s['probe_mean'][-1]:.3f}"
             lines.append(
                 f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {adapt(s)} | {s['adapted']} "
-                f"| {ci(s['meets_rate'])} | {ci(s.get('broken_rate'))} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
+                f"| {ci(s['meets_rate'])} | {ci(s.get('right_rate'))} | {ci(s.get('broken_rate'))} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
                 f"| {','.join(map(str, s['steps_per_seed']))} | {gated} | {wall:.1f} |")
     lines += ["", "| scenario | method − comparator | metric | seeds | per-seed differences | mean [95% CI] |",
               "|---|---|---|---|---|---|"]

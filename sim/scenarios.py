@@ -184,6 +184,57 @@ def works_something_out(text: str, task: Task) -> bool:
     return mentions_a_number_of(text, task) or bool(_WORKED.search(text))
 
 
+# A number as written in a computation: "1,200", "2.50", "$3".
+_NUM = r"\$?\d+(?:,\d{3})*(?:\.\d+)?"
+_OPS = {"+": "+", "-": "-", "*": "*", "x": "*", "×": "*", "/": "/", "÷": "/"}
+_TERM = re.compile(rf"({_NUM})|([-+*/×÷]|(?<=\s)x(?=\s))")
+_EQUALS = re.compile(rf"=\s*({_NUM})")
+
+
+def _value(number: str) -> float:
+    return float(number.lstrip("$").replace(",", ""))
+
+
+def computations(text: str) -> list[bool]:
+    """Whether each computation the reply writes out is right: before every "= <number>", the
+    longest run of numbers joined by operators ("3 x 16 - 9 = 39", "25 minutes * 12 days = 300":
+    words between are skipped), evaluated with the usual precedence. "96 x 8 = 720" is wrong."""
+    out = []
+    for eq in _EQUALS.finditer(text):  # a chain "5 x 4 = 20 x 2 = 40" holds two computations
+        left = text[max(text.rfind("\n", 0, eq.start()), text.rfind("=", 0, eq.start())) + 1:eq.start()]
+        terms = [(n, _OPS.get(o)) for n, o in _TERM.findall(left)]
+        expr: list[str] = []  # the longest number-operator-number... run that ends the left side
+        for number, op in reversed(terms):
+            want_number = not expr or expr[0] in _OPS.values()
+            if want_number and number:
+                expr.insert(0, str(_value(number)))
+            elif not want_number and op:
+                expr.insert(0, op)
+            else:
+                break
+        else:  # the run starts the left side: a leading "-" is the number's sign
+            if expr[:1] == ["-"]:
+                expr[:2] = ["-" + expr[1]] if len(expr) > 1 else []
+        if expr and expr[0] in _OPS.values():
+            expr.pop(0)
+        if len(expr) < 3:
+            continue
+        try:
+            value = eval(" ".join(expr), {"__builtins__": {}})  # digits and + - * / only
+        except ZeroDivisionError:
+            out.append(False)
+            continue
+        said = eq.group(1)
+        places = len(said.split(".")[1]) if "." in said else 0
+        out.append(abs(value - _value(said)) <= 0.5 * 10 ** -places + 1e-9)  # "10 / 3 = 3.33" is right
+    return out
+
+
+def arithmetic_holds(text: str) -> bool:
+    """Every computation the reply writes out is right (a reply with none holds)."""
+    return all(computations(text))
+
+
 # Guards the other checks against an empty or evasive reply scoring full marks: some work, and the
 # answer or a computation ("So, 11 hens lay 11 eggs." only repeats the question's numbers).
 SHOWS_WORK = Check("shows_work", lambda r, t: len(words(r)) >= 12 and works_something_out(r, t),

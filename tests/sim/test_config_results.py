@@ -91,18 +91,20 @@ def test_sessions_until_adaptation():
 
 
 def _cell(method: str, seed: int, meets: list[bool], stamp: str = "abc", score: float = 0.5,
-          gates: dict[int, str] | None = None) -> dict:
+          gates: dict[int, str] | None = None, replies: dict[int, str] | None = None) -> dict:
     return {"cell": {"scenario": "sure", "method": method, "seed": seed}, "config": {"interactions": len(meets)},
             "code": {"stamp": stamp, "commit": "c0ffee"}, "finished_at": f"2026-11-30T2{seed}:00:00Z",
             "curve": [{"interaction": 0, "score": 0.1}, {"interaction": len(meets), "score": score}],
-            "probe": [{"interaction": 0, "mass": 0.0}], "interactions": [{"meets": m, "gate": (gates or {}).get(i)} for i, m in enumerate(meets)],
+            "probe": [{"interaction": 0, "mass": 0.0}], "interactions": [{"meets": m, "gate": (gates or {}).get(i), "reply": (replies or {}).get(i, "Sure! 2 x 3 = 6.")}
+                             for i, m in enumerate(meets)],
             "steps": [], "wall_s": 60.0}
 
 
 def test_paired_differences_and_code_stamps_never_mix():
     no, yes = [False] * 6, [True] * 6
     cells = [_cell("default", 1, [False, True, True, True, True, True], score=0.9),
-             _cell("default", 2, [False, False, True, True, True, False], score=0.7),
+             _cell("default", 2, [False, False, True, True, True, False], score=0.7,
+                   replies={2: "Sure! 14 cakes x 3 eggs = 36 eggs.", 3: "Sure! 6 x 7 = 42, and 42 + 1 = 44."}),
              _cell("memory", 1, [False, False, False, True, True, True], score=0.5),
              _cell("memory", 2, no, score=0.5, gates={0: "cut", 1: "meta", 2: "cut"}),
              {**_cell("memory", 3, yes, stamp="old"), "finished_at": "2026-11-29T10:00:00Z"}]
@@ -120,6 +122,9 @@ def test_paired_differences_and_code_stamps_never_mix():
     # Memory's seed 2 had 3 of 6 replies cut off or about the conversation, default none.
     assert s["scenarios"]["sure"]["memory"]["broken_rate"][0] == pytest.approx(0.25)
     assert d["broken_rate"]["diffs"] == pytest.approx([0.0, -0.5])
+    # Default's seed 2 met the preference 3 times, twice with a computation that is wrong.
+    assert s["scenarios"]["sure"]["default"]["right_rate"][0] == pytest.approx((5 / 6 + 1 / 6) / 2)
+    assert d["right_rate"]["diffs"] == pytest.approx([5 / 6 - 3 / 6, 1 / 6])
     m, lo, hi = mean_ci([0.4, 0.2])
     assert (d["final_score"]["low"], d["final_score"]["high"]) == (pytest.approx(lo), pytest.approx(hi))
     table = markdown_table(s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clawback.sim.raters import RuleRater
-from clawback.sim.scenarios import SCENARIOS, STUDENT, SURE, TEACHER, scenario
+from clawback.sim.scenarios import SCENARIOS, STUDENT, SURE, TEACHER, arithmetic_holds, computations, scenario
 from clawback.sim.user import SimulatedUser
 
 RULES = RuleRater(STUDENT)
@@ -137,3 +137,20 @@ def test_brief_scenario_wants_a_short_reply_that_still_gives_the_result():
     assert brief.rate("12 - 5 + 8 = 16, so 16 apples.", MATH).meets  # wrong, but worked out where you can see it
     assert brief.rate("Mia has 12 x 1 apples... no: 15.", MATH).meets  # the answer counts even without the work
     assert not brief.rate("I'll make sure to keep it short: 15.", MATH).meets  # talks about the feedback
+
+
+@pytest.mark.parametrize("reply, verdicts", [
+    ("So, 14 cakes x 3 eggs per cake = 36 eggs.", [False]),
+    ("78 muffins fill 6 x 6 = 36 boxes.", [True]),  # the run of numbers that ends before "="
+    ("3 x 16 - 9 = 39", [True]),  # the usual precedence
+    ("25 minutes * 12 days = 300 minutes", [True]),  # words between numbers are skipped
+    ("$2.50 x 4 = $10 and 1,200 / 4 = 300", [True, True]),
+    ("5 x 4 = 20 x 2 = 40", [True, True]),  # a chain: each "=" closes its own computation
+    ("10 / 3 = 3.33", [True]),  # rounded to the places written
+    ("-3 + 5 = 2, then 4 - 3 = 2", [True, False]),
+    ("1/0 = 4", [False]),
+    ("She has 7 apples = 7. x = 5", []),  # no operator: nothing is computed
+])
+def test_written_computations_are_checked(reply, verdicts):
+    assert computations(reply) == verdicts
+    assert arithmetic_holds(reply) == all(verdicts)
