@@ -3,8 +3,8 @@ not mix: two output folders (two code stamps, e.g. one change tried against the 
 one method from each.
 
 Per scenario and shared seed: the share of replies during the run that meet the preference (and
-of those that also get every computation they write out right), the share broken (cut, about the conversation, repeated), the final held-out greedy score, and when
-each run adapted; the mean difference A − B with its 95% t-interval (sim/results.py).
+of those that also get every computation they write out right), the share broken (cut, about
+the conversation, repeated), the final held-out greedy score, and when each run adapted; the mean difference A − B with its 95% t-interval (sim/results.py).
 
     .venv/bin/python bench/paired_cells.py bench/results/bare:memory bench/results/header:memory [--scenario sure,brief]
 """
