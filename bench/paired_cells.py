@@ -4,7 +4,10 @@ one method from each.
 
 Per scenario and shared seed: the share of replies during the run that meet the preference (and
 of those that also get every computation they write out right), the share broken (cut, about
-the conversation, repeated), the final held-out greedy score, and when each run adapted; the mean difference A − B with its 95% t-interval (sim/results.py).
+the conversation, repeated), the final held-out greedy score, and when each run adapted; the mean
+difference A − B with its 95% t-interval (sim/results.py). `--sessions 17-32` takes the shares over
+those sessions only (in a long run, the part where versions are live); adaptation is always over the
+whole run.
 
     .venv/bin/python bench/paired_cells.py bench/results/bare:memory bench/results/header:memory [--scenario sure,brief]
 """
@@ -18,7 +21,7 @@ from typing import Any
 from clawback.sim.results import BROKEN, adapt_order, all_cells, meets_and_right, paired, sessions_to_adapt
 
 
-def per_seed(spec: str, scenario: str) -> dict[str, dict[int, Any]]:
+def per_seed(spec: str, scenario: str, sessions: tuple[int, int] | None = None) -> dict[str, dict[int, Any]]:
     folder, method = spec.rsplit(":", 1)
     cells = [c for c in all_cells(Path(folder)) if c["cell"]["scenario"] == scenario and c["cell"]["method"] == method]
     stamps = {(c.get("code") or {}).get("stamp") for c in cells}
@@ -26,12 +29,15 @@ def per_seed(spec: str, scenario: str) -> dict[str, dict[int, Any]]:
         raise SystemExit(f"{spec}: cells of {len(stamps)} code stamps in one set ({', '.join(map(str, stamps))})")
     out: dict[str, dict[int, Any]] = {"meets": {}, "right": {}, "broken": {}, "final": {}, "adapted": {}}
     for c in cells:
-        seed, its = c["cell"]["seed"], c["interactions"]
+        seed, run = c["cell"]["seed"], c["interactions"]
+        its = run[sessions[0] - 1:sessions[1]] if sessions else run
+        if not its:
+            raise SystemExit(f"{spec} seed {seed}: no session in {sessions} (the run has {len(run)})")
         out["meets"][seed] = sum(bool(i["meets"]) for i in its) / len(its)
         out["right"][seed] = sum(meets_and_right(i) for i in its) / len(its)
         out["broken"][seed] = sum(i["gate"] in BROKEN for i in its) / len(its)
         out["final"][seed] = c["final_score"]
-        out["adapted"][seed] = sessions_to_adapt([bool(i["meets"]) for i in its])
+        out["adapted"][seed] = sessions_to_adapt([bool(i["meets"]) for i in run])
     return out
 
 
@@ -40,11 +46,15 @@ def main() -> None:
     p.add_argument("a", help="FOLDER:METHOD")
     p.add_argument("b", help="FOLDER:METHOD")
     p.add_argument("--scenario", default="sure,brief")
+    p.add_argument("--sessions", help="FIRST-LAST (1-based, inclusive): the shares over these sessions only")
     args = p.parse_args()
+    sessions = tuple(int(x) for x in args.sessions.split("-")) if args.sessions else None
+    if sessions is not None and (len(sessions) != 2 or not 1 <= sessions[0] <= sessions[1]):
+        raise SystemExit(f"--sessions {args.sessions}: expected FIRST-LAST with 1 <= FIRST <= LAST")
     print(f"| scenario | seeds | replies meeting the preference | ... and every computation right | broken | held-out greedy | {args.a} adapted "
           "sooner / same / later / neither |\n|---|---|---|---|---|---|---|")
     for scenario in args.scenario.split(","):
-        a, b = per_seed(args.a, scenario), per_seed(args.b, scenario)
+        a, b = per_seed(args.a, scenario, sessions), per_seed(args.b, scenario, sessions)
         rows = [r for k in ("meets", "right", "broken", "final") if (r := paired(a[k], b[k]))]
         order = adapt_order(a["adapted"], b["adapted"])
         if not rows or order is None:
