@@ -37,7 +37,7 @@ from clawback.daemon.server import build_state, daemon_app
 
 from .config import METHODS, SimConfig
 from .local_worker import in_thread_trainer
-from .probe import opener_mass
+from .probe import active_notes, opener_mass
 from .raters import RuleRater
 from .scenarios import Task, scenario
 from .stamp import code_stamp
@@ -191,7 +191,10 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
     async with fastapi_app.router.lifespan_context(fastapi_app), httpx.AsyncClient(
             transport=transport, base_url="http://clawback.sim", timeout=3600) as client:
 
+        probed_notes: list[list[str]] = []  # the notes the newest probe saw
+
         async def probe_now(i: int) -> None:
+            probed_notes[:] = [await active_notes(state)]
             mass = await opener_mass(state, scen, scen.eval)  # one forward pass a task: all of them
             probes.append({"interaction": i, "version": state.adapters.live(), "mass": mass})
 
@@ -226,9 +229,9 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
                                  "meets": reaction.judgement.meets, "gate": reaction.judgement.gate,
                                  "reaction": reaction.kind, "reply": reply})
             on_progress({"interaction": i + 1})
-            # The probe on every new version, and where the greedy evaluation runs (the preference
-            # notes change the prompt without a new version).
-            if state.adapters.live() != live_before or i + 1 in marks:
+            # The probe on every new version or change of the notes (they change the prompt without
+            # a new version), and where the greedy evaluation runs.
+            if state.adapters.live() != live_before or await active_notes(state) != probed_notes[0] or i + 1 in marks:
                 await probe_now(i + 1)
             if i + 1 in marks:
                 await score_now(i + 1)

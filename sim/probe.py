@@ -24,12 +24,19 @@ from .scenarios import Scenario, Task
 TOP = 20
 
 
+async def active_notes(state: Any, live: str | None = None) -> list[str]:
+    """The preference notes a main call to the live version gets now (none with memory off)."""
+    if not state.settings.memory:
+        return []
+    version = parse_version(live if live is not None else state.engine.active_version())
+    return [n["text"] for n in await asyncio.to_thread(state.store.memory_notes, version) if n["active"]]
+
+
 async def opener_mass(state: Any, scen: Scenario, tasks: tuple[Task, ...]) -> float | None:
     if scen.good_opener is None:
         return None
     live = state.engine.active_version()
-    notes = [n["text"] for n in await asyncio.to_thread(state.store.memory_notes, parse_version(live))
-             if n["active"]] if state.settings.memory else []
+    notes = await active_notes(state, live)
     tok, total = state.renderer.tokenizer, 0.0
     for task in tasks:
         messages = inject([{"role": "user", "content": task.prompt}], notes, state.settings.memory_placement)

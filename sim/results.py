@@ -205,8 +205,10 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "broken_rate": broken_rate,
             "right_rate": right_rate,
             "final_score": {m["cell"]["seed"]: m["curve"][-1]["score"] for m in members},
-            "probe_mean": {m["cell"]["seed"]: statistics.fmean(p) for m, p in
-                           ((m, _probe_curve(m, n_int)) for m in members) if p is not None},
+            # The probe where every method has one, at the end: in the run, a cell probed only on
+            # new versions (older cells) holds a stale value while the notes change.
+            "probe_final": {m["cell"]["seed"]: m["probe"][-1]["mass"] for m in members
+                            if m.get("probe") and m["probe"][-1]["mass"] is not None},
         }
         adapted = [v for v in adapt.values() if v is not None]
         steps = [s for m in members for s in m["steps"] if s["outcome"] == "committed"]
@@ -248,7 +250,7 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
                 summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = {
                     **{metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
                        for metric in ("sessions_to_adapt", "meets_rate", "right_rate", "broken_rate", "final_score",
-                                      "probe_mean")},
+                                      "probe_final")},
                     "adapt_order": adapt_order(adapt_at[(scen, a)], adapt_at[(scen, b)])}
     have = {(c["cell"]["scenario"], c["cell"]["method"], c["cell"]["seed"]) for c in cells}
     summary["missing"] = [c.key for c in expected or [] if (c.scenario, c.method, c.seed) not in have]

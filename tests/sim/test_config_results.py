@@ -125,6 +125,12 @@ def test_paired_differences_and_code_stamps_never_mix():
     # Default's seed 2 met the preference 3 times, twice with a computation that is wrong.
     assert s["scenarios"]["sure"]["default"]["right_rate"][0] == pytest.approx((5 / 6 + 1 / 6) / 2)
     assert d["right_rate"]["diffs"] == pytest.approx([5 / 6 - 3 / 6, 1 / 6])
+    # The probe compares the last one of each run: an older memory cell probed only at the start
+    # (no notes yet) and the end, a default cell on every version, alike until the end.
+    probes = {("default", 1): [(0, 0.0), (2, 0.6), (6, 0.6)], ("memory", 1): [(0, 0.0), (6, 0.5)]}
+    probed = [{**c, "probe": [{"interaction": i, "mass": x} for i, x in probes[(c["cell"]["method"], c["cell"]["seed"])]]}
+              for c in cells if (c["cell"]["method"], c["cell"]["seed"]) in probes]
+    assert summarize(probed)["paired"]["sure"]["default - memory"]["probe_final"]["diffs"] == pytest.approx([0.1])
     m, lo, hi = mean_ci([0.4, 0.2])
     assert (d["final_score"]["low"], d["final_score"]["high"]) == (pytest.approx(lo), pytest.approx(hi))
     table = markdown_table(s)

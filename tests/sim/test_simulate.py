@@ -28,8 +28,11 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     committed = [s for s in cell["steps"] if s["outcome"] == "committed"]
     assert len(committed) == 2, cell["samples"]  # 4 interactions with a signal each, batch 2
     assert [p["interaction"] for p in cell["curve"]] == [0, 2, 4]  # greedy: before, then eval_points = 2
-    # The probe: base, then every version and every evaluation point (here the same interactions).
-    assert [(p["interaction"], p["version"]) for p in cell["probe"]] == [(0, None), (2, 1), (4, 2)]
+    # The probe: base, then every change of the notes (the first correction's note, before any
+    # version), every version and every evaluation point (here the same interactions).
+    assert [(p["interaction"], p["version"]) for p in cell["probe"]] == [(0, None), (1, None), (2, 1), (4, 2)]
+    none = json.loads((out / "cells/sure/none/seed1.json").read_text())  # no notes, no versions
+    assert [(p["interaction"], p["version"]) for p in none["probe"]] == [(0, None), (2, None), (4, None)]
     assert all(0 <= p["mass"] <= 1 for p in cell["probe"])
     assert all(0 <= p["score"] <= 1 and set(p["checks"]) == {"starts_with_sure", "shows_work"} for p in cell["curve"])
     assert sum(cell["reactions"].values()) == 4 and [r["meets"] for r in cell["interactions"]] == [False] * 4
