@@ -12,11 +12,11 @@ reproducible and its curve does not depend on machine speed.
 
 Each interaction is one session: a task, the policy's first reply, the user's reaction. Whether
 that reply meets the preference, session by session, gives sessions until adaptation
-(results.py). The generation-free probe (probe.py) runs on the base model, on every new
-version and whenever the notes change, over all held-out tasks; the held-out tasks (`eval_tasks` of them) are answered greedily
-(main calls in one-call sessions that end at once, so they see the preference notes like any
-main call and are never trained) before the first interaction and at `eval_points` evenly spaced
-points after it.
+(results.py). The generation-free probe (probe.py) runs on the base model, on every new version
+and whenever the notes change, over all held-out tasks; the held-out tasks (`eval_tasks` of them)
+are answered greedily (main calls in one-call sessions that end at once, so they see the
+preference notes like any main call and are never trained) before the first interaction and at
+`eval_points` evenly spaced points after it.
 """
 
 from __future__ import annotations

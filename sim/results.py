@@ -205,8 +205,8 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "broken_rate": broken_rate,
             "right_rate": right_rate,
             "final_score": {m["cell"]["seed"]: m["curve"][-1]["score"] for m in members},
-            # The probe where every method has one, at the end: in the run, a cell probed only on
-            # new versions (older cells) holds a stale value while the notes change.
+            # The probe where every method has one, at the end: during the run, a cell recorded
+            # when the probe ran only on new versions holds a stale value while the notes change.
             "probe_final": {m["cell"]["seed"]: m["probe"][-1]["mass"] for m in members
                             if m.get("probe") and m["probe"][-1]["mass"] is not None},
         }
