@@ -4,7 +4,8 @@ one method from each.
 
 Per scenario and shared seed: the share of replies during the run that meet the preference (and
 of those that also get every computation they write out right), the share broken (cut, about
-the conversation, repeated), the final held-out greedy score, and when each run adapted; the mean
+the conversation, repeated), the final held-out greedy score, the last opener probe (`sure`), and
+when each run adapted; the mean
 difference A − B with its 95% t-interval (sim/results.py). `--sessions 17-32` takes the shares over
 those sessions only (in a long run, the part where versions are live); adaptation is always over the
 whole run.
@@ -27,16 +28,20 @@ def per_seed(spec: str, scenario: str, sessions: tuple[int, int] | None = None) 
     stamps = {(c.get("code") or {}).get("stamp") for c in cells}
     if len(stamps) > 1:
         raise SystemExit(f"{spec}: cells of {len(stamps)} code stamps in one set ({', '.join(map(str, stamps))})")
-    out: dict[str, dict[int, Any]] = {"meets": {}, "right": {}, "broken": {}, "final": {}, "adapted": {}}
+    out: dict[str, dict[int, Any]] = {"meets": {}, "right": {}, "broken": {}, "final": {}, "probe": {},
+                                      "adapted": {}}
     for c in cells:
         seed, run = c["cell"]["seed"], c["interactions"]
         its = run[sessions[0] - 1:sessions[1]] if sessions else run
         if not its:
             raise SystemExit(f"{spec} seed {seed}: no session in {sessions} (the run has {len(run)})")
         out["meets"][seed] = sum(bool(i["meets"]) for i in its) / len(its)
-        out["right"][seed] = sum(meets_and_right(i) for i in its) / len(its)
+        if all("reply" in i for i in its):  # cells recorded before replies were kept have no right rate
+            out["right"][seed] = sum(meets_and_right(i) for i in its) / len(its)
         out["broken"][seed] = sum(i["gate"] in BROKEN for i in its) / len(its)
         out["final"][seed] = c["final_score"]
+        if c.get("probe") and c["probe"][-1]["mass"] is not None:
+            out["probe"][seed] = c["probe"][-1]["mass"]
         out["adapted"][seed] = sessions_to_adapt([bool(i["meets"]) for i in run])
     return out
 
@@ -51,15 +56,15 @@ def main() -> None:
     sessions = tuple(int(x) for x in args.sessions.split("-")) if args.sessions else None
     if sessions is not None and (len(sessions) != 2 or not 1 <= sessions[0] <= sessions[1]):
         raise SystemExit(f"--sessions {args.sessions}: expected FIRST-LAST with 1 <= FIRST <= LAST")
-    print(f"| scenario | seeds | replies meeting the preference | ... and every computation right | broken | held-out greedy | {args.a} adapted "
-          "sooner / same / later / neither |\n|---|---|---|---|---|---|---|")
+    print(f"| scenario | seeds | replies meeting the preference | ... and every computation right | broken | held-out greedy | probe at the end "
+          f"| {args.a} adapted sooner / same / later / neither |\n|---|---|---|---|---|---|---|---|")
     for scenario in args.scenario.split(","):
         a, b = per_seed(args.a, scenario, sessions), per_seed(args.b, scenario, sessions)
-        rows = [r for k in ("meets", "right", "broken", "final") if (r := paired(a[k], b[k]))]
+        rows = [paired(a[k], b[k]) for k in ("meets", "right", "broken", "final", "probe")]
         order = adapt_order(a["adapted"], b["adapted"])
-        if not rows or order is None:
+        if rows[0] is None or order is None:
             continue
-        cells = [f"{r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]" for r in rows]
+        cells = ["–" if r is None else f"{r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]" for r in rows]
         print(f"| {scenario} | {len(rows[0]['seeds'])} | {' | '.join(cells)} | "
               f"{order['sooner']} / {order['same']} / {order['later']} / {order['neither']} (p = {order['sign_p']:.2g}) |")
 
