@@ -11,6 +11,8 @@ those sessions only (in a long run, the part where versions are live); adaptatio
 whole run.
 
     .venv/bin/python bench/paired_cells.py bench/results/bare:memory bench/results/header:memory [--scenario sure,brief]
+    .venv/bin/python bench/paired_cells.py 'bench/results/exch-lr1:default@1-6+bench/results/cons:default_as_served@7-12' \
+        'bench/results/exch-lr1:binary@1-6+bench/results/binary-lr1:binary@7-12' --scenario sure
 """
 
 from __future__ import annotations
@@ -23,6 +25,23 @@ from clawback.sim.results import BROKEN, adapt_order, all_cells, meets_and_right
 
 
 def per_seed(spec: str, scenario: str, sessions: tuple[int, int] | None = None) -> dict[str, dict[int, Any]]:
+    """Each metric by seed. `spec` is FOLDER:METHOD, or several joined by "+", each with its seeds
+    as @FIRST-LAST (e.g. one change's cells for seeds 1-6 in one folder, 7-12 in another)."""
+    if "+" in spec or "@" in spec:
+        pooled: dict[str, dict[int, Any]] = {}
+        for part in spec.split("+"):
+            one, _, seeds = part.partition("@")
+            first, _, last = seeds.partition("-")
+            if not (first.isdigit() and last.isdigit()):
+                raise SystemExit(f"{part}: expected FOLDER:METHOD@FIRST-LAST")
+            for key, by_seed in per_seed(one, scenario, sessions).items():
+                taken = pooled.setdefault(key, {})
+                for seed, value in by_seed.items():
+                    if int(first) <= seed <= int(last):
+                        if seed in taken:
+                            raise SystemExit(f"{spec}: seed {seed} in two parts")
+                        taken[seed] = value
+        return pooled
     folder, method = spec.rsplit(":", 1)
     cells = [c for c in all_cells(Path(folder)) if c["cell"]["scenario"] == scenario and c["cell"]["method"] == method]
     stamps = {(c.get("code") or {}).get("stamp") for c in cells}
