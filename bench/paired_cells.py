@@ -8,7 +8,8 @@ the conversation, repeated), the final held-out greedy score, the last opener pr
 when each run adapted; the mean
 difference A − B with its 95% t-interval (sim/results.py). `--sessions 17-32` takes the shares over
 those sessions only (in a long run, the part where versions are live); adaptation is always over the
-whole run.
+whole run. Either side may pool one method's seeds from several folders, each part with its seed
+range (FOLDER:METHOD@1-6+FOLDER:METHOD@7-12).
 
     .venv/bin/python bench/paired_cells.py bench/results/bare:memory bench/results/header:memory [--scenario sure,brief]
     .venv/bin/python bench/paired_cells.py 'bench/results/exch-lr1:default@1-6+bench/results/cons:default_as_served@7-12' \
