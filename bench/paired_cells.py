@@ -25,24 +25,27 @@ from typing import Any
 from clawback.sim.results import BROKEN, adapt_order, all_cells, meets_and_right, paired, sessions_to_adapt
 
 
+def pooled(spec: str, scenario: str, sessions: tuple[int, int] | None = None) -> dict[str, dict[int, Any]]:
+    """`per_seed` over parts joined by "+", each FOLDER:METHOD@FIRST-LAST giving those seeds."""
+    out: dict[str, dict[int, Any]] = {}
+    for part in spec.split("+"):
+        one, _, seeds = part.partition("@")
+        first, _, last = seeds.partition("-")
+        if not (first.isdigit() and last.isdigit()):
+            raise SystemExit(f"{part}: expected FOLDER:METHOD@FIRST-LAST")
+        wanted = range(int(first), int(last) + 1)
+        for key, by_seed in per_seed(one, scenario, sessions).items():
+            taken, mine = out.setdefault(key, {}), {s: v for s, v in by_seed.items() if s in wanted}
+            if taken.keys() & mine.keys():
+                raise SystemExit(f"{spec}: seeds {sorted(taken.keys() & mine.keys())} in two parts")
+            taken.update(mine)
+    return out
+
+
 def per_seed(spec: str, scenario: str, sessions: tuple[int, int] | None = None) -> dict[str, dict[int, Any]]:
-    """Each metric by seed. `spec` is FOLDER:METHOD, or several joined by "+", each with its seeds
-    as @FIRST-LAST (e.g. one change's cells for seeds 1-6 in one folder, 7-12 in another)."""
+    """Each metric by seed, for FOLDER:METHOD (or a pooled spec, see `pooled`)."""
     if "+" in spec or "@" in spec:
-        pooled: dict[str, dict[int, Any]] = {}
-        for part in spec.split("+"):
-            one, _, seeds = part.partition("@")
-            first, _, last = seeds.partition("-")
-            if not (first.isdigit() and last.isdigit()):
-                raise SystemExit(f"{part}: expected FOLDER:METHOD@FIRST-LAST")
-            for key, by_seed in per_seed(one, scenario, sessions).items():
-                taken = pooled.setdefault(key, {})
-                for seed, value in by_seed.items():
-                    if int(first) <= seed <= int(last):
-                        if seed in taken:
-                            raise SystemExit(f"{spec}: seed {seed} in two parts")
-                        taken[seed] = value
-        return pooled
+        return pooled(spec, scenario, sessions)
     folder, method = spec.rsplit(":", 1)
     cells = [c for c in all_cells(Path(folder)) if c["cell"]["scenario"] == scenario and c["cell"]["method"] == method]
     stamps = {(c.get("code") or {}).get("stamp") for c in cells}
