@@ -19,7 +19,7 @@ import httpx
 from clawback.daemon.engines.supervisor import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = Path.home() / ".cache" / "clawback" / "models" / "SmolLM2-135M-Instruct"
+DEFAULT_MODEL = Path.home() / ".cache" / "clawback" / "models" / "smollm2-135m-instruct"
 
 
 def cpu_ns(pid: int | str = "self") -> int:

@@ -38,7 +38,8 @@ async def main(args: argparse.Namespace) -> dict:
     from clawback.daemon.config import GateConfig
     from clawback.daemon.engines.embedded import EmbeddedEngine
     from clawback.daemon.gate import CandidateGate
-    from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
+    from clawback.daemon.config import EMBEDDED_MODEL
+    from clawback.daemon.models import CATALOGUE, pull
     from clawback.daemon.store import Store
     from clawback.engine import Sampling
     from clawback.records import Call, JudgedSample, StepRecord
@@ -46,7 +47,7 @@ async def main(args: argparse.Namespace) -> dict:
     from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 
     torch.set_num_threads(args.threads)
-    model_dir = ensure_embedded_model(Path.home() / ".cache" / "clawback" / "models" / EMBEDDED_DIR_NAME)
+    model_dir = pull(CATALOGUE[EMBEDDED_MODEL], Path.home() / ".cache" / "clawback" / "models")
     tmp = Path(tempfile.mkdtemp(prefix="bench-gate-"))
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     renderer = ChatRenderer(tok)

@@ -3,13 +3,15 @@
 Runs `judge_prm` over the hand-labelled cases in bench/judge_cases.jsonl for every backend it can
 run, next to two baselines that never read a case:
 
-    embedded        EngineBackend on the embedded SmolLM2-135M-Instruct (CPU)
+    embedded        EngineBackend on the embedded engine (CPU), once per --models entry (catalogue
+                    names, pulled into ~/.clawback/models if needed; default smollm2-135m-instruct)
     openai          OpenAIBackend on --openai-url/--openai-model (a second clawback daemon, vLLM, ...)
     majority-class  always answers the most common label among the cases run
     random          uniform over {-1, 0, 1} (seeded)
 
     .venv/bin/python bench/judge_accuracy.py                                  # embedded + baselines, m=3
     .venv/bin/python bench/judge_accuracy.py --m 1 --limit 24 --max-tokens 160
+    .venv/bin/python bench/judge_accuracy.py --backends embedded --models qwen2.5-coder-0.5b-instruct
     .venv/bin/python bench/judge_accuracy.py --backends openai majority-class random \\
         --openai-url http://127.0.0.1:8000/v1 --openai-model Qwen3-4B
 
@@ -126,15 +128,16 @@ async def run_judge(name: str, backend: Any, cases: list[dict[str, Any]], args: 
     return summarise(name, rows, time.monotonic() - started, votes_total, votes_failed)
 
 
-def embedded_backend(args: argparse.Namespace):
+def embedded_backend(args: argparse.Namespace, model: str):
     from transformers import AutoTokenizer
 
     from clawback.chat import ChatRenderer
+    from clawback.daemon.config import Settings
     from clawback.daemon.engines.embedded import EmbeddedEngine
-    from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
+    from clawback.daemon.models import resolve_model
     from clawback.judge.backends import EngineBackend
 
-    model_dir = ensure_embedded_model(Path.home() / ".cache" / "clawback" / "models" / EMBEDDED_DIR_NAME)
+    model_dir = resolve_model(model, Settings().models_dir, progress=print)
     engine = EmbeddedEngine(model_dir, device=args.device, torch_threads=args.threads)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return engine, EngineBackend(engine, ChatRenderer(tokenizer), tokenizer)
@@ -146,11 +149,12 @@ async def run_all(args: argparse.Namespace, cases: list[dict[str, Any]]) -> list
         if name in BASELINES:
             results.append(run_baseline(name, cases, args.seed))
         elif name == "embedded":
-            engine, backend = embedded_backend(args)
-            try:
-                results.append(await run_judge(name, backend, cases, args))
-            finally:
-                await engine.close()
+            for model in args.models:
+                engine, backend = embedded_backend(args, model)
+                try:
+                    results.append(await run_judge(f"embedded:{model}", backend, cases, args))
+                finally:
+                    await engine.close()
         elif name == "openai":
             from clawback.judge.backends import OpenAIBackend
 
@@ -192,6 +196,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backends", nargs="+", default=["embedded", *BASELINES],
                    help="embedded, openai, majority-class, random")
+    p.add_argument("--models", nargs="+", default=["smollm2-135m-instruct"],
+                   help="embedded: the models to judge with (catalogue names or model dirs)")
     p.add_argument("--cases", type=Path, default=ROOT / "judge_cases.jsonl")
     p.add_argument("--limit", type=int, default=None, help="run a category-balanced subsample of this many cases")
     p.add_argument("--m", type=int, default=3, help="votes per case (odd)")

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = Path.home() / ".cache" / "clawback" / "models" / "SmolLM2-135M-Instruct"
+DEFAULT_MODEL = Path.home() / ".cache" / "clawback" / "models" / "smollm2-135m-instruct"
 sys.path.insert(0, str(REPO))
 
 from clawback.trainer.config import TrainConfig  # noqa: E402

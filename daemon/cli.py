@@ -22,7 +22,8 @@ def _settings_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="data dir (default ~/.clawback)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 30000)")
-    p.add_argument("--model", help="'smollm2-135m-instruct' (embedded), a local HF model dir, or a hub id")
+    p.add_argument("--model", help="a catalogue name (clawback models list; default qwen2.5-coder-0.5b-instruct), "
+                                   "a .gguf file, a local HF model dir, or a hub id")
     p.add_argument("--served-model-name", help="model id clients ask for (default 'clawback')")
     p.add_argument("--engine", choices=["embedded", "vllm", "sglang"], help="inference engine (default embedded)")
     p.add_argument("--engine-url", help="attach to a running vLLM/SGLang server instead of launching one")
@@ -45,7 +46,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     from .models import resolve_model
 
     s = _settings(args)
-    model_dir = resolve_model(s.model, s.models_dir)
+    model_dir = resolve_model(s.model, s.models_dir, progress=_say)
     print(f"model: {model_dir}")
     if s.no_auth or s.api_key is not None:
         return 0
@@ -55,6 +56,46 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"API key: already in {s.api_key_path}")
     else:
         print(f"API key (shown once; also in {s.api_key_path}): {key}")
+    return 0
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """The model catalogue: what can be pulled, what is here, and pulling or removing one."""
+    from . import models
+
+    s = _settings(args)
+    if args.action == "list":
+        rows = []
+        for entry in models.CATALOGUE.values():
+            here = models.model_dir(s.models_dir, entry.name)
+            done = models.partial_parts(entry, s.models_dir)
+            state = ("pulled" if models.is_pulled(here) else
+                     f"{done} of {len(entry.parts)} parts downloaded" if done else "not pulled")
+            rows.append((entry.name, entry.parameters, f"{entry.size / 2**20:,.0f} MiB", state, entry.summary))
+        for path in models.local_models(s.models_dir):
+            rows.append((path.name, "", "", "pulled", models.read_manifest(path).get("summary", "")))
+        if args.json:
+            print(json.dumps([dict(zip(("name", "parameters", "download", "state", "summary"), r)) for r in rows], indent=2))
+            return 0
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        for r in rows:
+            mark = "*" if r[0] == s.model else " "
+            print(mark, "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)), " ", r[4])
+        print(f"\n* the configured model; models live in {s.models_dir}")
+        return 0
+    if not args.name:
+        raise ValueError(f"models {args.action} needs a model name (clawback models list)")
+    if args.action == "pull":
+        if args.name not in models.CATALOGUE and not args.name.endswith(".gguf"):
+            raise ValueError(f"unknown model {args.name!r}: one of {', '.join(models.CATALOGUE)}, or a .gguf file")
+        print(f"{args.name}: {models.resolve_model(args.name, s.models_dir, progress=_say)}")
+        return 0
+    for path in models.remove(args.name, s.models_dir):
+        print(f"removed {path}")
     return 0
 
 
@@ -294,7 +335,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
     from . import export
-    from .models import EMBEDDED_MODEL, find_gguf, resolve_model
+    from .models import resolve_model, source_gguf
 
     if args.version is None or args.format is None:
         raise ValueError("export adapter needs a version and --format (" + "|".join(export.FORMATS) + ")")
@@ -302,10 +343,11 @@ def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
     adapter_dir = s.data_dir / "adapters" / name
     if not adapter_dir.is_dir():
         raise ValueError(f"no adapter version {name} in {adapter_dir.parent}")
-    base_gguf = Path(args.base_gguf) if args.base_gguf else (find_gguf() if s.model == EMBEDDED_MODEL else None)
+    model_dir = resolve_model(s.model, s.models_dir, progress=_say)
+    base_gguf = Path(args.base_gguf) if args.base_gguf else source_gguf(model_dir)
     suffix = ".gguf" if args.format.startswith("gguf") else ""
     out = Path(args.out) if args.out else Path(f"clawback-{name}-{args.format}{suffix}")
-    export.export_adapter(adapter_dir, resolve_model(s.model, s.models_dir), args.format, out, base_gguf)
+    export.export_adapter(adapter_dir, model_dir, args.format, out, base_gguf)
     print(f"wrote {out} ({args.format} of adapter {name})")
     return 0
 
@@ -318,6 +360,13 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p = sub.add_parser("init", help="prepare the model and create the API key")
     _settings_flags(p)
     p.set_defaults(fn=cmd_init)
+
+    p = sub.add_parser("models", help="the model catalogue: list, pull or remove a model")
+    _settings_flags(p)
+    p.add_argument("action", choices=["list", "pull", "rm"])
+    p.add_argument("name", nargs="?", help="a catalogue name (pull: or a .gguf file)")
+    p.add_argument("--json", action="store_true", help="list: JSON for scripts")
+    p.set_defaults(fn=cmd_models)
 
     p = sub.add_parser("serve", help="run the daemon")
     _settings_flags(p)
@@ -355,7 +404,7 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("version", nargs="?", help="adapter version (N or vN)")
     p.add_argument("--format", choices=["peft", "merged", "gguf-lora", "gguf-merged"],
                    help="adapter: PEFT dir | merged HF model | llama.cpp LoRA GGUF | merged GGUF (Ollama)")
-    p.add_argument("--base-gguf", help="adapter, gguf-merged: the base model's GGUF (default: the embedded model's)")
+    p.add_argument("--base-gguf", help="adapter, gguf-merged: the base model's GGUF (default: the one a catalogue model was converted from)")
     p.add_argument("--jsonl", action="store_true", help="calls as JSON lines")
     p.add_argument("--since", help="only records from this time on (ISO 8601 or unix seconds)")
     p.add_argument("--out", help="output file or dir (default: stdout for --jsonl, ./clawback-vN-FORMAT for adapters)")
@@ -398,7 +447,7 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     try:
         return args.fn(args)
     except Exception as e:  # a clear one-line error instead of a traceback for user mistakes
-        if isinstance(e, (FileNotFoundError, ValueError)) or type(e).__name__ == "ModelNotFound":
+        if isinstance(e, (FileNotFoundError, ValueError)) or type(e).__name__ in ("ModelNotFound", "PullError"):
             print(f"clawback: {e}", file=sys.stderr)
             return 2
         raise

@@ -25,7 +25,10 @@ from clawback.trainer.config import PRESETS, TrainConfig
 
 from .layout import Layout
 
+# The catalogue's smallest model (daemon/models.py): the fast test tier and tiny machines.
 EMBEDDED_MODEL = "smollm2-135m-instruct"
+# What `serve` and `simulate` use unless told otherwise, chosen by measurement (bench/README.md).
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
 
 class GateConfig(BaseModel):
@@ -43,7 +46,10 @@ class GateConfig(BaseModel):
     # capability retention
     probes: int = Field(default=0, ge=0)  # probes used, 0 = the whole set
     probe_max_tokens: int = Field(default=32, ge=4)
-    retention_margin: float = Field(default=2.0, ge=0)  # points of 100 the candidate may lose to the base model
+    # Refused when the changed probes go against the candidate beyond chance (one-sided exact sign
+    # test, p < retention_alpha) and it is at least retention_margin points (of 100) below the base.
+    retention_alpha: float = Field(default=0.05, gt=0, le=1)
+    retention_margin: float = Field(default=2.0, ge=0)
     # collapse detectors (candidate against live, on the probe replies)
     entropy_low: float = Field(default=0.3, ge=0)  # min-entropy below this × live's: collapsed
     entropy_high: float = Field(default=3.0, ge=1)  # above this × live's + 0.5 nats: blown up
@@ -261,8 +267,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(30000, ge=0, le=65535)
 
-    # Model: the embedded alias, a local HF model dir, or a hub id where the machine has network.
-    model: str = EMBEDDED_MODEL
+    # Model: a catalogue name (`clawback models list`), a .gguf file, a local HF model dir, or a hub id
+    # where the machine has network.
+    model: str = DEFAULT_MODEL
     served_model_name: str = "clawback"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

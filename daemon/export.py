@@ -6,7 +6,8 @@
   (`general.type = adapter`, `<tensor>.lora_a` / `.lora_b`, `adapter.lora.alpha`).
 - `gguf-merged`: the base model's GGUF with the adapted tensors replaced by merged ones (what
   Ollama needs: it no longer creates LoRA adapters). Untouched tensors keep their quantized bytes;
-  merged ones are written as F16. Needs the base model's GGUF: the embedded model ships one.
+  merged ones are written as F16. Needs the base model's GGUF: a catalogue model keeps the one it
+  was converted from.
 
 GGUF files are read and written with the `gguf` package (llama.cpp's own Python library), tensor
 names come from its name map, and Llama-family q/k rows are permuted as llama.cpp's converter does.
@@ -50,7 +51,7 @@ def export_adapter(adapter_dir: Path, model_dir: str, fmt: str, out: Path, base_
         _gguf_lora(adapter_dir, model_dir, out)
     else:
         if base_gguf is None:
-            raise ExportError("gguf-merged needs the base model's GGUF (--base-gguf); only the embedded model ships one. "
+            raise ExportError("gguf-merged needs the base model's GGUF (--base-gguf); catalogue models keep theirs. "
                               "Or export --format merged and convert it with llama.cpp's convert_hf_to_gguf.py")
         _gguf_merged(adapter_dir, model_dir, base_gguf, out)
     return out

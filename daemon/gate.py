@@ -6,8 +6,10 @@ nothing routed to it. The gate then decides, in this order (docs/gate.md has eve
 1. training health, from the step's own metrics: a non-finite loss or gradient norm, a gradient
    norm above `grad_spike`× the running median of the last healthy steps, a loss above
    `loss_spike`× their median |loss| (and above `loss_floor`). Any of these refuses at once.
-2. capability retention: the probe set (probes.py) answered greedily; the candidate's score may
-   not fall more than `retention_margin` points (of 100) below the base model's.
+2. capability retention: the probe set (probes.py) answered greedily by the candidate and the base
+   model; refused when the probes the candidate newly fails outnumber those it newly passes by more
+   than chance allows (an exact one-sided sign test on the changed probes, `retention_alpha`) and
+   its score is at least `retention_margin` points (of 100) below the base model's.
 3. collapse detectors on the same probe replies, and on greedy replies to the person's own
    newest requests (held-out calls first; their prompts as served, preference notes included),
    each against the live version's replies to the same prompts. Repetition, the same reply
@@ -151,6 +153,19 @@ def teacher_gap(logprobs: list[float], teacher_logprobs: list[float]) -> float:
     return sum(abs(a - b) for a, b in zip(logprobs, teacher_logprobs)) / len(logprobs)
 
 
+def retention_test(base_failed: list[str], candidate_failed: list[str]) -> tuple[int, int, float]:
+    """The paired test of capability retention: of the probes whose outcome changed between the
+    base model and the candidate, `lost` the candidate newly fails and `gained` it newly passes.
+    Under "no loss" each changed probe is as likely to go either way, so the one-sided exact sign
+    test (McNemar's exact test) gives P(at least `lost` of lost+gained). Probes both pass or both
+    fail say nothing about a change. An unchanged model changes no probe (greedy replies): p = 1."""
+    base, cand = set(base_failed), set(candidate_failed)
+    lost, gained = len(cand - base), len(base - cand)
+    n = lost + gained
+    p = sum(math.comb(n, k) for k in range(lost, n + 1)) / 2**n
+    return lost, gained, p
+
+
 class CandidateGate:
     def __init__(self, engine: Engine, renderer: ChatRenderer, store: Store, cfg: GateConfig,
                  busy: Callable[[], int] = lambda: 0) -> None:
@@ -206,12 +221,15 @@ class CandidateGate:
         base = await self._probe(None)
         cand = await self._probe(cand_name)
         ref = base if live is None else await self._probe(live_name)
+        lost, gained, p = retention_test(base["failed"], cand["failed"])
         report["retention"] = {"candidate": cand["score"], "base": base["score"], "live": ref["score"],
-                               "margin": cfg.retention_margin, "probes": len(self.probes)}
+                               "margin": cfg.retention_margin, "probes": len(self.probes), "newly_failed": lost,
+                               "newly_passed": gained, "p": round(p, 5), "alpha": cfg.retention_alpha}
         drop = base["score"] - cand["score"]
-        if drop > cfg.retention_margin:
+        if p < cfg.retention_alpha and drop >= cfg.retention_margin:
             reasons.append(f"retention −{drop:.1f} points ({cand['score']:.1f} vs base {base['score']:.1f} "
-                           f"of 100 on {len(self.probes)} probes; margin {cfg.retention_margin:g})")
+                           f"of 100 on {len(self.probes)} probes: {lost} newly failed, {gained} newly passed, "
+                           f"p = {p:.3g} < {cfg.retention_alpha:g})")
         report["collapse"] = {"candidate": cand["stats"], "live": ref["stats"], "base": base["stats"]}
         reasons += against_live_and_base(cand["stats"], ref["stats"], base["stats"], cfg, live_name)
         held_out = await asyncio.to_thread(self._held_out_calls)  # read once: generated and replayed

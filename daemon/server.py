@@ -52,7 +52,7 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     train = settings.train.enabled
     # First: a layout the cluster cannot host fails before anything is built.
     placement = _ray_placement(settings) if train and start_trainer is None else None
-    model_dir = resolve_model(settings.model, settings.models_dir)
+    model_dir = resolve_model(settings.model, settings.models_dir, progress=log.info)
     engine_threads, trainer_threads = thread_budget(available_cores(), train, settings.torch_threads,
                                                     settings.train.threads)
     engine = build_engine(settings, model_dir, engine_threads)

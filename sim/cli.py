@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clawback.daemon.config import DEFAULT_MODEL
+
 from .config import METHODS, SimConfig, parse_methods
 from .scenarios import SCENARIOS
 
@@ -26,7 +28,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seeds", type=int, default=3, help="seeds 1..K per scenario and method (default 3)")
     p.add_argument("--first-seed", type=int, default=1, help="start seeds here (default 1)")
     p.add_argument("--out", default="bench/results/simulate", help="output dir (default bench/results/simulate)")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="the embedded alias or a local HF model dir")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="a catalogue name (clawback models list) or a local HF model dir")
     p.add_argument("--batch-size", type=int, default=SimConfig.batch_size)
     p.add_argument("--lr", type=float, default=SimConfig.lr, help="binary/opd/combined (seed keeps its recipe's 1e-5)")
     p.add_argument("--lora-rank", type=int, default=SimConfig.lora_rank)

@@ -32,9 +32,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> Path:
-    from clawback.daemon.models import EMBEDDED_DIR_NAME, ensure_embedded_model
+    from clawback.daemon.config import EMBEDDED_MODEL
+    from clawback.daemon.models import CATALOGUE, pull
 
-    return ensure_embedded_model(CACHE / "models" / EMBEDDED_DIR_NAME)
+    return pull(CATALOGUE[EMBEDDED_MODEL], CACHE / "models")
 
 
 def make_tiny_llama(embedded_model_dir: Path, out: Path, **shape: int) -> Path:

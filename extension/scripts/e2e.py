@@ -211,9 +211,10 @@ def text_of(payload: dict) -> str:
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from clawback.daemon.models import ensure_embedded_model
+    from clawback.daemon.config import EMBEDDED_MODEL
+    from clawback.daemon.models import CATALOGUE, pull
 
-    model_dir = ensure_embedded_model(CACHE / "models" / "SmolLM2-135M-Instruct")
+    model_dir = pull(CATALOGUE[EMBEDDED_MODEL], CACHE / "models")
     work = Path(tempfile.mkdtemp(prefix="clawback-oc-e2e-"))
     keep = os.environ.get("CLAWBACK_E2E_KEEP") == "1"
     log(f"work dir {work}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from clawback.daemon.config import EMBEDDED_MODEL, Settings, load_settings
+from clawback.daemon.config import DEFAULT_MODEL, Settings, load_settings
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_defaults(home: Path) -> None:
     assert s.api_key_path == home / ".clawback" / "api_key"
     assert s.models_dir == home / ".clawback" / "models"
     assert (s.host, s.port, s.base_url) == ("127.0.0.1", 30000, "http://127.0.0.1:30000")
-    assert s.model == EMBEDDED_MODEL and s.served_model_name == "clawback"
+    assert s.model == DEFAULT_MODEL and s.served_model_name == "clawback"
     assert s.config_file is None and s.api_key is None and s.no_auth is False
     assert s.session_idle_timeout_s == 1800.0 and s.store_queue_size == 10_000
     assert not (home / ".clawback").exists()  # loading settings creates nothing

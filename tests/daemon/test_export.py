@@ -41,11 +41,11 @@ def export(data_dir: Path, fmt: str, out: Path) -> Path:
     """In-process (the CLI's own path is run for gguf-merged, which also finds the base GGUF itself)."""
     from clawback.daemon.export import export_adapter
 
-    return export_adapter(data_dir / "adapters" / "v3", str(data_dir / "models" / "SmolLM2-135M-Instruct"), fmt, out)
+    return export_adapter(data_dir / "adapters" / "v3", str(data_dir / "models" / "smollm2-135m-instruct"), fmt, out)
 
 
 def export_cli(data_dir: Path, fmt: str, out: Path) -> Path:
-    cmd = [sys.executable, "-m", "clawback.cli", "export", "adapter", "v3", "--format", fmt, "--data-dir", str(data_dir),
+    cmd = [sys.executable, "-m", "clawback.cli", "export", "adapter", "v3", "--format", fmt, "--data-dir", str(data_dir), "--model", "smollm2-135m-instruct",
            "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,7 +87,7 @@ def test_gguf_merged_and_lora_carry_the_adapter(data_dir: Path, reference, tmp_p
     import gguf
     from transformers import AutoModelForCausalLM
 
-    from clawback.daemon.models import find_gguf
+    from clawback.daemon.models import source_gguf
 
     plain, adapted = reference
     merged = export_cli(data_dir, "gguf-merged", tmp_path / "merged.gguf")
@@ -99,7 +99,7 @@ def test_gguf_merged_and_lora_carry_the_adapter(data_dir: Path, reference, tmp_p
     assert (got - adapted).abs().max() < 0.15 < (got - plain).abs().max(), \
         ((got - adapted).abs().max(), (got - plain).abs().max())
 
-    base, m, a = (gguf.GGUFReader(str(p)) for p in (find_gguf(), merged, lora))
+    base, m, a = (gguf.GGUFReader(str(p)) for p in (source_gguf(data_dir / "models" / "smollm2-135m-instruct"), merged, lora))
     assert a.fields["general.type"].contents() == "adapter" and a.fields["adapter.type"].contents() == "lora"
     assert a.fields["adapter.lora.alpha"].contents() == 8.0
     base_tensors = {t.name: t for t in base.tensors}

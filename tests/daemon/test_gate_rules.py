@@ -173,3 +173,16 @@ def test_only_rated_calls_are_held_out():
     consolidated = [ReadySample(f"call-{i}", 1.0, None, [7, 7, i], [2], [-1.0], None, reward_source="explicit",
                                 served_prompt_ids=[1, i]) for i in range(200)]
     assert [gate.holds_out(s) for s in consolidated] == rated
+
+
+def test_retention_is_a_paired_exact_test_on_the_changed_probes():
+    from clawback.daemon.gate import retention_test
+
+    assert retention_test(["a", "b"], ["a", "b"]) == (0, 0, 1.0)  # nothing changed: never refused
+    # Three probes lost, none gained: 1/8, which is chance at 56 probes, not forgetting.
+    assert retention_test([], ["a", "b", "c"]) == (3, 0, 0.125)
+    lost, gained, p = retention_test(["x"], ["a", "b", "c", "d", "e"])  # 5 lost, 1 gained
+    assert (lost, gained) == (5, 1) and abs(p - 7 / 64) < 1e-12
+    assert retention_test([], list("abcde"))[2] == 1 / 32 < 0.05  # 5 lost, none gained: refused
+    # Many probes changing both ways is churn, not loss.
+    assert retention_test(list("abcdefgh"), list("ijklmnopq"))[2] > 0.4
