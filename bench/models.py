@@ -1,6 +1,8 @@
 """The catalogue's models side by side, each served by a real daemon on the embedded engine.
 
-For every model (catalogue names, pulled first if needed):
+All models' daemons run at once and every round measures each model in turn (the order flips every
+round), so that all see the same machine load; medians over rounds are reported. For every model
+(catalogue names, pulled first if needed):
 - start: seconds from `clawback serve` to a healthy daemon, and to its first reply;
 - resident memory of the daemon after the bursts (RSS, with children);
 - decode: aggregate tokens/s and TTFT p50 at 1 stream and at `--streams` streams, `--rounds` rounds
@@ -113,7 +115,8 @@ def rss_mb(pid: int) -> float:
     return sum(p.memory_info().rss for p in procs) / 2**20
 
 
-def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
+def start(model: str) -> tuple[Daemon, dict[str, Any]]:
+    """A daemon on `model`, timed from the command to healthy and to its first reply."""
     from clawback.daemon.config import Settings
     from clawback.daemon.models import resolve_model
 
@@ -121,34 +124,21 @@ def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {"CLAWBACK_TRAIN": "false", "CLAWBACK_JUDGE": "off", "CLAWBACK_MEMORY": "false"}
     t0 = time.perf_counter()
     d = Daemon(model_dir, Path(tempfile.mkdtemp(prefix="clawback-bench-models-")), 0, "cpu", "warning", env=env)
-    try:
-        d.wait_ready(timeout=1800)
-        out: dict[str, Any] = {"model": model, "healthy_s": time.perf_counter() - t0}
-        chat(d.url, [{"role": "user", "content": "Hello!"}], 16)
-        out["first_reply_s"] = time.perf_counter() - t0
-        print(f"{model}: healthy {out['healthy_s']:.1f} s, first reply {out['first_reply_s']:.1f} s", flush=True)
-        rounds = []
-        for r in range(args.rounds):
-            row = {}
-            for n in (1, args.streams):
-                res = asyncio.run(burst(d.url, n, 48, 1000 * r))
-                row[n] = {"tokens_per_s": res["tokens_per_s"], "ttft_p50_s": res["ttft_p50_s"]}
-                print(f"  round {r} {n} streams: {res['tokens_per_s']:.1f} tok/s, ttft p50 {res['ttft_p50_s']:.2f} s", flush=True)
-            rounds.append(row)
-        out["decode"] = {f"{n} streams": {k: statistics.median(r[n][k] for r in rounds) for k in ("tokens_per_s", "ttft_p50_s")}
-                         for n in (1, args.streams)}
-        out["rss_mb"] = rss_mb(d.proc.pid)
-        out["probes"] = probes(d.url)
-        print(f"  probes {out['probes']['passed']}/{out['probes']['probes']} {out['probes']['by_kind']}", flush=True)
-        out["tool_call"] = tool_round_trip(d.url)
-        print(f"  tool call: called {out['tool_call']['called']}, used the result {out['tool_call']['used_result']}", flush=True)
-        out["told_preference"] = told_preference(d.url)
-        t = out["told_preference"]
-        print(f"  told 'Sure, < 40 words': follows {t['follows']}/{t['of']}, right answer {t['right']}/{t['of']}", flush=True)
-        out["loadavg_end"] = os.getloadavg()
-        return out
-    finally:
-        d.stop()
+    d.wait_ready(timeout=1800)
+    out: dict[str, Any] = {"model": model, "healthy_s": time.perf_counter() - t0}
+    chat(d.url, [{"role": "user", "content": "Hello!"}], 16)
+    out["first_reply_s"] = time.perf_counter() - t0
+    print(f"{model}: healthy {out['healthy_s']:.1f} s, first reply {out['first_reply_s']:.1f} s", flush=True)
+    return d, out
+
+
+def checks(d: Daemon, out: dict[str, Any]) -> None:
+    out["probes"] = probes(d.url)
+    print(f"{out['model']}: probes {out['probes']['passed']}/{out['probes']['probes']} {out['probes']['by_kind']}", flush=True)
+    out["tool_call"] = tool_round_trip(d.url)
+    print(f"  tool call: called {out['tool_call']['called']}, used the result {out['tool_call']['used_result']}", flush=True)
+    out["told_preference"] = t = told_preference(d.url)
+    print(f"  told 'Sure, < 40 words': follows {t['follows']}/{t['of']}, right answer {t['right']}/{t['of']}", flush=True)
 
 
 def main() -> None:
@@ -157,17 +147,40 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--streams", type=int, default=8)
     args = ap.parse_args()
-    results = [measure(m, args) for m in args.models.split(",")]
+    names = args.models.split(",")
+    daemons: dict[str, Daemon] = {}
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for name in names:  # one at a time, so that each start is timed on its own
+            daemons[name], results[name] = start(name)
+        rounds: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            row: dict[str, Any] = {"loadavg": os.getloadavg()[0]}
+            for name in names if r % 2 == 0 else names[::-1]:
+                for n in (1, args.streams):
+                    res = asyncio.run(burst(daemons[name].url, n, 48, 1000 * r))
+                    row[f"{name}/{n}"] = {"tokens_per_s": res["tokens_per_s"], "ttft_p50_s": res["ttft_p50_s"]}
+                    print(f"round {r} {name} {n} streams: {res['tokens_per_s']:.1f} tok/s, "
+                          f"ttft p50 {res['ttft_p50_s']:.2f} s (load {row['loadavg']:.1f})", flush=True)
+            rounds.append(row)
+        for name in names:
+            results[name]["decode"] = {f"{n} streams": {k: statistics.median(r[f"{name}/{n}"][k] for r in rounds)
+                                                        for k in ("tokens_per_s", "ttft_p50_s")} for n in (1, args.streams)}
+            results[name]["rss_mb"] = rss_mb(daemons[name].proc.pid)
+            checks(daemons[name], results[name])
+    finally:
+        for d in daemons.values():
+            d.stop()
     print("\n| model | healthy s | first reply s | tok/s 1 | TTFT 1 s | tok/s 8 | TTFT 8 s | RSS MB | probes | tool call | told: follows / right |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
+    for r in results.values():
         d1, d8 = r["decode"]["1 streams"], r["decode"][f"{args.streams} streams"]
         t = r["told_preference"]
         print(f"| {r['model']} | {r['healthy_s']:.0f} | {r['first_reply_s']:.0f} | {d1['tokens_per_s']:.1f} | "
               f"{d1['ttft_p50_s']:.2f} | {d8['tokens_per_s']:.1f} | {d8['ttft_p50_s']:.2f} | {r['rss_mb']:.0f} | "
               f"{r['probes']['passed']}/{r['probes']['probes']} | {'yes' if r['tool_call']['called'] and r['tool_call']['used_result'] else 'no'} | "
               f"{t['follows']}/{t['of']} / {t['right']}/{t['of']} |")
-    write_result("models", {"args": vars(args), "results": results})
+    write_result("models", {"args": vars(args), "results": results, "rounds": rounds})
 
 
 if __name__ == "__main__":

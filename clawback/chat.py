@@ -12,6 +12,7 @@ import copy
 import json
 import re
 import uuid
+from collections.abc import Collection
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .engine import Constraint
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+BARE_CALL_OPENERS = ("{", "```json")  # how a reply that is only a tool call in bare JSON begins
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -228,6 +230,9 @@ class ChatRequest(BaseModel):
     def tools_enabled(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    def tool_names(self) -> frozenset[str]:
+        return frozenset(t.function.name for t in self.tools or ()) if self.tools_enabled() else frozenset()
+
     def openai_body(self) -> dict[str, Any]:
         """The request as stored: everything the client sent except clawback's own metadata."""
         return self.model_dump(
@@ -320,16 +325,19 @@ def new_tool_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str | None, list[dict[str, Any]]]:
     """Split a reply into content and OpenAI `tool_calls`.
 
     Blocks that are not valid JSON with a string `name` stay in the content, so nothing the model
     wrote is lost. A final block cut off before `</tool_call>` (end token or max_tokens) is still
-    read if its JSON is complete.
+    read if its JSON is complete. Without any block, a reply that is nothing but one call of a
+    tool in `tool_names`, as bare JSON or in one ```json fence, is that call: small models (such
+    as Qwen2.5-Coder-0.5B) often call tools that way, ignoring the tags their template asks for.
     """
     start = text.find(TOOL_OPEN)
     if start < 0:
-        return text, []
+        call = _bare_call(text, tool_names)
+        return (None, [call]) if call else (text, [])
     content_parts = [text[:start]]
     calls: list[dict[str, Any]] = []
     pos = start
@@ -348,6 +356,18 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         pos = nxt
     content = "".join(content_parts).strip()
     return (content or None), calls
+
+
+def _bare_call(text: str, tool_names: Collection[str]) -> dict[str, Any] | None:
+    body = text.strip()
+    if not tool_names or not body.endswith(("}", "```")):
+        return None
+    if body.startswith("```json") and body.endswith("```"):
+        body = body[len("```json") : -3]
+    call = _parse_call(body)
+    if call is None or call["function"]["name"] not in tool_names or not call["function"]["arguments"].startswith("{"):
+        return None
+    return call
 
 
 def _parse_call(body: str) -> dict[str, Any] | None:
@@ -394,7 +414,9 @@ class TextGate:
 
     Holds back any tail that could still turn into a stop sequence or the start of a tool call,
     stops at a stop sequence (which is not part of the output), and diverts everything from the
-    first `<tool_call>` on into `tool_text` instead of the streamed content.
+    first `<tool_call>` on into `tool_text` instead of the streamed content. With tools, a reply
+    that opens like a bare JSON call (`{` or ```` ```json ````) is diverted whole: whether it is a
+    call is known at its end (`parse_tool_calls`), and if not, the caller sends it then.
     """
 
     def __init__(self, stops: list[str], tools: bool) -> None:
@@ -416,6 +438,13 @@ class TextGate:
             if idx >= 0:
                 self.pending = self.pending[:idx]
                 self.stopped = True
+        if self.tools and not self.content and not self.tool_text:
+            head = self.pending.lstrip()
+            if head.startswith(BARE_CALL_OPENERS):
+                self.tool_text, self.pending = self.pending, ""
+                return ""
+            if any(opener.startswith(head) for opener in BARE_CALL_OPENERS) and not self.stopped:
+                return ""  # may still open one
         if self.tool_text or (self.tools and TOOL_OPEN in self.pending):
             idx = 0 if self.tool_text else self.pending.find(TOOL_OPEN)
             out = self._release(idx)

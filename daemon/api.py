@@ -677,9 +677,11 @@ class _Run:
             yield tail
         self.finish_reason = "stop" if (hit_eos or self.gate.stopped) else "length"
         if self.gate.tool_text:
-            self.content, self.tool_calls = parse_tool_calls(self.gate.text)
+            self.content, self.tool_calls = parse_tool_calls(self.gate.text, self.p.req.tool_names())
             if self.tool_calls:
                 self.finish_reason = "tool_calls"
+            else:  # held back as a possible call and not one: the client gets it as content
+                yield self.gate.tool_text
         else:
             self.content = self.gate.content
 

@@ -117,7 +117,8 @@ def _reply_signature(content: str | None, tool_calls: list[dict[str, Any]] | Non
 def _served_signature(response_text: str | None, tool_calls: list[dict[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
     """Our reply as the client got it: the stored text is raw, and with tool calls the client's
     content is only what lies outside the <tool_call> blocks."""
-    content = parse_tool_calls(response_text or "")[0] if tool_calls else response_text
+    names = {c["function"]["name"] for c in tool_calls or []}
+    content = parse_tool_calls(response_text or "", names)[0] if tool_calls else response_text
     return _reply_signature(content, tool_calls)
 
 

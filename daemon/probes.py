@@ -67,7 +67,7 @@ def passes(probe: Probe, text: str) -> bool:
     if "json_equals" in check:
         return _first_json(reply) == check["json_equals"]
     if "tool" in check:
-        _, calls = parse_tool_calls(text)
+        _, calls = parse_tool_calls(text, [t["function"]["name"] for t in probe.tools])
         schema = next(t["function"].get("parameters") or {} for t in probe.tools if t["function"]["name"] == check["tool"])
         return any(c["function"]["name"] == check["tool"] and _fits(_json_or_none(c["function"]["arguments"]), schema)
                    for c in calls)

@@ -145,10 +145,11 @@ def _no_daemon_outlives_the_tests():
 def daemon_factory(tmp_path: Path):
     started: list[DaemonProcess] = []
 
-    def make(model_dir: Path, *extra: str, data_dir: Path | None = None, env: dict[str, str] | None = None) -> DaemonProcess:
+    def make(model_dir: Path, *extra: str, data_dir: Path | None = None, env: dict[str, str] | None = None,
+             timeout: float = 120) -> DaemonProcess:
         d = DaemonProcess(data_dir or tmp_path / "data", model_dir, *extra, env=env)
         started.append(d)
-        return d.start()
+        return d.start(timeout)
 
     yield make
     for d in started:

@@ -74,6 +74,22 @@ def test_parse_tool_calls():
     assert parse_tool_calls("plain") == ("plain", [])
 
 
+def test_a_reply_that_is_only_a_bare_json_call_of_a_given_tool_is_a_call():
+    """As Qwen2.5-Coder-0.5B answers the gate's tool probes (bench/results/models-*.json)."""
+    names = {"get_weather"}
+    for text in ('{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                 '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'):
+        content, calls = parse_tool_calls(text, names)
+        assert content is None and [c["function"] for c in calls] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    for text, given in (('{"name": "get_weather", "arguments": {"city": "Paris"}}', set()),  # no tools offered
+                        ('{"name": "send_email", "arguments": {}}', names),  # a tool not offered
+                        ('Call {"name": "get_weather", "arguments": {}}', names),  # text around it
+                        ('{"name": "get_weather", "arguments": "Paris"}', names),  # arguments not an object
+                        ('{"name": "get_weather", "arguments": {"city": "Par', names),  # cut off
+                        ('```python\nprint(1)\n```', names)):
+        assert parse_tool_calls(text, given) == (text, []), text
+
+
 def test_gate_holds_back_possible_stops_and_cuts_at_them():
     g = TextGate(["STOP"], tools=False)
     assert g.feed("abc S") == "abc "  # "S" might start STOP
@@ -91,6 +107,18 @@ def test_gate_diverts_tool_calls_out_of_the_stream():
     assert g.tool_text == '<tool_call>{"name": "f"}</tool_call>'
     g = TextGate([], tools=True)
     assert g.feed("a <to") == "a " and g.finish() == "<to"  # released at the end: it was not a tool call
+
+
+def test_gate_holds_a_reply_that_opens_like_a_bare_call():
+    g = TextGate([], tools=True)
+    assert [g.feed(x) for x in [" ", "`", "``", "json\n{", '"name"']] == [""] * 5
+    assert g.content == "" and g.tool_text == ' ```json\n{"name"'  # the caller decides at the end
+    g = TextGate([], tools=True)
+    assert g.feed("``") == "" and g.feed("`py") == "```py"  # a code block, not a call: streamed
+    g = TextGate([], tools=True)
+    assert g.feed("Sure, ") == "Sure, " and g.feed("{x}") == "{x}"  # a brace later is just text
+    g = TextGate([], tools=False)
+    assert g.feed('{"a": 1}') == '{"a": 1}'  # no tools: nothing is held
 
 
 def test_detokenizer_never_splits_characters(tokenizer):
