@@ -58,7 +58,8 @@ class GateConfig(BaseModel):
     length_ratio: float = Field(default=2.5, gt=1)  # median length outside [live/ratio, live×ratio] ...
     length_min_change: int = Field(default=8, ge=0)  # ... and at least this many tokens apart
     empty_rise: float = Field(default=0.15, ge=0)  # empty-reply share more than this above live's
-    cut_rise: float = Field(default=0.25, ge=0)  # cut-reply share more than this above live's
+    cut_rise: float = Field(default=0.25, ge=0)  # cut-reply share this much or more above live's
+    loop_rise: float = Field(default=0.15, ge=0)  # share of replies ending in a repetition loop
     meta_rise: float = Field(default=0.15, ge=0)  # share of replies about the conversation itself
     refusal_rise: float = Field(default=0.15, ge=0)  # share of replies that decline the task
     # preference replay
@@ -69,7 +70,7 @@ class GateConfig(BaseModel):
     replay_max_tokens: int = Field(default=16384, ge=16)  # longer calls are not replayed (one forward each)
     # The newest held-out calls' own prompts (as served, preference notes included) answered
     # greedily by candidate and live for the collapse detectors; 0 = probes only.
-    replay_generate: int = Field(default=4, ge=0)
+    replay_generate: int = Field(default=8, ge=0)
     replay_generate_tokens: int = Field(default=64, ge=8)
     # live guard after activation (guard.py)
     guard_replies: int = Field(default=20, ge=0)  # main replies watched per version, 0 = off

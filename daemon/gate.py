@@ -118,9 +118,11 @@ def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateCo
     if check("median_tokens") and abs(a - b) >= cfg.length_min_change and (a > cfg.length_ratio * b or a * cfg.length_ratio < b):
         out.append(f"collapse: reply length {a:.0f} vs {b:.0f} tokens on {live_name}")
     for key, limit, what in (("empty_rate", cfg.empty_rise, "empty replies"), ("cut_rate", cfg.cut_rise, "cut-off replies"),
+                             ("loop_rate", cfg.loop_rise, "looping replies"),
                              ("meta_rate", cfg.meta_rise, "replies about the conversation"),
                              ("refusal_rate", cfg.refusal_rise, "replies that decline the task")):
-        if check(key) and cand[key] > live[key] + limit:
+        # A rise by the limit or more: a share moves in steps of 1/n, and 0.75 - 0.5 must count as 0.25.
+        if check(key) and cand.get(key, 0.0) - live.get(key, 0.0) >= limit - 1e-9:
             out.append(f"collapse: {what} {cand[key]:.0%} vs {live[key]:.0%} on {live_name}")
     return [r.replace("collapse:", f"collapse ({on}):", 1) for r in out] if on else out
 
@@ -356,8 +358,24 @@ class CandidateGate:
             if margins["candidate"] < margins["live"] - cfg.replay_tolerance:
                 out["reasons"].append(f"replay: liked−disliked margin {margins['candidate']:+.3f} vs "
                                       f"{margins['live']:+.3f} nats/token on {live or 'base'} ({len(rated)} held-out calls)")
+        elif rated:  # too few of one kind for a margin: each kind alone must not move the wrong way
+            out["margin"] = f"one-sided: {liked} liked and {len(rated) - liked} disliked held-out calls, a margin needs {cfg.replay_min_each} each"
+            means: dict[str, dict[str, float]] = {}
+            for name, version in (("candidate", cand), ("live", live)):
+                lp = [await self._mean_logprob(version, i) for i in rated]
+                means[name] = {kind: sum(ps) / len(ps) for kind, ps in (
+                    ("liked", [x for x, i in zip(lp, rated) if i["reward"] > 0]),
+                    ("disliked", [x for x, i in zip(lp, rated) if i["reward"] < 0])) if ps}
+            out["mean_logprob"] = means
+            c, l = means["candidate"], means["live"]
+            if "liked" in c and c["liked"] < l["liked"] - cfg.replay_tolerance:
+                out["reasons"].append(f"replay: liked replies less likely, {c['liked']:+.3f} vs {l['liked']:+.3f} "
+                                      f"nats/token on {live or 'base'} ({liked} held-out calls)")
+            if "disliked" in c and c["disliked"] > l["disliked"] + cfg.replay_tolerance:
+                out["reasons"].append(f"replay: disliked replies more likely, {c['disliked']:+.3f} vs "
+                                      f"{l['disliked']:+.3f} nats/token on {live or 'base'} ({len(rated) - liked} held-out calls)")
         else:
-            out["margin"] = f"skipped: {liked} liked and {len(rated) - liked} disliked held-out calls, need {cfg.replay_min_each} each"
+            out["margin"] = "skipped: no rated held-out calls"
         if corrected:
             gaps = {name: sum([await self._teacher_gap(version, i) for i in corrected]) / len(corrected)
                     for name, version in (("candidate", cand), ("live", live))}

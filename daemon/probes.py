@@ -138,6 +138,20 @@ def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
     return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
 
 
+def ends_in_loop(ids: list[int], min_loop_tokens: int = 32, max_period: int = 32) -> bool:
+    """Whether a reply ends in one short token sequence repeated over at least half of it."""
+    n = len(ids)
+    if n < min_loop_tokens:
+        return False
+    for period in range(1, max_period + 1):
+        tail = period  # length of the suffix that repeats with this period
+        while tail < n and ids[n - 1 - tail] == ids[n - 1 - tail + period]:
+            tail += 1
+        if tail >= max(n // 2, 4 * period, min_loop_tokens // 2):
+            return True
+    return False
+
+
 def collapse_stats(gens: list[Generation]) -> dict[str, float]:
     """What the collapse detectors compare (docs/gate.md):
 
@@ -149,6 +163,7 @@ def collapse_stats(gens: list[Generation]) -> dict[str, float]:
     median_tokens    median reply length in tokens
     empty_rate       share of replies with no text
     cut_rate         share of replies that hit the token limit
+    loop_rate        share of replies that end in a repetition loop (`ends_in_loop`)
     meta_rate        share of replies about the conversation itself (META_REPLY)
     refusal_rate     share of replies that decline the task (REFUSAL_REPLY)
     """
@@ -165,6 +180,7 @@ def collapse_stats(gens: list[Generation]) -> dict[str, float]:
         "median_tokens": float(statistics.median([len(g.ids) for g in gens])) if gens else 0.0,
         "empty_rate": sum(not g.text.strip() for g in gens) / n,
         "cut_rate": sum(g.finish == "length" for g in gens) / n,
+        "loop_rate": sum(ends_in_loop(g.ids) for g in gens) / n,
         "meta_rate": sum(META_REPLY.search(g.text) is not None for g in gens) / n,
         "refusal_rate": sum(REFUSAL_REPLY.search(g.text) is not None for g in gens) / n,
     }

@@ -34,6 +34,7 @@ from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, v
 
 from .config import SignalConfig
 from .memory import strip
+from .probes import ends_in_loop
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -61,15 +62,7 @@ def degenerate_reply(inp: SampleInputs, min_loop_tokens: int = 32, max_period: i
         return "empty_reply"
     if not inp.response_text.strip() and not inp.tool_calls:
         return "no_content"
-    n = len(ids)
-    if n >= min_loop_tokens:
-        for period in range(1, max_period + 1):
-            tail = period  # length of the suffix that repeats with this period
-            while tail < n and ids[n - 1 - tail] == ids[n - 1 - tail + period]:
-                tail += 1
-            if tail >= max(n // 2, 4 * period, min_loop_tokens // 2):
-                return "repetition_loop"
-    return None
+    return "repetition_loop" if ends_in_loop(ids, min_loop_tokens, max_period) else None
 
 
 def explicit_reward(feedback: Sequence[Feedback]) -> float | None:

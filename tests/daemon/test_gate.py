@@ -135,11 +135,22 @@ def test_an_adapter_that_repeats_one_phrase_is_refused_as_collapse_and_by_replay
     assert any("same reply to different prompts" in r for r in verdict.reasons), (verdict.reasons, replies)
     # The person's own held-out requests, answered greedily: the same phrase whatever they asked.
     own = verdict.report["collapse_own_requests"]
-    assert own["calls"] == 4 and own["candidate"]["self_similarity"] > own["live"]["self_similarity"]
+    assert own["calls"] == 6 and own["candidate"]["self_similarity"] > own["live"]["self_similarity"]
     assert any(r.startswith("collapse (your requests): same reply") for r in verdict.reasons), verdict.reasons
     assert any(r.startswith("replay: liked−disliked margin") for r in verdict.reasons), verdict.reasons
     margin = verdict.report["replay"]["margin"]
     assert margin["candidate"] < margin["live"]
+
+
+def test_with_disliked_calls_only_the_replay_checks_them_alone_and_refuses(rig):
+    """v2 (trained to say PHRASE, above) against only the held-out calls where PHRASE got a 👎:
+    too few of each kind for a margin, and the disliked reply became more likely."""
+    gate = rig["gate"]
+    disliked = [i for i in gate._held_out_calls() if i["reward"] == -1.0]
+    out = asyncio.run(gate._replay(disliked, "v2", None))
+    assert out["margin"].startswith("one-sided: 0 liked and 3 disliked"), out
+    assert out["mean_logprob"]["candidate"]["disliked"] > out["mean_logprob"]["live"]["disliked"]
+    assert any(r.startswith("replay: disliked replies more likely") for r in out["reasons"]), out
 
 
 def test_a_good_adapter_passes(rig):
@@ -150,7 +161,7 @@ def test_a_good_adapter_passes(rig):
     assert verdict.promote, verdict.reasons
     assert verdict.report["retention"]["candidate"] >= verdict.report["retention"]["base"] - 2
     assert isinstance(verdict.report["replay"]["margin"], dict)  # the held-out calls were replayed
-    assert verdict.report["collapse_own_requests"]["calls"] == 4  # and answered, without an alarm
+    assert verdict.report["collapse_own_requests"]["calls"] == 6  # and answered, without an alarm
 
 
 def test_unhealthy_training_is_refused_without_evaluation(rig):
@@ -180,5 +191,5 @@ def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
     assert spider not in gate._recent_prompts(3, set(), [spider])  # a prompt already chosen is not taken again
     held_out = gate._held_out_calls()[:1]
     own = asyncio.run(gate._own_requests(held_out, "v3", None))
-    assert own is not None and own["calls"] == 4 and set(own) == {"calls", "candidate", "live"}
+    assert own is not None and own["calls"] == 8 and set(own) == {"calls", "candidate", "live"}
     assert "refusal_rate" in own["candidate"]

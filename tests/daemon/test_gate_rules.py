@@ -186,3 +186,20 @@ def test_retention_is_a_paired_exact_test_on_the_changed_probes():
     assert retention_test([], list("abcde"))[2] == 1 / 32 < 0.05  # 5 lost, none gained: refused
     # Many probes changing both ways is churn, not loss.
     assert retention_test(list("abcdefgh"), list("ijklmnopq"))[2] > 0.4
+
+
+def test_a_rise_by_the_limit_counts_and_loops_are_a_detector():
+    from clawback.daemon.probes import ends_in_loop
+
+    cfg = GateConfig()
+    live = collapse_stats([Generation([1, 2, 3], [-1.0] * 3, "fine", "stop")] * 4)
+    cut = [Generation([1, 2, 3], [-1.0] * 3, "a", "length")] * 3 + [Generation([1, 2, 3], [-1.0] * 3, "b", "stop")]
+    cand = collapse_stats(cut[:2] + [Generation([1, 2, 3], [-1.0] * 3, "b", "stop")] * 2)  # 50% cut vs 0%
+    assert any("cut-off replies 50%" in r for r in collapse_reasons(cand, live, cfg, "v1"))
+    two_of_four = {**live, "cut_rate": 0.75}
+    assert any("cut-off replies 75% vs 50%" in r for r in collapse_reasons(two_of_four, {**live, "cut_rate": 0.5}, cfg, "v1"))
+    loop = list(range(8)) + [7, 9] * 20
+    assert ends_in_loop(loop) and not ends_in_loop(list(range(40))) and not ends_in_loop([7, 9] * 10)  # too short
+    looping = collapse_stats([Generation(loop, [-1.0] * len(loop), "x y " * 20, "length")] + [Generation([1], [-1.0], "ok", "stop")] * 3)
+    assert looping["loop_rate"] == 0.25
+    assert any("looping replies 25% vs 0%" in r for r in collapse_reasons(looping, live, cfg, "v1"))
