@@ -37,10 +37,10 @@ UI_TIMEOUT_MS = TRAIN_TIMEOUT_S * 1000
 
 
 def converse(c: httpx.Client, session: str, messages: list[dict], kind: str | None = "thumbs_up",
-             text: str | None = None, max_tokens: int = 8) -> list[dict]:
+             text: str | None = None, max_tokens: int = 8, **sampling: float) -> list[dict]:
     """One tagged main call and a rating of its reply; the conversation so far, with the reply."""
-    r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": max_tokens, "temperature": 0,
-                                             "messages": messages},
+    r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": max_tokens, "messages": messages,
+                                             **sampling},
                headers={"x-session-id": session, "x-turn-type": "main"})
     r.raise_for_status()
     if kind is None:
@@ -142,7 +142,7 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     expect(page.locator("#versions tr[data-version=v2]")).to_have_class("live")
     expect(page.locator("#versions tr[data-version=v1] .state")).to_contain_text("retiredpromoted over: collapse")
     expect(page.locator("#steps tbody tr")).to_have_count(2)
-    expect(page.locator("#health-main")).to_contain_text("100% paired with a next state")
+    expect(page.locator("#health-main")).to_contain_text("1 of 2 paired with a next state · 1 waiting for one")
     expect(page.locator(".chart .uplot")).not_to_have_count(0)  # uPlot drew the curves
     feedback_chart = page.locator(".chart").first  # good green, bad red, whatever the series' order in JSON
     expect(feedback_chart.locator(".u-series:has(.u-label:text-is('good')) .u-marker")).to_have_css(
@@ -306,8 +306,10 @@ def test_dashboard_says_why_groups_and_pages(ending_model_dir: Path, tmp_path: P
     db = data / "clawback.db"
     try:
         c = httpx.Client(base_url=d.url, headers={"authorization": f"Bearer {d.api_key}"}, timeout=120)
-        first = converse(c, "held", [{"role": "user", "content": "Say hi."}], max_tokens=160)  # ends by itself
-        converse(c, "cut", [{"role": "user", "content": "Tell me a story."}], max_tokens=2)  # cut by its limit
+        # The ending model's replies end by themselves when sampled as the simulator does.
+        first = converse(c, "held", [{"role": "user", "content": "Say hi."}], max_tokens=160, temperature=0.7, seed=7)
+        converse(c, "cut", [{"role": "user", "content": "Tell me a story."}], max_tokens=2, temperature=0.7,
+                 seed=7)  # cut by its token limit
         chat = converse(c, "s00", [{"role": "user", "content": "Hello."}], kind=None, max_tokens=2)
         converse(c, "s00", [*chat, {"role": "user", "content": "And then?"}], kind=None, max_tokens=2)  # pairs it
         for i in range(1, 10):
