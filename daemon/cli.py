@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from . import display
 from .config import Settings, load_settings
 
 
@@ -32,6 +32,10 @@ def _settings_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-auth", action="store_const", const=True, help="serve without a bearer key (local experiments)")
     p.add_argument("--ray-address", help="join this Ray cluster for the trainer (default: a local Ray runtime)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the daemon's JSON (for scripts) instead of text")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -78,14 +82,10 @@ def cmd_models(args: argparse.Namespace) -> int:
             rows.append((entry.name, entry.parameters, f"{entry.size / 2**20:,.0f} MiB", state, entry.summary))
         for path in models.local_models(s.models_dir):
             rows.append((path.name, "", "", "pulled", models.read_manifest(path).get("summary", "")))
-        if args.json:
-            print(json.dumps([dict(zip(("name", "parameters", "download", "state", "summary"), r)) for r in rows], indent=2))
-            return 0
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        for r in rows:
-            mark = "*" if r[0] == s.model else " "
-            print(mark, "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)), " ", r[4])
-        print(f"\n* the configured model; models live in {s.models_dir}")
+        header = ("name", "parameters", "download", "state", "summary")
+        display.emit([dict(zip(header, r)) for r in rows], lambda listed: display.table(
+            ("", *header), [("*" if m["name"] == s.model else "", *m.values()) for m in listed])
+            + f"\n\n* the configured model; models live in {s.models_dir}", args.json)
         return 0
     if not args.name:
         raise ValueError(f"models {args.action} needs a model name (clawback models list)")
@@ -152,7 +152,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         finally:
             conn.close()
         status = {"daemon": f"not reachable at {url} ({type(e).__name__})", "store": {"path": str(s.db_path), **store_counts}}
-    print(json.dumps(status, indent=2))
+    display.emit(status, lambda st: display.status_text(st, url), args.json)
     for warning in status.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     return 0
@@ -162,33 +162,24 @@ def cmd_adapters(args: argparse.Namespace) -> int:
     s = _settings(args)
     url, headers = _daemon(args, s)
     if args.action == "list":
-        out = _call("GET", f"{url}/v1/adapters", headers)
-        live = out["live"]
-        print(f"live: {'base model' if live is None else f'v{live}'}")
-        for a in out["data"]:
-            m = a["metrics"]
-            retention = (a.get("gate") or {}).get("retention")
-            print(f"v{a['version']:<4} {a['state']:<9} {'pinned' if a['pinned'] else '':<6} parent="
-                  f"{'base' if a['parent'] is None else 'v' + str(a['parent'])} samples={a['samples']} "
-                  f"loss={m.get('loss', float('nan')):.4f} reward={m.get('reward_mean', float('nan')):+.2f}"
-                  + (f" probes={retention['candidate']:.0f}/100" if retention else "")
-                  + (f"\n      not promoted: {a['reason']}" if a["state"] == "refused" else ""))
+        display.emit(_call("GET", f"{url}/v1/adapters", headers), display.adapters_text, args.json)
         return 0
     if args.action in ("rollback", "pin", "unpin", "promote") and args.version is None:
         raise ValueError(f"adapters {args.action} needs a version (N, vN, or 'base' for rollback)")
     if args.action == "promote":
         from .adapters import promoted_summary
 
-        print(promoted_summary(_call("POST", f"{url}/v1/adapters/promote", headers, {"version": args.version})))
+        display.emit(_call("POST", f"{url}/v1/adapters/promote", headers, {"version": args.version}), promoted_summary,
+                     args.json)
         return 0
     if args.action == "rollback":
-        out = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version})
+        out, human = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version}), display.rollback_text
     elif args.action in ("pin", "unpin"):
         suffix = "?unpin=1" if args.action == "unpin" else ""
-        out = _call("POST", f"{url}/v1/adapters/pin{suffix}", headers, {"version": args.version})
+        out, human = _call("POST", f"{url}/v1/adapters/pin{suffix}", headers, {"version": args.version}), display.pin_text
     else:
-        out = _call("POST", f"{url}/v1/adapters/prune", headers)
-    print(json.dumps(out))
+        out, human = _call("POST", f"{url}/v1/adapters/prune", headers), display.prune_text
+    display.emit(out, human, args.json)
     return 0
 
 
@@ -216,7 +207,7 @@ def cmd_openclaw(args: argparse.Namespace) -> int:
                                     make_default=args.make_default, slim=args.slim, max_tokens=args.max_tokens,
                                     restart=args.restart, verify=args.verify, assume_yes=args.yes)
         if args.action == "uninstall":
-            return openclaw.uninstall(oc, s.data_dir)
+            return openclaw.uninstall(oc, s.data_dir, key)
         return openclaw.print_checks(openclaw.doctor(oc, daemon, test_turn=args.test_turn))
     except openclaw.SetupError as e:
         print(f"clawback openclaw {args.action}: {e}", file=sys.stderr)
@@ -274,13 +265,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
             report = asyncio.run(forget(store, scope))
         finally:
             store.close()
-    print(json.dumps(report))
-    affected = report["affected_versions"]
-    if affected:
-        target = report["rollback_to"]
-        names = ", ".join(f"v{v}" for v in affected)
-        print(f"adapter versions {names} were trained on forgotten data; to stop serving what they learnt: "
-              f"clawback adapters rollback {'base' if target is None else target}", file=sys.stderr)
+    display.emit(report, display.forget_text, args.json)
     return 0
 
 
@@ -305,14 +290,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def note_retirement(note: dict[str, Any], live: str | None) -> str:
-    """', retired by v3' for a note the live version no longer needs, and whether it is injected
-    again after a rollback below that version."""
-    if note["retired_by"] is None:
-        return ""
-    return f", retired by v{note['retired_by']}" + (f"; injected while {live or 'base'} serves" if note["active"] else "")
-
-
 def cmd_memory(args: argparse.Namespace) -> int:
     s = _settings(args)
     url, headers = _daemon(args, s)
@@ -327,9 +304,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         out = _call("DELETE", f"{url}/v1/memory{target}", headers)
     else:
         out = _call("GET", f"{url}/v1/memory", headers)
-    print(f"memory {'on' if out['enabled'] else 'off'}: {len(out['data'])} of at most {out['max_notes']} notes")
-    for n in out["data"]:
-        print(f"{n['note_id']:>4}  {n['text']}  ({n['source']}{note_retirement(n, out['live'])})")
+    display.emit(out, display.memory_text, args.json)
     return 0
 
 
@@ -347,6 +322,8 @@ def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
     base_gguf = Path(args.base_gguf) if args.base_gguf else source_gguf(model_dir)
     suffix = ".gguf" if args.format.startswith("gguf") else ""
     out = Path(args.out) if args.out else Path(f"clawback-{name}-{args.format}{suffix}")
+    if suffix and out.suffix != suffix:  # llama.cpp and Ollama go by the name: a GGUF file ends in .gguf
+        out = out.with_name(out.name + suffix)
     export.export_adapter(adapter_dir, model_dir, args.format, out, base_gguf)
     print(f"wrote {out} ({args.format} of adapter {name})")
     return 0
@@ -375,6 +352,7 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p = sub.add_parser("status", help="what the daemon and its store hold")
     _settings_flags(p)
     p.add_argument("--url", help="daemon URL (default from settings)")
+    _json_flag(p)
     p.set_defaults(fn=cmd_status)
 
     p = sub.add_parser("adapters", help="list, roll back, promote, pin or prune adapter versions")
@@ -382,6 +360,7 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("action", choices=["list", "rollback", "promote", "pin", "unpin", "prune"])
     p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
     p.add_argument("--url", help="daemon URL (default from settings)")
+    _json_flag(p)
     p.set_defaults(fn=cmd_adapters)
 
     p = sub.add_parser("memory", help="the preference notes learned from your corrections: list, edit, forget")
@@ -390,6 +369,7 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     p.add_argument("note", nargs="?", help="note id (forget: or 'all')")
     p.add_argument("text", nargs="*", help="edit: the note's new text")
     p.add_argument("--url", help="daemon URL (default from settings)")
+    _json_flag(p)
     p.set_defaults(fn=cmd_memory)
 
     p = sub.add_parser("dashboard", help="open the dashboard with a one-time login link")
@@ -417,6 +397,7 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     which.add_argument("--before", help="every session last seen before this time (ISO 8601 or unix seconds)")
     which.add_argument("--all", action="store_true", default=False, help="everything")
     p.add_argument("--url", help="daemon URL (default from settings)")
+    _json_flag(p)
     p.set_defaults(fn=cmd_forget)
 
     p = sub.add_parser("openclaw", help="connect an OpenClaw to this daemon (install), undo it, or check the chain")

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI, Form, Request
+from fastapi import FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clawback.records import parse_version
 
+from .display import ago, sample_reason, sample_state
 from .forget import forget
 from .store import ForgetScope
 
@@ -46,6 +47,9 @@ EVENTS_POLL_S = 1.0
 STREAM_LIFETIME_S = 5.0
 RECONNECT_MS = 1000
 QUIET_HOUR_S = 3600
+PAGE_SIZE = 10  # rows per page of the long lists (feedback, versions, conversations)
+# A series' colour says what it is, the same in every chart: good green, bad red.
+SERIES_COLORS = {"good": "#1a7f4b", "bad": "#b3261e", "corrections": "#c80"}
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -127,11 +131,15 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     pkg = resources.files("clawback.daemon")
     templates = Jinja2Templates(directory=str(pkg.joinpath("templates")))
-    templates.env.filters["ago"] = _ago
+    templates.env.filters["ago"] = ago
+    templates.env.filters["sample_state"] = sample_state
+    templates.env.filters["sample_reason"] = sample_reason
     templates.env.filters["pct"] = lambda x: "–" if x is None else f"{100 * x:.0f}%"
     templates.env.filters["num"] = lambda x, d=3: "–" if x is None else f"{x:.{d}g}"
     ui.mount("/static", StaticFiles(directory=str(pkg.joinpath("static", "ui"))), name="static")
     data = DashboardData(state)
+    # Where the login page says the key is: the file of this daemon's data dir, unless a key was set.
+    key_file = None if state.settings.api_key is not None else str(state.settings.api_key_path)
 
     @ui.exception_handler(_Refused)
     async def _refused(_: Request, e: _Refused) -> Response:
@@ -166,14 +174,14 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
         if state.api_key is None or (token is not None and logins.use_link(token)):
             return logged_in()
         error = "This link was used already or has expired." if token is not None else None
-        return page(request, "ui/login.html", error=error)
+        return page(request, "ui/login.html", error=error, key_file=key_file)
 
     @ui.post("/login")
     async def login(request: Request, key: str = Form("")) -> Response:
         _same_origin(request)
         if state.api_key is None or hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
             return logged_in()
-        return page(request, "ui/login.html", 401, error="That is not this daemon's API key.")
+        return page(request, "ui/login.html", 401, error="That is not this daemon's API key.", key_file=key_file)
 
     @ui.post("/logout")
     async def logout(request: Request) -> Response:
@@ -192,11 +200,11 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
         return page(request, "ui/index.html", csrf=csrf, parts=parts)
 
     @ui.get("/part/{name}")
-    async def part(request: Request, name: str) -> Response:
+    async def part(request: Request, name: str, page_no: int = Query(1, alias="page", ge=1)) -> Response:
         session(request)
         if name not in PARTS:
             return Response(status_code=404)
-        return page(request, f"ui/part_{name}.html", p=await data.part(name))
+        return page(request, f"ui/part_{name}.html", p=await data.part(name, page_no))
 
     @ui.get("/session/{session_id}")
     async def conversation(request: Request, session_id: str) -> Response:
@@ -316,16 +324,19 @@ class DashboardData:
         self.state = state
         self.store = state.store
 
-    async def part(self, name: str) -> dict[str, Any]:
+    async def part(self, name: str, page: int = 1) -> dict[str, Any]:
         if name == "health":
             return await self.health()
         if name == "memory":
             live = self.state.adapters.live()
             return {"notes": await asyncio.to_thread(self.store.memory_notes, live), "enabled": self.state.settings.memory,
                     "live": live}
-        query = {"learning": self._learning, "feedback": _feedback, "versions": _versions,
-                 "conversations": _sessions}[name]
-        out = await asyncio.to_thread(self.store.read, query)
+        if name == "learning":
+            out = await asyncio.to_thread(self.store.read, self._learning)
+        else:
+            query = {"feedback": _feedback, "versions": _versions, "conversations": _sessions}[name]
+            out = await asyncio.to_thread(self.store.read, lambda c: query(c, (page - 1) * PAGE_SIZE))
+            out["pager"] = _pager(name, page, out.pop("total"))
         out["live"] = self.state.adapters.live()
         return out
 
@@ -342,7 +353,6 @@ class DashboardData:
         last_main = await asyncio.to_thread(s.store.read, lambda c: c.execute(newest_main).fetchone()[0])
         main = {k.split("/", 1)[1]: n for k, n in counts["calls"].items() if k.startswith("main/")}
         n_main = sum(main.values())
-        settled = n_main - main.get("awaiting_next_state", 0)  # the newest call of a session still waits
         return {
             "model": s.engine.info.name,
             "engine": s.settings.engine,
@@ -350,11 +360,12 @@ class DashboardData:
             "extension_connections": s.hub.connections(),
             "main_calls": n_main,
             "paired": main.get("paired", 0),
-            "paired_share": main.get("paired", 0) / settled if settled else None,
+            "awaiting": main.get("awaiting_next_state", 0),  # the newest call of each session waits
             "untagged_calls": s.capture.counters.get("untagged_calls", 0),
             "last_main_at": last_main,
             "untagged_only": untagged_only(s.capture.last_untagged_at, last_main, time.time()),
             "samples": counts["samples"],
+            "dropped_samples": counts["dropped_samples"],
             "ready": counts["samples"].get("ready", 0),
             "batch_size": s.settings.train_config().batch_size,
             "training": s.trainer is not None,
@@ -400,21 +411,31 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
                       "error": r["error"], "at": r["finished_at"],
                       **{k: _finite(m.get(k)) for k in STEP_METRICS}})
     charts = []
-    if rates:
-        charts.append({"title": "Live feedback per version (share of main calls)", "x": [r["order"] for r in rates],
-                       "xlabels": [r["version"] for r in rates],
-                       "series": {"good": [r["up"] for r in rates], "bad": [r["down"] for r in rates],
-                                  "corrections": [r["corrections"] for r in rates]}})
-    if gate:
+    # A chart needs two points to show a change; one point is in the tables below.
+    if len(rates) > 1:
+        charts.append(_chart("Live feedback per version (share of main calls)", [r["order"] for r in rates],
+                             [r["version"] for r in rates], {"good": [r["up"] for r in rates],
+                                                            "bad": [r["down"] for r in rates],
+                                                            "corrections": [r["corrections"] for r in rates]}))
+    if len(gate) > 1:
         for k in GATE_METRICS:
-            charts.append({"title": f"gate {k.replace('_', ' ')} per version", "x": list(gate), "small": True,
-                           "xlabels": [f"v{v}" for v in gate], "series": {k: [g[k] for g in gate.values()]}})
+            charts.append(_chart(f"gate {k.replace('_', ' ')} per version", list(gate), [f"v{v}" for v in gate],
+                                 {k: [g[k] for g in gate.values()]}, small=True))
     done = [s for s in steps if s["outcome"] == "committed"]
     for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude
-        if any(s[k] is not None for s in done):
-            charts.append({"title": f"{k} per training step", "x": [s["step"] for s in done], "xlabels": None,
-                           "series": {k: [s[k] for s in done]}, "small": True})
+        if len(done) > 1 and any(s[k] is not None for s in done):
+            charts.append(_chart(f"{k} per training step", [s["step"] for s in done], None,
+                                 {k: [s[k] for s in done]}, small=True))
     return {"rates": rates, "gate": gate, "steps": steps[-20:][::-1], "charts": charts}
+
+
+def _chart(title: str, x: list[Any], xlabels: list[str] | None, series: dict[str, list[Any]],
+           small: bool = False) -> dict[str, Any]:
+    """A chart for dashboard.js; series as a list, in order, each with its colour (the template's
+    JSON sorts object keys, so a dict would lose the order the colours follow)."""
+    return {"title": title, "x": x, "xlabels": xlabels, "small": small,
+            "series": [{"label": name, "values": values, "color": SERIES_COLORS.get(name)}
+                       for name, values in series.items()]}
 
 
 def _finite(x: Any) -> float | None:
@@ -437,41 +458,64 @@ def _simulate_summary(data_dir: Path) -> list[dict[str, Any]] | None:
     return rows
 
 
-def _feedback(c: sqlite3.Connection) -> dict[str, Any]:
+def _pager(name: str, page: int, total: int) -> dict[str, Any]:
+    pages = max(1, math.ceil(total / PAGE_SIZE))
+    return {"name": name, "page": page, "pages": pages, "total": total,
+            "first": (page - 1) * PAGE_SIZE + 1, "last": min(total, page * PAGE_SIZE)}
+
+
+RATED = "('thumbs_up', 'thumbs_down', 'correction', 'comment')"
+
+
+def _feedback(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
+    total = c.execute(f"SELECT count(*) FROM feedback_events WHERE kind IN {RATED}").fetchone()[0]
     rows = c.execute(
-        "WITH recent AS (SELECT * FROM feedback_events WHERE kind IN ('thumbs_up', 'thumbs_down', 'correction', "
-        "'comment') ORDER BY received_at DESC LIMIT 30) "
+        f"WITH recent AS (SELECT * FROM feedback_events WHERE kind IN {RATED} "
+        f"ORDER BY received_at DESC LIMIT {PAGE_SIZE} OFFSET ?) "
         "SELECT f.event_id, f.kind, f.text, f.source, f.received_at, f.state, f.reason AS orphan_reason, "
         "f.session_id, c.response_text, s.state AS sample_state, s.reason AS sample_reason, s.hint, s.correction, "
         "s.reward, s.consumed_version, t.step AS consumed_step FROM recent f "
         "LEFT JOIN calls c ON c.call_id = f.call_id LEFT JOIN samples s ON s.call_id = f.call_id "
         "LEFT JOIN train_steps t ON s.consumed_version = 'v' || t.version AND t.outcome = 'committed' "
-        "ORDER BY f.received_at DESC").fetchall()
-    return {"events": [dict(r) for r in rows]}
+        "ORDER BY f.received_at DESC", (offset,)).fetchall()
+    return {"events": [dict(r) for r in rows], "total": total}
 
 
-def _versions(c: sqlite3.Connection) -> dict[str, Any]:
+def _versions(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
     rows = []
-    for r in c.execute("SELECT * FROM adapters ORDER BY version DESC"):
+    total = c.execute("SELECT count(*) FROM adapters").fetchone()[0]
+    # The live version is always shown, on every page: the page's actions are relative to it.
+    for r in c.execute(f"SELECT * FROM adapters WHERE version IN (SELECT version FROM adapters ORDER BY version DESC "
+                       f"LIMIT {PAGE_SIZE} OFFSET ?) OR state = 'live' ORDER BY version DESC", (offset,)):
         row = dict(r)
         m = json.loads(row.pop("metrics"))
         row.update(pinned=bool(row["pinned"]), loss=_finite(m.get("loss")), reward=_finite(m.get("reward_mean")),
                    **_gate_numbers(r))
         rows.append(row)
-    return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS)}
+    return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS), "total": total}
 
 
-def _sessions(c: sqlite3.Connection) -> dict[str, Any]:
+# A call without a session id gets a session of its own, "anon-<id>"; the range selects them by index.
+ANON = "session_id >= 'anon-' AND session_id < 'anon.'"
+
+
+def _sessions(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
+    """Named sessions, newest first, a page at a time; calls without a session id are counted
+    together (each would otherwise be a session row of its own)."""
+    named = f"NOT ({ANON})"
+    total = c.execute(f"SELECT count(*) FROM sessions WHERE {named}").fetchone()[0]
     rows = c.execute(
-        "WITH recent AS (SELECT * FROM sessions ORDER BY last_seen_at DESC LIMIT 30) "
+        f"WITH recent AS (SELECT * FROM sessions WHERE {named} ORDER BY last_seen_at DESC LIMIT {PAGE_SIZE} OFFSET ?) "
         "SELECT s.session_id, s.state, s.last_seen_at, s.closed_reason, "
         "sum(c.turn_type = 'main') AS main_calls, count(c.call_id) AS calls, "
         "(SELECT count(*) FROM feedback_events f WHERE f.call_id IN "
         " (SELECT call_id FROM calls WHERE session_id = s.session_id) "
         " AND f.kind IN ('thumbs_up', 'thumbs_down', 'correction')) AS feedback "
         "FROM recent s LEFT JOIN calls c USING (session_id) GROUP BY s.session_id "
-        "ORDER BY s.last_seen_at DESC").fetchall()
-    return {"sessions": [dict(r) for r in rows]}
+        "ORDER BY s.last_seen_at DESC", (offset,)).fetchall()
+    anon = c.execute(f"SELECT count(*), max(created_at) FROM calls WHERE {ANON}").fetchone()
+    return {"sessions": [dict(r) for r in rows], "total": total,
+            "anonymous": {"calls": anon[0], "last_at": anon[1]} if anon[0] else None}
 
 
 def _session_calls(c: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
@@ -500,12 +544,3 @@ def _text(content: Any) -> str:
         return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
     return content or ""
 
-
-def _ago(ts: float | None) -> str:
-    if ts is None:
-        return "never"
-    s = max(0, time.time() - ts)
-    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
-        if s >= n:
-            return f"{s / n:.0f} {unit} ago"
-    return f"{s:.0f} s ago"

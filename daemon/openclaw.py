@@ -26,7 +26,8 @@ import httpx
 PLUGIN_ID = "clawback"
 EXTENSION_DIR = Path(__file__).resolve().parents[1] / "extension"  # a checkout's plugin (link mode)
 SLIM_CONTEXT = 16384  # a default OpenClaw main request is about 13 K tokens
-CHECK_SESSION = "agent:main:clawback-install-check"
+CHECK_SESSION = "agent:main:clawback-install-check"  # the plugin caps this session's replies (extension/src/tagging.ts)
+CHECK_MESSAGE = "Say hello in five words."
 RECENT_MAIN_S = 24 * 3600
 REDACTED = "__OPENCLAW_REDACTED__"  # what `openclaw config get` shows for a secret
 
@@ -43,13 +44,24 @@ class OpenClawCli:
     def __init__(self, command: str) -> None:
         self.argv = shlex.split(command)
 
+    def missing(self) -> SetupError:
+        return SetupError(f"the OpenClaw CLI ({shlex.join(self.argv)}) is not installed: install it with Node >= 24.16 "
+                          "(npm i -g openclaw@2026.9.6; an unpinned `npm i -g openclaw` on an older Node installs "
+                          "0.0.1, an empty placeholder) or pass --openclaw \"node /path/to/openclaw.mjs\"")
+
+    def start(self, *args: str) -> subprocess.Popen:
+        try:
+            return subprocess.Popen([*self.argv, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "NO_COLOR": "1"})
+        except FileNotFoundError:
+            raise self.missing() from None
+
     def run(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         try:
             proc = subprocess.run([*self.argv, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
                                   env={**os.environ, "NO_COLOR": "1"})
         except FileNotFoundError:
-            raise SetupError(f"the OpenClaw CLI ({shlex.join(self.argv)}) is not installed: install OpenClaw "
-                             "(npm i -g openclaw; Node >= 24.16) or pass --openclaw \"node /path/to/openclaw.mjs\"") from None
+            raise self.missing() from None
         if check and proc.returncode != 0:
             raise SetupError(f"`openclaw {shlex.join(args)}` failed (exit {proc.returncode}):\n{(proc.stderr or proc.stdout)[-2000:]}")
         return proc
@@ -80,7 +92,7 @@ class Daemon:
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
+    if isinstance(value, dict) and (value or not prefix):
         out: dict[str, Any] = {}
         for k, v in value.items():
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
@@ -139,7 +151,10 @@ def provider_patch(daemon: Daemon, model: str, context: int, key_file: Path | No
 
 
 def _ask(question: str, default: bool, assume: bool) -> bool:
+    """The person's answer; with --yes, or without a terminal to ask on, the default, said."""
     if assume or not sys.stdin.isatty():
+        say(f"{question} {'yes' if default else 'no'} (the default answer: "
+            f"{'--yes' if assume else 'no terminal to ask on'})")
         return default
     answer = input(f"[clawback] {question} [{'Y/n' if default else 'y/N'}] ").strip().lower()
     return default if not answer else answer.startswith("y")
@@ -198,15 +213,16 @@ def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | No
     oc.run(*args)
     done("plugin")
 
-    if make_default is None:
-        make_default = _ask(f"make clawback/{model['id']} the default model of your agents?", False, assume_yes)
+    if make_default is None:  # an agent that does not use the model never teaches it anything
+        make_default = _ask(f"make clawback/{model['id']} the default model of your agents (--make-default)?", True,
+                            assume_yes)
     if slim is None:
         slim = False
         if context < SLIM_CONTEXT:
             say(f"  this model has {context} tokens of context; a default OpenClaw main request is about 13 K.")
             say("  the slim profile turns off all skills (agents.defaults.skills: []) and tools (tools.deny: [\"*\"])")
             say("  and trims workspace bootstrap files to 500 characters each, 1000 in total.")
-            slim = _ask("apply the slim profile?", True, assume_yes)
+            slim = _ask("apply the slim profile (--slim)?", True, assume_yes)
     patch = provider_patch(daemon, model["id"], context, key_file, max_tokens, make_default, slim)
     say("step 5/6: openclaw config patch --stdin; openclaw config validate")
     oc.run("config", "patch", "--stdin", stdin=json.dumps(patch))
@@ -228,24 +244,45 @@ def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | No
     if not verify:
         say(f"done (no test turn). Check the chain with `clawback openclaw doctor`. Steps: {timings}")
         return 0
-    say(f"step 6/6: a test turn through OpenClaw (openclaw agent --session-key {CHECK_SESSION} --model clawback/...)")
-    verify_turn(oc, daemon)
+    say(f"step 6/6: a test turn through OpenClaw (openclaw agent --session-key {CHECK_SESSION} --model clawback/...; "
+        "the plugin caps its reply at a few tokens)")
+    verify_turn(oc, daemon, progress=say)
     done("verify")
     say(f"done: the daemon saw the test turn as a tagged main call. Steps (s): {timings}")
     return 0
 
 
-def verify_turn(oc: OpenClawCli, daemon: Daemon, timeout_s: float = 600) -> None:
+def verify_turn(oc: OpenClawCli, daemon: Daemon, timeout_s: float = 600, progress: Callable[[str], None] | None = None,
+                progress_every_s: float = 10) -> None:
     """One agent turn through the gateway, on the clawback model whatever the agent's default; the
-    daemon must have served it as a tagged main call."""
+    daemon must have served it as a tagged main call. `progress` hears how it goes while it runs."""
     started = time.time()
     model = daemon.get("/v1/models")["data"][0]["id"]
-    proc = oc.run("agent", "--session-key", CHECK_SESSION, "--model", f"{PLUGIN_ID}/{model}",
-                  "--message", "Say hello in five words.", "--json", "--timeout", str(int(timeout_s)),
-                  check=False, timeout=timeout_s + 60)
+
+    def tagged(status: dict[str, Any]) -> bool:
+        last = (status.get("main_calls") or {}).get("last_tagged_at")
+        return last is not None and last >= started - 1
+
+    proc = oc.start("agent", "--session-key", CHECK_SESSION, "--model", f"{PLUGIN_ID}/{model}",
+                    "--message", CHECK_MESSAGE, "--json", "--timeout", str(int(timeout_s)))
+    arrived, note_at = False, started + progress_every_s
+    while True:
+        try:
+            out, err = proc.communicate(timeout=1)
+            break
+        except subprocess.TimeoutExpired:
+            if time.time() - started > timeout_s + 60:
+                proc.kill()
+                out, err = proc.communicate()
+                break
+        if progress is not None and time.time() >= note_at:
+            note_at += progress_every_s
+            arrived = arrived or tagged(daemon.get("/v1/status"))
+            progress(f"  test turn, {time.time() - started:.0f} s: " +
+                     ("the daemon got the tagged call and is answering it" if arrived else
+                      "waiting for the call to reach the daemon (OpenClaw prepares the agent's request)"))
     status = daemon.get("/v1/status")
-    last = (status.get("main_calls") or {}).get("last_tagged_at")
-    if last is not None and last >= started - 1:
+    if tagged(status):
         return
     hint = ("the gateway did not answer: is it running with the new config? (openclaw gateway restart)"
             if proc.returncode != 0 else
@@ -253,10 +290,50 @@ def verify_turn(oc: OpenClawCli, daemon: Daemon, timeout_s: float = 600) -> None
             "so that it loaded the plugin?")
     untagged = (status.get("capture") or {}).get("untagged_calls", 0)
     raise SetupError(f"verification failed: {hint} (daemon: {untagged} untagged calls so far)\n"
-                     f"{(proc.stderr or proc.stdout)[-1500:]}")
+                     f"{(err or out)[-1500:]}")
 
 
-def uninstall(oc: OpenClawCli, data_dir: Path) -> int:
+def _without(value: Any, secret: str) -> Any:
+    """`value` with every string field equal to `secret` left out."""
+    if isinstance(value, dict):
+        return {k: _without(v, secret) for k, v in value.items() if v != secret}
+    if isinstance(value, list):
+        return [_without(v, secret) for v in value if v != secret]
+    return value
+
+
+SCAN_MAX_BYTES = 50 * 1024 * 1024  # larger files are not OpenClaw's configs or backups
+
+
+def scrub_key(state_dir: Path, key: str) -> tuple[list[Path], list[Path]]:
+    """Take the daemon's key out of the JSON files under OpenClaw's state dir that still hold it
+    (its config backups `openclaw.json.bak*`, `.last-good`, generated model lists): each loses the
+    fields whose value is the key and is rewritten in place. Returns the files scrubbed, and those
+    that hold the key but are not JSON (logs, transcripts), which are left as they are."""
+    needle = key.encode()
+    scrubbed, remaining = [], []
+    for path in sorted(state_dir.rglob("*")):
+        if path.is_symlink() or not path.is_file() or "node_modules" in path.parts or path.stat().st_size > SCAN_MAX_BYTES:
+            continue
+        raw = path.read_bytes()
+        if needle not in raw:
+            continue
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            remaining.append(path)
+            continue
+        tmp = path.with_name(path.name + f".clawback-{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps(_without(doc, key), indent=2, ensure_ascii=False) + "\n")
+        os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+        scrubbed.append(path)
+    return scrubbed, remaining
+
+
+def uninstall(oc: OpenClawCli, data_dir: Path, key: str | None = None) -> int:
+    """Unlink the plugin, put the config back, and take `key` (the daemon's) out of the copies
+    OpenClaw made of its config meanwhile."""
     backup = _backup_dir(data_dir)
     manifest_path = backup / "install.json"
     if not manifest_path.is_file():
@@ -275,6 +352,16 @@ def uninstall(oc: OpenClawCli, data_dir: Path) -> int:
         config.unlink(missing_ok=True)
         say(f"removed {config} (it did not exist before the install)")
     shutil.rmtree(backup)
+    if key is not None and config.is_file() and key.encode() in config.read_bytes():
+        say(f"the daemon's API key stays in {config} and its backups: it was there before the install")
+    elif key is not None:
+        scrubbed, remaining = scrub_key(config.parent, key)
+        if scrubbed:
+            say(f"removed the daemon's API key from {len(scrubbed)} file(s) OpenClaw keeps in {config.parent}: "
+                + ", ".join(str(p.relative_to(config.parent)) for p in scrubbed))
+        for path in remaining:
+            say(f"the daemon's API key remains in {path}: it is not a JSON file, so it was left as it is; "
+                "delete the file, or the lines that hold the key, if you no longer need it")
     say("restart the gateway (openclaw gateway restart) so that it unloads the plugin")
     return 0
 
@@ -291,7 +378,7 @@ def doctor(oc: OpenClawCli, daemon: Daemon, *, test_turn: bool = False, now: Cal
     checks: list[Check] = []
     if test_turn:
         try:
-            verify_turn(oc, daemon)
+            verify_turn(oc, daemon, progress=say)
             checks.append(Check("test turn", True, "an agent turn through OpenClaw arrived as a tagged main call"))
         except (SetupError, httpx.HTTPError) as e:
             checks.append(Check("test turn", False, str(e).splitlines()[0][:300], "see the checks below"))

@@ -1023,7 +1023,13 @@ def counts(conn: sqlite3.Connection) -> dict[str, Any]:
     events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
     samples = {r[0]: r[1] for r in conn.execute("SELECT state, count(*) FROM samples GROUP BY state")}
     feedback = {r[0]: r[1] for r in conn.execute("SELECT state, count(*) FROM feedback_events GROUP BY state")}
-    return {"calls": calls, "sessions": sessions, "events": events, "samples": samples, "feedback": feedback}
+    # Why samples were not trained on; a reason's detail after ': ' (an exception's text) is left out.
+    dropped: dict[str, int] = {}
+    for reason, n in conn.execute("SELECT reason, count(*) FROM samples WHERE state = 'dropped' GROUP BY reason"):
+        key = (reason or "unknown").split(": ", 1)[0]
+        dropped[key] = dropped.get(key, 0) + n
+    return {"calls": calls, "sessions": sessions, "events": events, "samples": samples, "feedback": feedback,
+            "dropped_samples": dropped}
 
 
 def export_jsonl(db_path: Path, out: TextIO, since: float | None = None) -> int:

@@ -267,11 +267,15 @@ def main() -> int:
             out.close()
             return subprocess.CompletedProcess(proc.args, proc.returncode, text, "")
 
-        # What a newcomer types: install (links the plugin, adds the provider from /v1/models, slim
-        # profile); the gateway here is a foreground `gateway run`, so it is started after install.
-        inst = cli("install", "--make-default", "--slim", "--max-tokens", "24", "--yes", "--no-restart", "--no-verify")
+        # What a newcomer types: install --yes (links the plugin, adds the provider from /v1/models,
+        # every default answer: clawback the default model, the slim profile); the gateway here is a
+        # foreground `gateway run`, so it is started after install.
+        inst = cli("install", "--max-tokens", "24", "--yes", "--no-restart", "--no-verify")
         assert inst.returncode == 0, f"clawback openclaw install failed:\n{inst.stdout}\n{inst.stderr}"
         assert "+ models.providers.clawback.baseUrl" in inst.stdout and key not in inst.stdout, inst.stdout
+        assert "(--make-default)? yes (the default answer: --yes)" in inst.stdout, inst.stdout
+        assert "(--slim)? yes (the default answer: --yes)" in inst.stdout, inst.stdout
+        assert not [line for line in inst.stdout.splitlines() if line.strip() in ("-", "+", "~")], inst.stdout
         cfg = json.loads(config_path.read_text())
         assert cfg["models"]["providers"]["clawback"]["models"][0]["contextWindow"] == models["context_length"]
         assert cfg["agents"]["defaults"]["model"]["primary"] == f"clawback/{models['id']}"
@@ -288,7 +292,13 @@ def main() -> int:
         doc = cli("doctor", "--test-turn")
         log(f"clawback openclaw doctor --test-turn in {TIMES['clawback openclaw doctor']}s:\n{doc.stdout}")
         assert doc.returncode == 0 and "all green" in doc.stdout, f"doctor:\n{doc.stdout}\n{doc.stderr}"
-        before_chat = {r["call_id"] for r in q(daemon.data_dir / "clawback.db", "SELECT call_id FROM calls")}
+        checks = q(daemon.data_dir / "clawback.db", "SELECT call_id, turn_type, request_json FROM calls")
+        before_chat = {r["call_id"] for r in checks}
+        # The test turn's reply is capped at a few tokens by the plugin (not the model's 24 here,
+        # nor a newcomer's 1,024).
+        caps = [json.loads(r["request_json"]) for r in checks if r["turn_type"] == "main"]
+        caps = [c.get("max_completion_tokens") or c.get("max_tokens") for c in caps]
+        assert caps and all(c == 16 for c in caps), caps
 
         sk = "agent:main:e2e"
         turns = []
@@ -386,6 +396,8 @@ def main() -> int:
         un = cli("uninstall")
         assert un.returncode == 0, f"uninstall:\n{un.stdout}\n{un.stderr}"
         assert config_path.read_bytes() == original, "uninstall must restore openclaw.json byte for byte"
+        leaks = [str(p.relative_to(home)) for p in home.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+        assert not leaks, f"the daemon's API key is still in OpenClaw's directory: {leaks}\n{un.stdout}"
         log(f"clawback openclaw uninstall in {TIMES['clawback openclaw uninstall']}s: openclaw.json restored byte for byte")
         log("step times (s): " + json.dumps(TIMES))
         ok = True

@@ -1,6 +1,8 @@
 import { describe, expect, it, vi } from "vitest";
 import { RunRegistry } from "./runs.js";
-import { makeWrapSimpleCompletionStreamFn, makeWrapStreamFn, type StreamOptions } from "./tagging.js";
+import {
+  CHECK_MAX_TOKENS, CHECK_SESSION_KEY, makeWrapSimpleCompletionStreamFn, makeWrapStreamFn, type StreamOptions,
+} from "./tagging.js";
 
 function recorder() {
   const calls: StreamOptions[] = [];
@@ -41,6 +43,19 @@ describe("wrapStreamFn", () => {
     reg.end("A");
     wrapped({}, {}, { sessionId: "sB", requestId: "B:model:2" });
     expect(calls.at(-1)!.headers).toMatchObject({ "X-Session-Id": "sB", "X-Turn-Type": "side" });
+  });
+
+  it("caps the replies of the install check's session at a few tokens, and only those", () => {
+    const reg = new RunRegistry();
+    reg.start({ runId: "check", trigger: "user", sessionKey: CHECK_SESSION_KEY, sessionId: "s-check" });
+    reg.start({ runId: "chat", trigger: "user", sessionKey: "agent:main:main", sessionId: "s-chat" });
+    const { calls, streamFn } = recorder();
+    const wrapped = makeWrapStreamFn(reg)({ provider: "clawback", streamFn })!;
+    wrapped({}, {}, { sessionId: "s-check", requestId: "check:model:1", maxTokens: 1024 });
+    wrapped({}, {}, { sessionId: "s-chat", requestId: "chat:model:1", maxTokens: 1024 });
+    wrapped({}, {}, { sessionId: "s-check", requestId: "check:model:2", maxTokens: 4 });
+    expect(calls.map((c) => c.maxTokens)).toEqual([CHECK_MAX_TOKENS, 1024, 4]);
+    expect(calls[0]!.headers).toMatchObject({ "X-Turn-Type": "main", "X-Turn-Id": "check" });
   });
 
   it("never wraps other providers", () => {

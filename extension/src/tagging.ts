@@ -3,6 +3,11 @@
 import { classifyRun, parseRequestId, type RunRegistry, type TurnType } from "./runs.js";
 
 export const PROVIDER_ID = "clawback";
+/** The session `clawback openclaw install` sends its test turn in (daemon/openclaw.py CHECK_SESSION):
+ * its replies are capped at a few tokens, so the check takes seconds on a CPU rather than a whole
+ * reply budget. */
+export const CHECK_SESSION_KEY = "agent:main:clawback-install-check";
+export const CHECK_MAX_TOKENS = 16;
 
 // Structural stand-ins for OpenClaw's StreamFn: (model, context, options) => stream.
 export type StreamOptions = {
@@ -43,7 +48,14 @@ export function makeWrapStreamFn(registry: RunRegistry) {
   return (ctx: WrapCtx): StreamFn | undefined => {
     const inner = ctx.streamFn;
     if (!inner || ctx.provider !== PROVIDER_ID) return inner;
-    return (model, context, options) => inner(model, context, withHeaders(options, headersFor(tagsForCall(registry, options))));
+    return (model, context, options) => {
+      const tags = tagsForCall(registry, options);
+      const tagged = withHeaders(options, headersFor(tags));
+      if (registry.get(tags.turnId)?.sessionKey === CHECK_SESSION_KEY) {
+        tagged.maxTokens = Math.min(Number(options?.maxTokens) || CHECK_MAX_TOKENS, CHECK_MAX_TOKENS);
+      }
+      return inner(model, context, tagged);
+    };
   };
 }
 

@@ -54,3 +54,17 @@ def test_simulate_summary_from_the_data_dir(tmp_path: Path):
     rows = _simulate_summary(tmp_path)
     assert rows == [{"scenario": "teacher", "method": "combined", "seeds": 3, "before": 0.25, "after": 0.75},
                     {"scenario": "teacher", "method": "none", "seeds": 3, "before": 0.25, "after": 0.25}]
+
+
+def test_chart_series_keep_their_order_and_colours_through_the_template():
+    """The template's `tojson` sorts object keys: with series as a dict, "bad" came first and took
+    the first colour (green). Each series now carries its own colour, in order."""
+    from jinja2 import Environment
+
+    from clawback.daemon.dashboard import _chart
+
+    chart = _chart("feedback", [0, 1], ["base", "v1"], {"good": [0.5, 0.75], "bad": [0.25, 0.0], "corrections": [0, 0]})
+    drawn = json.loads(Environment().from_string("{{ c | tojson }}").render(c=chart))
+    assert [(s["label"], s["color"]) for s in drawn["series"]] == [("good", "#1a7f4b"), ("bad", "#b3261e"),
+                                                                    ("corrections", "#c80")]
+    assert drawn["series"][0]["values"] == [0.5, 0.75]

@@ -132,3 +132,13 @@ def test_bad_requests_change_nothing(data_dir: Path, tmp_path: Path):
     (tmp_path / "taken").mkdir()
     taken = run("adapter", "v3", "--format", "peft", "--out", str(tmp_path / "taken"))
     assert taken.returncode == 2 and "exists" in taken.stderr and not any((tmp_path / "taken").iterdir())
+
+
+def test_gguf_out_without_the_suffix_gets_it(data_dir: Path, tmp_path: Path):
+    """llama.cpp and Ollama recognise a GGUF by its name: `--out NAME` writes NAME.gguf."""
+    proc = subprocess.run([sys.executable, "-m", "clawback.cli", "export", "adapter", "v3", "--format", "gguf-lora",
+                           "--data-dir", str(data_dir), "--out", str(tmp_path / "mine")],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"wrote {tmp_path / 'mine.gguf'} " in proc.stdout
+    assert (tmp_path / "mine.gguf").is_file() and not (tmp_path / "mine").exists()

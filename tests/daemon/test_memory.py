@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from clawback.chat import ChatRequest
-from clawback.daemon.cli import note_retirement
+from clawback.daemon.display import note_retirement
 from clawback.daemon.memory import inject, notes_from, repeats, strip, topic
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.store import Store, blob_ids

@@ -36,12 +36,15 @@ TRAIN_TIMEOUT_S = 300  # the first step starts Ray on a busy 2-core machine
 UI_TIMEOUT_MS = TRAIN_TIMEOUT_S * 1000
 
 
-def converse(c: httpx.Client, session: str, messages: list[dict], kind: str = "thumbs_up",
-             text: str | None = None) -> list[dict]:
+def converse(c: httpx.Client, session: str, messages: list[dict], kind: str | None = "thumbs_up",
+             text: str | None = None, max_tokens: int = 8, **sampling: float) -> list[dict]:
     """One tagged main call and a rating of its reply; the conversation so far, with the reply."""
-    r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 8, "messages": messages},
+    r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": max_tokens, "messages": messages,
+                                             **sampling},
                headers={"x-session-id": session, "x-turn-type": "main"})
     r.raise_for_status()
+    if kind is None:
+        return [*messages, r.json()["choices"][0]["message"]]
     ack = c.post("/v1/feedback", json={"event_id": str(uuid.uuid4()), "kind": kind, "session_id": session,
                                        "text": text}).json()
     assert ack["type"] == "ack", ack
@@ -105,7 +108,8 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     page.on("console", lambda m: console.append(m.text))
     page.on("pageerror", lambda e: console.append(f"page error: {e}"))
     page.on("request", lambda r: requests.append(r.url))
-    page.on("dialog", lambda dialog: dialog.accept())  # the confirmations of Promote and Forget
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.accept()))  # every confirmation
     log_in(page, d.url, d.api_key)
     cookie = next(ck for ck in context.cookies() if ck["name"] == "clawback_ui")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
@@ -138,14 +142,20 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     expect(page.locator("#versions tr[data-version=v2]")).to_have_class("live")
     expect(page.locator("#versions tr[data-version=v1] .state")).to_contain_text("retiredpromoted over: collapse")
     expect(page.locator("#steps tbody tr")).to_have_count(2)
-    expect(page.locator("#health-main")).to_contain_text("100% paired with a next state")
+    expect(page.locator("#health-main")).to_contain_text("1 of 2 paired with a next state · 1 waiting for one")
     expect(page.locator(".chart .uplot")).not_to_have_count(0)  # uPlot drew the curves
+    feedback_chart = page.locator(".chart").first  # good green, bad red, whatever the series' order in JSON
+    expect(feedback_chart.locator(".u-series:has(.u-label:text-is('good')) .u-marker")).to_have_css(
+        "border-color", "rgb(26, 127, 75)")
+    expect(feedback_chart.locator(".u-series:has(.u-label:text-is('bad')) .u-marker")).to_have_css(
+        "border-color", "rgb(179, 38, 30)")
     assert page.evaluate("window.sameDocument") is True
     page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
 
     # Roll back with a click: the engine serves v1 again.
     page.click("#versions tr[data-version=v1] button:has-text('Roll back')")
     expect(page.locator("#versions tr[data-version=v1]")).to_have_class("live")
+    assert dialogs[-1] == "Serve v1 instead of v2?", dialogs  # asked first
     expect(page.locator("#health-live")).to_have_text("v1")
     assert live_version(c) == 1
     r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 4,
@@ -266,3 +276,86 @@ def _cross_site_posts_refused(page: Page, d: DaemonProcess, tmp_path: Path) -> N
     finally:
         server.shutdown()
     page.goto(f"{d.url}/ui/")
+
+
+# Training on, but the gate holds out nearly every rated call, so that no step runs (no Ray); cut
+# replies are not trained on.
+EXPLAINED_TOML = """
+[train]
+method = "binary"
+batch_size = 1
+drop_cut_replies = true
+[judge]
+backend = "off"
+[gate]
+held_out_share = 0.99
+"""
+
+
+def test_dashboard_says_why_groups_and_pages(ending_model_dir: Path, tmp_path: Path, browser):
+    """What a newcomer reads on the page: a held-out sample is not "dropped" and a dropped one says
+    why; the paired share counts the calls still waiting; calls without a session are one row; a
+    long list comes in pages that a live update keeps; no chart of a single point; the login page
+    names this daemon's key file (a data dir of its own here)."""
+    from clawback.daemon.display import SAMPLE_REASONS, sample_reason
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "clawback.toml").write_text(EXPLAINED_TOML)
+    d = DaemonProcess(data, ending_model_dir).start()
+    db = data / "clawback.db"
+    try:
+        c = httpx.Client(base_url=d.url, headers={"authorization": f"Bearer {d.api_key}"}, timeout=120)
+        # The ending model's replies end by themselves when sampled as the simulator does.
+        first = converse(c, "held", [{"role": "user", "content": "Say hi."}], max_tokens=160, temperature=0.7, seed=7)
+        converse(c, "cut", [{"role": "user", "content": "Tell me a story."}], max_tokens=2, temperature=0.7,
+                 seed=7)  # cut by its token limit
+        chat = converse(c, "s00", [{"role": "user", "content": "Hello."}], kind=None, max_tokens=2)
+        converse(c, "s00", [*chat, {"role": "user", "content": "And then?"}], kind=None, max_tokens=2)  # pairs it
+        for i in range(1, 10):
+            converse(c, f"s{i:02d}", [{"role": "user", "content": f"Question {i}."}], kind=None, max_tokens=2)
+        for i in range(3):  # untagged: each becomes a session of its own
+            c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 2, "messages": [
+                {"role": "user", "content": f"untagged {i}"}]}).raise_for_status()
+        states = lambda: {r[0]: (r[1], r[2]) for r in query(  # noqa: E731
+            db, "SELECT c.session_id, s.state, s.reason FROM samples s JOIN calls c USING (call_id) "
+                "WHERE c.session_id IN ('held', 'cut')")}
+        wait_for(lambda: states().get("held") == ("dropped", "held_out") and states().get("cut", ("",))[0] == "dropped",
+                 TRAIN_TIMEOUT_S, "both rated samples settled")
+        cut_reason = states()["cut"][1]
+        assert first[-1]["content"], "the ending model ends its reply"
+
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        page.goto(f"{d.url}/ui/login")
+        expect(page.locator("#key-hint")).to_contain_text(str(data / "api_key"))
+        page.fill("#key", d.api_key)
+        page.click("button[type=submit]")
+
+        expect(page.locator("#health-main")).to_contain_text("1 of 13 paired with a next state · 12 waiting for one")
+        expect(page.locator("#health-not-trained")).to_contain_text("1 held out: held out for the gate")
+        feedback = page.locator("#feedback li")
+        expect(feedback).to_have_count(2)
+        held = feedback.nth(1)  # newest first: "cut", then "held"
+        expect(held.locator(".sample")).to_contain_text("held out for the gate: it checks new versions")
+        expect(held.locator(".sample .bad")).to_have_count(0)  # not shown as a failure
+        expect(feedback.nth(0).locator(".sample")).to_contain_text(f"not trained on: {sample_reason(cut_reason)}")
+        assert cut_reason.split(":")[0] in SAMPLE_REASONS, cut_reason  # worded, not a code
+
+        expect(page.locator("#no-charts")).to_be_visible()  # one version (base): nothing to chart
+        expect(page.locator(".chart")).to_have_count(0)
+
+        conversations = page.locator("#conversations")
+        expect(page.locator("#anonymous-calls")).to_contain_text("Calls without a session")
+        expect(page.locator("#anonymous-calls td.opt")).to_have_text("3")
+        expect(conversations).not_to_contain_text("anon-")
+        expect(conversations.locator(".pager")).to_contain_text("1–10 of 12")
+        conversations.locator("button:has-text('Older')").click()
+        expect(conversations.locator(".pager")).to_contain_text("11–12 of 12")
+        expect(conversations.locator("tbody tr:not(#anonymous-calls)")).to_have_count(2)
+        converse(c, "s10", [{"role": "user", "content": "One more."}], kind=None, max_tokens=2)
+        expect(conversations.locator(".pager")).to_contain_text("11–13 of 13")  # the refresh kept the page
+
+        page.click("#conversations a:text-is('held')")  # the oldest: on this second page
+        expect(page.locator("#conversation .meta")).to_contain_text("sample: held out for the gate")
+    finally:
+        d.stop()

@@ -28,11 +28,11 @@ def talk(d: DaemonProcess, session: str, secret: str) -> None:
         assert ack["type"] == "ack", ack
 
 
-def forget_cli(d: DaemonProcess, *args: str) -> dict:
+def forget_cli(d: DaemonProcess, *args: str) -> str:
     out = subprocess.run([sys.executable, "-m", "clawback.cli", "forget", *args, "--data-dir", str(d.data_dir),
                           "--port", str(d.port), "--no-auth"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return out.stdout
 
 
 def test_forget_through_the_daemon_then_on_the_stopped_store(tiny_model_dir: Path, tmp_path: Path):
@@ -45,15 +45,15 @@ def test_forget_through_the_daemon_then_on_the_stopped_store(tiny_model_dir: Pat
         talk(d, "private", "PRIVATE-MARKER-1")
         talk(d, "other", "OTHER-MARKER-2")
         wait_for(lambda: len(query(db, "SELECT * FROM samples")) == 2, what="samples stored")
-        report = forget_cli(d, "--session", "private")
+        report = json.loads(forget_cli(d, "--session", "private", "--json"))
         assert report["sessions"] == 1 and report["deleted"]["calls"] == 1 and report["affected_versions"] == []
         raw = raw_bytes(db)
         assert b"PRIVATE-MARKER-1" not in raw and b"OTHER-MARKER-2" in raw
         talk(d, "private", "AFTER-MARKER-3")  # the daemon carries on with the session as a new one
     finally:
         d.stop()
-    report = forget_cli(d, "--all")  # the daemon is down: on the store itself
-    assert report["deleted"]["sessions"] == 2
+    said = forget_cli(d, "--all")  # the daemon is down: on the store itself; in words
+    assert said.startswith("forgot 2 sessions: ") and "2 calls" in said, said
     assert not any(m in raw_bytes(db) for m in (b"OTHER-MARKER-2", b"AFTER-MARKER-3"))
     assert [r[0] for r in query(db, "SELECT json_extract(payload, '$.scope') FROM events WHERE kind = 'forgotten' "
                                     "ORDER BY id")] == ["session", "all"]

@@ -35,13 +35,18 @@ def test_restart_keeps_store_and_pairing(tiny_model_dir: Path, tmp_path: Path):
     key = first.api_key
     messages = [{"role": "user", "content": "Remember the number 7."}]
     reply = post(first, messages, "keep-1")
-    status = json.loads(cli("status", "--data-dir", str(data), "--port", str(first.port)).stdout)
+    status = json.loads(cli("status", "--json", "--data-dir", str(data), "--port", str(first.port)).stdout)
     assert status["daemon"] == "running" and status["store"]["schema_version"] == len(migrations())
+    summary = cli("status", "--data-dir", str(data), "--port", str(first.port)).stdout  # for people
+    assert f"daemon: running at http://127.0.0.1:{first.port}" in summary, summary
+    assert "main calls: 1 (0 paired with a next state, 1 waiting for one)" in summary, summary
     first.stop()  # SIGTERM: the writer drains before exit
 
     assert rows(data / "clawback.db", "SELECT state FROM calls") == [("awaiting_next_state",)]
-    offline = cli("status", "--data-dir", str(data), "--port", str(first.port))
+    offline = cli("status", "--json", "--data-dir", str(data), "--port", str(first.port))
     assert offline.returncode == 0 and "not reachable" in json.loads(offline.stdout)["daemon"]
+    summary = cli("status", "--data-dir", str(data), "--port", str(first.port)).stdout
+    assert summary.startswith("daemon: not reachable") and "main calls: 1 (" in summary, summary
 
     second = DaemonProcess(data, tiny_model_dir).start()
     try:

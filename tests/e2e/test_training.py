@@ -76,7 +76,7 @@ def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> Non
                 served_on(f"v{k}", results, since=0)  # streams ran on this version (a loaded machine may be slow)
             assert "live: v3" in cli(d, "list")
             before = len(results)
-            cli(d, "rollback", "1")
+            assert cli(d, "rollback", "1").startswith("v1 is live now (swapped in ")
             assert c.get("/v1/adapters").json()["live"] == 1
             served_on("v1", results, since=before)
     finally:
@@ -93,9 +93,10 @@ def _swap_under_load(d, clients, listener, stop, results, errors, pushes) -> Non
     status = httpx.get(f"{d.url}/v1/status").json()["training"]
     assert status["last_step"]["outcome"] == "committed" and status["samples_ready"] == 0
     assert "clawback_swap_seconds" in httpx.get(f"{d.url}/metrics").text
-    cli(d, "pin", "2")
-    pruned = json.loads(cli(d, "prune"))["pruned"]
+    assert cli(d, "pin", "2") == "v2 pinned: prune keeps it\n"
+    pruned = json.loads(cli(d, "prune", "--json"))["pruned"]
     assert pruned == []  # 3 versions, keep 5
+    assert cli(d, "prune") == "nothing to prune\n"
 
 
 def served_on(version: str, results: list, since: int) -> None:

@@ -6,8 +6,7 @@ function drawCharts(root) {
   for (const el of root.querySelectorAll(".chart:not([data-drawn])")) {
     el.dataset.drawn = "1";
     const chart = JSON.parse(el.dataset.chart);
-    const names = Object.keys(chart.series);
-    const colors = ["#2a7", "#d44", "#37c", "#c80", "#85c", "#888"];
+    const colors = ["#2f5fd0", "#85c", "#888"];  // for series without a colour of their own
     const labels = chart.xlabels;
     const opts = {
       width: Math.max(260, el.clientWidth - 8),
@@ -19,9 +18,10 @@ function drawCharts(root) {
       } } },
       axes: [{ values: labels ? (u, ticks) => ticks.map((t) => labels[chart.x.indexOf(t)] ?? "") : undefined }, { size: 56 }],
       series: [{ label: labels ? "version" : "step", value: labels ? (u, v) => labels[chart.x.indexOf(v)] ?? "" : undefined },
-        ...names.map((name, i) => ({ label: name, stroke: colors[i % colors.length], width: 2, points: { show: true } }))],
+        ...chart.series.map((s, i) => ({ label: s.label, stroke: s.color || colors[i % colors.length], width: 2,
+                                         points: { show: true } }))],
     };
-    new uPlot(opts, [chart.x, ...names.map((n) => chart.series[n])], el);
+    new uPlot(opts, [chart.x, ...chart.series.map((s) => s.values)], el);
   }
 }
 
@@ -37,6 +37,15 @@ document.addEventListener("DOMContentLoaded", () => {
   events.addEventListener("changed", () => htmx.trigger(document.body, "changed"));
 });
 document.addEventListener("htmx:afterSettle", (e) => drawCharts(e.detail.elt));
+// Paging: the section then fetches that page, also when a live update refreshes it.
+document.addEventListener("click", (e) => {
+  const button = e.target.closest("button[data-page]");
+  if (!button) return;
+  const section = button.closest("section");
+  section.setAttribute("hx-get", button.dataset.page);
+  htmx.process(section);
+  htmx.ajax("GET", button.dataset.page, { target: section, swap: "innerHTML" });
+});
 // A live refresh never replaces a form being filled in (a memory note being edited).
 document.addEventListener("htmx:beforeRequest", (e) => {
   const elt = e.detail.elt;
