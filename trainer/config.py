@@ -32,7 +32,9 @@ class TrainConfig:
     # response position (recorded at serve time, scored by the teacher under the hinted context),
     # not only the sampled one. For each such token k: A_k = w_opd·clip(teacher_k − behaviour_k,
     # −opd_clip, opd_clip), and the position's loss is −Σ_k π(k)·A_k (gradient Σ_k π(k)·A_k·∇log π(k),
-    # the expectation of the sampled-token estimator over those K tokens), times its TIS weight.
+    # the expectation of the sampled-token estimator over those K tokens). No importance weight:
+    # the term is an exact sum over the K tokens under the current π, not an estimate from a token
+    # some other policy sampled, so there is nothing to correct for.
     # A sample without recorded top-K (an engine that cannot score candidates) trains token-level.
     # 0 = token-level OPD: A_t = w_opd·(teacher_t − behaviour_t) on the sampled token, unclipped.
     opd_top_k: int = 4
