@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--micro-batch-tokens", type=int, default=TrainConfig.micro_batch_tokens)
+    ap.add_argument("--checkpointing", choices=("on", "off"), default="on")
     ap.add_argument("--no-trim", action="store_true", help="skip the worker's malloc_trim after each step (for comparison)")
     args = ap.parse_args()
 
@@ -52,13 +53,15 @@ def main() -> None:
     if args.no_trim:
         worker_module.release_freed_memory = lambda: None
 
-    cfg = TrainConfig(method="binary", batch_size=args.batch, micro_batch_tokens=args.micro_batch_tokens)
+    cfg = TrainConfig(method="binary", batch_size=args.batch, micro_batch_tokens=args.micro_batch_tokens,
+                      gradient_checkpointing=args.checkpointing == "on")
     worker = TrainerWorker(str(args.model), cfg, None, "cpu", args.threads)
     worker.resume(None)
+    vocab = int(worker.model.config.vocab_size)
     rows = [{"step": 0, "rss_mb": status_kb("VmRSS") / 1024, "hwm_mb": status_kb("VmHWM") / 1024}]
     print(f"loaded: rss {rows[0]['rss_mb']:.0f} MB", flush=True)
     for step in range(1, args.steps + 1):
-        samples = make_samples(args.batch, "mixed", 49152, seed=step)
+        samples = make_samples(args.batch, "mixed", vocab, seed=step)
         t0 = time.perf_counter()
         worker.train(samples, step, {"samples": args.batch})
         row = {"step": step, "step_s": time.perf_counter() - t0, "rss_mb": status_kb("VmRSS") / 1024,

@@ -94,20 +94,20 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     batch_size: int = 16  # effective samples per optimizer step
     # Padded tokens (prompt + response) per forward/backward; None = `MICRO_BATCH_TOKENS` for the
-    # device the step runs on. CPU gets less: there a step keeps every layer's activations (no
-    # checkpointing, see below), and SmolLM2-135M's trainer peaked at 5.7 GB with 2048 but went past
-    # 13 GB with 8192 (bench/README.md, "Trainer RSS"); the trainer also yields to serving only
-    # between micro-batches, so smaller ones give serving more chances.
+    # device the step runs on. CPU gets less: without checkpointing SmolLM2-135M's trainer peaked
+    # at 5.7 GB with 2048 and went past 13 GB with 8192 (bench/README.md, "Trainer RSS").
     micro_batch_tokens: int | None = None
     # Samples served more than this many adapter versions ago are dropped by the caller, not
     # reweighted: past a few versions the TIS weight is mostly at its cap and carries little signal.
     max_staleness: int = 4
     seed: int = 0  # LoRA initialisation
     # Recompute each decoder layer's activations in the backward pass instead of storing them:
-    # ~30% more compute for activations that shrink from O(layers) to O(1) layers. None = on for
-    # CUDA (a 4B model at the default token budget does not fit a 24 GB card without it, see
-    # docs/memory-plan.md), off on CPU where memory is rarely the limit and compute always is.
-    gradient_checkpointing: bool | None = None
+    # ~30% more compute for activations that shrink from O(layers) to O(1) layers. On by default:
+    # a 4B model at the default token budget does not fit a 24 GB card without it
+    # (docs/memory-plan.md), and on CPU it is what keeps a laptop's trainer within a few GB
+    # (bench/README.md, "Trainer memory"); the recomputation is also where the trainer yields to
+    # requests inside the backward (trainer/priority.py).
+    gradient_checkpointing: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in ("binary", "opd", "combined"):

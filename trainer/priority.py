@@ -1,12 +1,12 @@
-"""Serving before training on a shared machine: threads, niceness, and yielding between micro-batches.
+"""Serving before training on a shared machine: threads, niceness, and yielding while requests run.
 
 On a CPU box the engine (decoding in the daemon's process) and the trainer (a Ray actor, its own
 process) compete for the same few cores, and torch's default of one thread per core makes each
 oversubscribe them: measured on 2 shared cores, 8 tokens took 27-29 s with the default thread count
 and 0.8-1.2 s with one thread (an OpenMP barrier stalls whenever any of its cores is taken).
 `thread_budget` therefore splits the cores on purpose, the trainer lowers its own CPU priority
-(`TRAINER_NICE`), and on the daemon's node it waits between micro-batches while requests are being
-served. The daemon publishes its number of requests in flight through `ServingGauge`, an 8-byte
+(`TRAINER_NICE`), and on the daemon's node it waits before each micro-batch and each decoder layer
+(forward, and the backward's recomputation under checkpointing) while requests are being served. The daemon publishes its number of requests in flight through `ServingGauge`, an 8-byte
 memory-mapped file: an update is a store into shared memory, no system call.
 """
 
@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 TRAINER_NICE = 10  # CFS weight 110 against the engine's 1024: on a shared core serving gets ~90%
 YIELD_POLL_S = 0.01
-# While requests keep coming, a micro-batch still starts after waiting this many times as long as
-# the previous one took (at least MIN_YIELD_S), so training slows down under load but never stops.
+# While requests keep coming, the next piece of work (a micro-batch, a layer) still starts after
+# waiting this many times as long as the work since the last wait took (at least MIN_YIELD_S), so
+# training slows down under load but never stops.
 YIELD_FACTOR = 4.0
 MIN_YIELD_S = 1.0
 
@@ -95,8 +96,9 @@ class ServingGauge:
 
 
 class ServingPriority:
-    """The trainer's side: `wait()` before each micro-batch returns once nothing is being served,
-    or after YIELD_FACTOR times the previous micro-batch's duration (MIN_YIELD_S for the first)."""
+    """The trainer's side: `wait()` (before each micro-batch and each decoder layer) returns once
+    nothing is being served, or after YIELD_FACTOR times the work since the last wait (at least
+    MIN_YIELD_S)."""
 
     def __init__(self, path: str | Path | None) -> None:
         self._map: mmap.mmap | None = None

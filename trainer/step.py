@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, cast
 
 import torch
+import torch.utils.checkpoint
 from transformers import PreTrainedModel
 
 from clawback.adapter_format import lora_targets
@@ -99,10 +100,7 @@ def make_lora_model(base_model: PreTrainedModel, cfg: TrainConfig) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    checkpointing = cfg.gradient_checkpointing
-    if checkpointing is None:
-        checkpointing = next(base_model.parameters()).device.type == "cuda"
-    if checkpointing:
+    if cfg.gradient_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad, so the frozen embeddings
         # of a LoRA model are fine as they are. transformers renamed the method in 5.2x.
         if hasattr(base_model, "activation_checkpointing_enable"):
@@ -214,33 +212,55 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
     return {k: v.to(device) for k, v in batch.items()}
 
 
+LOGIT_CHUNK_TOKENS = 256  # response positions whose full-vocabulary logits exist at once
+
+
 def response_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], entropy_grad: bool = False, top_k: bool = False
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], entropy_grad: bool = False, top_k: bool = False,
+    chunk_tokens: int = LOGIT_CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """logp_B_T of the response tokens, the full-vocabulary entropy_B_T at those positions and,
     with `top_k`, the logprobs of batch["top_ids_B_T_K"] (else None).
 
-    Only the T response positions get logits; logp = logit[target] − logsumexp(logits), which
-    avoids materialising a second B×T×V log_softmax tensor for autograd. The entropy carries a
-    gradient only when asked (an entropy bonus); otherwise it is a metric and builds no graph.
+    The model runs without its output head; the head and the log-softmax then run over
+    `chunk_tokens` response positions at a time, each chunk under activation checkpointing, so at
+    most one chunk's logits (chunk × vocabulary, fp32) exist at once, in the forward and again in
+    the backward, instead of B × T × vocabulary for the micro-batch (151,936 columns for Qwen2.5).
+    Each position's numbers are those of the unchunked computation. logp = logit[target] −
+    logsumexp(logits), which keeps no second log_softmax tensor. The entropy carries a gradient
+    only when asked (an entropy bonus); otherwise it is a metric and builds no graph.
     """
     target_B_T = batch["target_B_T"]
-    T = target_B_T.shape[1]
-    out = model(
+    B, T = target_B_T.shape
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out = base.get_decoder()(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
         position_ids=batch["position_ids"],
-        logits_to_keep=T + 1,
         use_cache=False,
     )
-    logits_B_T_V = out.logits[:, :-1].float()  # column C−1+t predicts response token t
-    lse_B_T = torch.logsumexp(logits_B_T_V, dim=-1)
-    logp_B_T = logits_B_T_V.gather(-1, target_B_T.unsqueeze(-1)).squeeze(-1) - lse_B_T
-    top_B_T_K = logits_B_T_V.gather(-1, batch["top_ids_B_T_K"]) - lse_B_T[..., None] if top_k else None
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        probs_B_T_V = torch.softmax(logits_B_T_V, dim=-1)
-        ent_B_T = lse_B_T - (probs_B_T_V * logits_B_T_V).sum(-1)
-    return logp_B_T, ent_B_T, top_B_T_K
+    hidden_N_D = out.last_hidden_state[:, -(T + 1) : -1].reshape(B * T, -1)  # column C−1+t predicts token t
+    target_N = target_B_T.reshape(-1)
+    top_N_K = batch["top_ids_B_T_K"].reshape(B * T, -1)
+    head = base.get_output_embeddings()
+    grad = torch.is_grad_enabled()
+
+    def chunk(h_n_D: torch.Tensor, target_n: torch.Tensor, top_n_K: torch.Tensor):
+        logits_n_V = head(h_n_D).float()
+        lse_n = torch.logsumexp(logits_n_V, dim=-1)
+        logp_n = logits_n_V.gather(-1, target_n[:, None]).squeeze(-1) - lse_n
+        top_n_k = logits_n_V.gather(-1, top_n_K) - lse_n[:, None] if top_k else lse_n[:0]
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent_n = lse_n - (torch.softmax(logits_n_V, dim=-1) * logits_n_V).sum(-1)
+        return logp_n, ent_n, top_n_k
+
+    parts = []
+    for i in range(0, B * T, chunk_tokens):
+        args = (hidden_N_D[i : i + chunk_tokens], target_N[i : i + chunk_tokens], top_N_K[i : i + chunk_tokens])
+        parts.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False) if grad else chunk(*args))
+    logp_N, ent_N, top_N_k = (torch.cat(x) for x in zip(*parts))
+    top_B_T_K = top_N_k.reshape(B, T, -1) if top_k else None
+    return logp_N.reshape(B, T), ent_N.reshape(B, T), top_B_T_K
 
 
 def sample_problem(s: TrainSample, method: str) -> str | None:

@@ -62,6 +62,15 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def return_large_frees_at_once() -> None:
+    """Serve every allocation of 1 MiB or more from its own mmap, returned to the OS when freed.
+    glibc otherwise raises its mmap threshold (up to 32 MB) after the first large free and serves
+    activations from the heap, where the tensors a step keeps pin the freed ones between them: a
+    SmolLM2 micro-batch of 960 tokens peaked at 1.87 GB that way and at 1.24 GB with this."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+
+
 def ray_node_id() -> str | None:
     """The Ray node this process runs on (None outside Ray): where a version was trained."""
     import ray
@@ -91,6 +100,7 @@ class TrainerWorker:
             raise FileNotFoundError(f"base model not found at {model_dir} on the trainer's node {ray_node_id()}")
         if torch_threads:
             torch.set_num_threads(torch_threads)
+        return_large_frees_at_once()
         self.priority = ServingPriority(None)
         if serving is not None and serving[1] == ray_node_id():
             self.priority = ServingPriority(serving[0])
@@ -108,6 +118,10 @@ class TrainerWorker:
             weakref.finalize(self, shutil.rmtree, adapters_root, True)
         self.cfg, self.root = cfg, Path(adapters_root)
         self.model = make_lora_model(base, cfg)
+        # Yield points inside a micro-batch too: before each decoder layer, in the forward and (with
+        # checkpointing) in the backward's recomputation, so a request waits for one layer at most.
+        for layer in base.get_decoder().layers:
+            layer.register_forward_pre_hook(lambda *_: self.priority.wait())
         self.optimizer = make_optimizer(self.model, cfg)
         self.version: int | None = None
 

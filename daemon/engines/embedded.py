@@ -4,12 +4,21 @@ One worker thread owns the model. It takes commands (start a generation, score, 
 adapter) from a queue and decodes every running generation in one batched forward per step: the
 streams share one KV cache, left-padded so that each row's tokens end at the same column, with an
 attention mask over the padding and each row's own positions. Prompts that arrive together are
-prefilled in one left-padded forward and then join the batch; a finished stream leaves it. Each row is sampled with its own settings, and its
-logprob is read from its own row of the unscaled distribution, so `score()` reproduces it. Serving
-and background work (the judge) are two batches: the background one steps only when nothing is
-served, plus one step in BACKGROUND_EVERY so that it cannot starve. The asyncio loop never waits
-on torch; tokens reach it through `call_soon_threadsafe`. Because only the worker touches the
-model, adapter changes need no locks: they happen between steps.
+prefilled in one left-padded forward and then join the batch; a finished stream leaves it. Each
+row is sampled with its own settings, and its logprob is read from its own row of the unscaled
+distribution, so `score()` reproduces it.
+
+Serving first: background work (the judge, the gate's probes, every `score()`: replay, note
+retirement, teacher logprobs) runs in slices of at most BACKGROUND_TOKENS tokens per forward: a
+background prompt is prefilled alone, BACKGROUND_TOKENS columns at a time; background streams
+decode in batches of at most BACKGROUND_TOKENS rows; a scoring pass runs its sequence in chunks
+of that many tokens over a KV cache. One slice runs between serving steps only when nothing is
+served and no command (a new request) is waiting, plus one slice in BACKGROUND_EVERY rounds while
+requests are served so that background work cannot starve. A request that arrives during
+background work therefore waits for at most one slice, about as long as its own prefill
+(bench/README.md, "Serving first"). The asyncio loop never waits on torch; tokens reach it
+through `call_soon_threadsafe`. Because only the worker touches the model, adapter changes need
+no locks: they happen between steps.
 
 Mixed adapters in flight are served with PEFT's per-row `adapter_names`, so a generation that
 started on version N finishes on N even after N+1 is activated. Versions live in reusable PEFT
@@ -20,6 +29,7 @@ one, so a hot-swap stalls the streams for a tensor copy, not for building LoRA l
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import json
 import logging
@@ -27,7 +37,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, Callable, Sequence
+from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -40,6 +50,11 @@ log = logging.getLogger(__name__)
 
 BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
 BACKGROUND_EVERY = 8
+# Tokens one background forward may take: the chunk of a prefill or a scoring pass, the rows of
+# a decode step. On CPU a forward's fixed cost (reading the weights) dominates small ones: on
+# SmolLM2-135M, 1 thread, a forward of 1, 16, 32 and 48 tokens took 174, 285, 412 and 427 ms on a
+# loaded machine, so a 16-token slice costs well under a short request's own prefill.
+BACKGROUND_TOKENS = 16
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily, as vLLM and SGLang do
 
 
@@ -212,7 +227,11 @@ class EmbeddedEngine:
         self._free_slots: list[str] = []  # slots of unloaded versions, refilled by the next load
         self._lock = threading.Lock()  # guards the three dicts above across loop and worker
         self._commands: queue.Queue = queue.Queue()
-        self._serving, self._background = _Batch(), _Batch()
+        self._serving = _Batch()
+        self._background: list[_Batch] = []  # background streams decoding, BACKGROUND_TOKENS rows at most each
+        self._background_gens: set[_Generation] = set()  # every background stream not finished yet
+        # Background work, one slice per next(), each with what tells its callers the engine stopped.
+        self._jobs: collections.deque[tuple[Iterator[None], Callable[[BaseException], None]]] = collections.deque()
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="clawback-engine", daemon=True)
         self._thread.start()
@@ -316,7 +335,7 @@ class EmbeddedEngine:
             return [v for v in self._adapters if v not in self._retiring]
 
     def running(self) -> int:
-        return len(self._serving) + len(self._background)
+        return len(self._serving) + len(self._background_gens)
 
     async def close(self) -> None:
         if not self._stopped:
@@ -360,39 +379,50 @@ class EmbeddedEngine:
             while True:
                 rounds += 1
                 try:
-                    block = not self.running()
+                    block = not self._serving and not self._jobs
                     while True:
                         cmd = self._commands.get(block=block)
                         block = False
                         if cmd[0] == "stop":
-                            for batch in (self._serving, self._background):
-                                for gen in batch.pending + batch.gens:
-                                    gen.emit(EngineError("engine stopped"))
+                            stopped = EngineError("engine stopped")
+                            for gen in self._serving.pending + self._serving.gens:
+                                gen.emit(stopped)
+                            for _, fail in self._jobs:
+                                fail(stopped)
                             return
                         self._handle(cmd)
                 except queue.Empty:
                     pass
-                for batch in self._schedule(rounds):
-                    self._step(batch)
+                if self._serving:
+                    self._step(self._serving)
+                if self._jobs and self._commands.empty() and (not self._serving or rounds % BACKGROUND_EVERY == 0):
+                    self._background_slice()
 
-    def _schedule(self, rounds: int) -> list[_Batch]:
-        """Serving first: background generations step only when no request is being served, plus
-        one round in BACKGROUND_EVERY so that they cannot starve."""
-        if not self._serving or rounds % BACKGROUND_EVERY == 0:
-            return [self._serving, self._background]
-        return [self._serving]
+    def _background_slice(self) -> None:
+        """One slice of the oldest background job; the job goes to the back of the line."""
+        job = self._jobs.popleft()
+        try:
+            next(job[0])
+        except StopIteration:
+            return
+        self._jobs.append(job)
 
     def _handle(self, cmd: tuple) -> None:
         op = cmd[0]
         if op == "generate":
             gen = cmd[1]
-            (self._background if gen.background else self._serving).pending.append(gen)
+            if gen.background:
+                self._background_gens.add(gen)
+                self._jobs.append((self._background_prefill(gen), gen.emit))
+            else:
+                self._serving.pending.append(gen)
             return
         reply = cmd[1]
+        if op == "score":
+            self._jobs.append((self._score(reply, *cmd[2:]), lambda e: reply(None, e)))
+            return
         try:
-            if op == "score":
-                result = self._score(*cmd[2:])
-            elif op == "load":
+            if op == "load":
                 result = self._load(*cmd[2:])
             elif op == "unload":
                 result = self._unload(cmd[2])
@@ -494,12 +524,104 @@ class EmbeddedEngine:
     def _finish(self, gen: _Generation, item: Any) -> None:
         if item is not None:
             gen.emit(item)
-        if gen.adapter is not None:
+        self._background_gens.discard(gen)
+        self._release(gen.adapter)
+
+    def _release(self, adapter: str | None) -> None:
+        """One user of the adapter less; a retiring adapter goes when its last user does."""
+        if adapter is not None:
             with self._lock:
-                self._inflight[gen.adapter] -= 1
-                ready = gen.adapter in self._retiring and self._inflight[gen.adapter] == 0
+                self._inflight[adapter] -= 1
+                ready = adapter in self._retiring and self._inflight[adapter] == 0
             if ready:
-                self._delete_adapter(gen.adapter)
+                self._delete_adapter(adapter)
+
+    # ---- background jobs: generators, one slice per next() ----
+
+    def _background_prefill(self, gen: _Generation) -> Iterator[None]:
+        """Prefill one background prompt alone, BACKGROUND_TOKENS columns per slice; then sample
+        its first token and put it in a background batch with room."""
+        ids, cache, out = gen.prompt_ids, Cache(layer_class_to_replicate=_KV), None
+        try:
+            if gen.sampling.seed is not None:
+                gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
+            for start in range(0, len(ids), BACKGROUND_TOKENS):
+                if start:
+                    yield
+                if gen.cancelled.is_set():
+                    self._finish(gen, None)
+                    return
+                chunk = torch.tensor([ids[start : start + BACKGROUND_TOKENS]], dtype=torch.long, device=self.device)
+                out = self._forward(chunk, [gen.adapter], cache, logits_to_keep=1)
+        except Exception as e:
+            log.exception("background prefill failed")
+            self._finish(gen, e)
+            return
+        batch = _Batch()
+        batch.gens, batch.cache = [gen], cache
+        batch.mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
+        self._emit_rows(batch, out.logits[:, -1].float())
+        if not batch.gens:
+            return
+        room = next((b for b in self._background if len(b.gens) < BACKGROUND_TOKENS), None)
+        if room is not None:
+            room.merge(batch)
+        else:
+            self._background.append(batch)
+            self._jobs.append((self._background_decode(batch), lambda e: [g.emit(e) for g in batch.gens]))
+
+    def _background_decode(self, batch: _Batch) -> Iterator[None]:
+        """One decode step of a background batch per slice, until its last stream ends."""
+        while True:
+            self._step(batch)
+            if not batch.gens:
+                self._background.remove(batch)
+                return
+            yield
+
+    def _score(self, reply: Callable[[Any, BaseException | None], None], prompt_ids: list[int],
+               response_ids: list[int], adapter: str | None,
+               candidates: list[list[int]] | None = None) -> Iterator[None]:
+        """Reply with the logprobs of the response tokens, or of `candidates[t]` at each position t
+        when given. The sequence runs BACKGROUND_TOKENS tokens per slice over a KV cache; only the
+        positions that predict a response token get logits."""
+        try:
+            if len(prompt_ids) + len(response_ids) > self.info.context_length:
+                raise EngineError("prompt + response exceed the context length")
+            if candidates is not None and any(len(c) != len(candidates[0]) for c in candidates):
+                raise EngineError("every position needs the same number of candidates")
+            with self._lock:
+                if adapter is not None and adapter not in self._adapters:
+                    raise EngineError(f"adapter {adapter!r} is not loaded")
+                if adapter is not None:
+                    self._inflight[adapter] += 1
+        except EngineError as e:
+            reply(None, e)
+            return
+        try:
+            ids = prompt_ids + response_ids
+            first = len(prompt_ids) - 1  # the position that predicts response token 0
+            cache, parts = Cache(layer_class_to_replicate=_KV), []
+            for start in range(0, len(ids) - 1, BACKGROUND_TOKENS):  # the last token predicts nothing asked
+                if start:
+                    yield
+                end = min(start + BACKGROUND_TOKENS, len(ids) - 1)
+                chunk = torch.tensor([ids[start:end]], dtype=torch.long, device=self.device)
+                keep = end - max(start, first)
+                out = self._forward(chunk, [adapter], cache, logits_to_keep=max(keep, 1))
+                if keep > 0:
+                    parts.append(out.logits[0, -keep:].float())
+            logp = torch.log_softmax(torch.cat(parts), dim=-1)
+            if candidates is not None:
+                result = logp.gather(1, torch.tensor(candidates, device=logp.device)).tolist()
+            else:
+                result = logp.gather(1, torch.tensor(response_ids, device=logp.device).unsqueeze(1)).squeeze(1).tolist()
+        except Exception as e:  # reported to the caller, never kills the worker
+            reply(None, e)
+        else:
+            reply(result, None)
+        finally:
+            self._release(adapter)
 
     @classmethod
     def _pick(cls, gen: _Generation, logits: torch.Tensor, logp: torch.Tensor) -> Token:
@@ -535,26 +657,6 @@ class EmbeddedEngine:
         if token_id == len(cdf):  # u * total rounded up to the total: the last token that can be drawn
             token_id = int(probs.nonzero()[-1])
         return token_id, float(torch.log(probs[token_id]))
-
-    def _score(self, prompt_ids: list[int], response_ids: list[int], adapter: str | None,
-               candidates: list[list[int]] | None = None) -> list[float] | list[list[float]]:
-        """Logprobs of the response tokens, or of `candidates[t]` at each position t when given."""
-        if len(prompt_ids) + len(response_ids) > self.info.context_length:
-            raise EngineError("prompt + response exceed the context length")
-        if adapter is not None and adapter not in self._adapters:
-            raise EngineError(f"adapter {adapter!r} is not loaded")
-        ids = torch.tensor([prompt_ids + response_ids], dtype=torch.long, device=self.device)
-        out = self._forward(ids, [adapter], None)
-        start = len(prompt_ids) - 1
-        logits = out.logits[0, start : start + len(response_ids)].float()
-        logp = torch.log_softmax(logits, dim=-1)
-        if candidates is not None:
-            width = max(len(c) for c in candidates)
-            if any(len(c) != width for c in candidates):
-                raise EngineError("every position needs the same number of candidates")
-            return logp.gather(1, torch.tensor(candidates, device=logp.device)).tolist()
-        target = torch.tensor(response_ids, device=logp.device).unsqueeze(1)
-        return logp.gather(1, target).squeeze(1).tolist()
 
     def _load(self, version: str, path: str, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
         """Load a version into a PEFT adapter slot. A free slot of the same shape is refilled with

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clawback.engine import EngineError, Sampling
-from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.daemon.engines.embedded import BACKGROUND_TOKENS, EmbeddedEngine
 
 PROMPT = [1, 520, 33, 4481, 28, 2, 198, 77, 9000]
 
@@ -296,3 +296,56 @@ def test_batched_streams_of_different_lengths_and_adapters_match_a_rescore(tiny_
 
     assert run(go()) < 1e-4
     assert max(rows_per_forward) == 4, "the four streams were decoded in one forward"
+
+
+def test_background_work_runs_in_slices_and_a_request_waits_for_one_at_most(tiny_model_dir: Path):
+    """Serving first: background generations (the gate's probes) and scoring passes take at most
+    BACKGROUND_TOKENS tokens per forward, and a request that arrives behind a pile of them is
+    prefilled after at most one such slice. Their results are still exact: each background
+    stream's logprobs (chunked prefill) and each chunked score equal a whole-sequence forward."""
+    engine = EmbeddedEngine(tiny_model_dir)
+    forwards: list[tuple[int, int]] = []  # (rows, columns) of every forward, in order
+    engine.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: forwards.append(tuple(args[0].shape)))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 900, (int(n),), generator=g).tolist() for n in torch.randint(40, 120, (24,), generator=g)]
+    request_prompt = PROMPT * 3
+
+    async def go():
+        async def background(prompt):
+            return [t async for t in engine.generate(prompt, Sampling(temperature=1.0, max_tokens=20, seed=len(prompt)),
+                                                     background=True)]
+
+        gens = [asyncio.create_task(background(p)) for p in prompts]
+        scores = [asyncio.create_task(engine.score(p, p[:30])) for p in prompts[:5]]
+        while len(forwards) < 40:  # the background work is well under way
+            await asyncio.sleep(0.005)
+        submitted = len(forwards)
+        stream = engine.generate(request_prompt, Sampling(temperature=1.0, max_tokens=4, seed=1))
+        await stream.__anext__()
+        first_token = len(forwards)
+        await stream.aclose()
+        return submitted, first_token, await asyncio.gather(*gens), await asyncio.gather(*scores)
+
+    submitted, first_token, outs, scores = run(asyncio.wait_for(go(), 600))
+    background = [f for f in forwards if f != (1, len(request_prompt))]
+    assert max(rows * cols for rows, cols in background) <= BACKGROUND_TOKENS
+    assert max(rows for rows, _ in background) > 8, "background streams still decode together"
+    before_request = forwards[submitted:first_token]
+    assert before_request[-1] == (1, len(request_prompt))
+    assert sum(r * c for r, c in before_request[:-1]) <= 2 * BACKGROUND_TOKENS, before_request
+
+    async def check():
+        worst = 0.0
+        for prompt, toks in zip(prompts[:8], outs):
+            rescored = await engine.score(prompt, [t.id for t in toks])
+            worst = max([worst] + [abs(a - t.logprob) for a, t in zip(rescored, toks)])
+        await engine.close()
+        return worst
+
+    assert run(check()) < 1e-4
+    with torch.no_grad():
+        for prompt, got in zip(prompts, scores):
+            logits = engine.model(input_ids=torch.tensor([prompt + prompt[:30]])).logits[0, len(prompt) - 1 : -1]
+            want = logits.float().log_softmax(-1).gather(1, torch.tensor(prompt[:30])[:, None]).squeeze(1)
+            torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=0)

@@ -4,6 +4,7 @@ move the policy the way their signals say."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,45 @@ def test_batched_logprobs_equal_one_sample_at_a_time():
             torch.testing.assert_close(logp_B_T[i, :R], want, atol=1e-5, rtol=0)
             torch.testing.assert_close(ent_B_T[i, :R], -(full.exp() * full).sum(-1), atol=1e-5, rtol=0)
             assert batch["mask_B_T"][i].sum() == R
+
+
+def test_chunked_head_gives_the_logprobs_and_gradients_of_full_logits():
+    """response_logprobs runs the output head over a few positions at a time; its log-probs,
+    top-K log-probs, entropy and LoRA gradients are those of the whole micro-batch's logits."""
+    model, _ = tiny_policy(TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2))
+    with torch.no_grad():  # non-zero LoRA B, so every LoRA weight gets a gradient
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    g = torch.Generator().manual_seed(7)
+    samples = [replace(s, top_ids=torch.randint(0, V, (len(s.response_ids), 3), generator=g).tolist(),
+                       top_logprobs=[[-1.0] * 3] * len(s.response_ids),
+                       teacher_top_logprobs=[[-1.0] * 3] * len(s.response_ids))
+               for s in random_samples(6, seed=7)]
+    batch = collate(samples, torch.device("cpu"), top_k=3)
+    weight_B_T = torch.randn(batch["target_B_T"].shape, generator=g) * batch["mask_B_T"]
+
+    def full_logits():
+        T = batch["target_B_T"].shape[1]
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"], logits_to_keep=T + 1).logits[:, :-1].float()
+        logp = logits.log_softmax(-1)
+        return (logp.gather(-1, batch["target_B_T"][..., None]).squeeze(-1), -(logp.exp() * logp).sum(-1),
+                logp.gather(-1, batch["top_ids_B_T_K"]))
+
+    results = []
+    for compute in (full_logits, lambda: response_logprobs(model, batch, entropy_grad=True, top_k=True, chunk_tokens=5)):
+        model.zero_grad()
+        logp, ent, top = compute()
+        ((logp + 0.1 * ent + 0.3 * top.sum(-1)) * weight_B_T).sum().backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}
+        results.append((logp.detach(), ent.detach(), top.detach(), grads))
+    (*want, want_grads), (*got, got_grads) = results
+    for w, x in zip(want, got):
+        torch.testing.assert_close(x, w, atol=1e-5, rtol=1e-5)
+    assert sum(float(v.abs().sum()) for v in want_grads.values()) > 0
+    for k in want_grads:
+        torch.testing.assert_close(got_grads[k], want_grads[k], atol=1e-6, rtol=1e-4)
 
 
 def test_micro_batches_respect_the_token_budget():
