@@ -19,7 +19,7 @@ checked (their `meets` is the form alone) are never compared with newer ones.
     .venv/bin/python bench/paired_cells.py bench/results/bare:memory bench/results/header:memory [--scenario sure,brief]
     .venv/bin/python bench/paired_cells.py 'bench/results/exch-lr1:default@1-6+bench/results/cons:default_as_served@7-12' \\
         'bench/results/exch-lr1:binary@1-6+bench/results/binary-lr1:binary@7-12' --scenario sure \\
-        --equivalent '6274e967a884=2b16384b20b3: only bench/ and docs changed between them'
+        [--equivalent 'STAMP=STAMP: why they are the same code for this measurement']
 """
 
 from __future__ import annotations
