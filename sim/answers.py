@@ -7,7 +7,8 @@ five". LaTeX is read as the arithmetic it stands for ("12 \\times 7", "\\frac{96
 A reply's **final answer** is, in order:
 1. the number of its last answer label ("Answer: 15", "the answer is 15", "\\boxed{15}", "#### 15");
 2. else, in its last sentence that holds a number and is not a question, the number after the last
-   "=" or, with none, the last number. A sentence that ends on a run of numbers ("Let's count: 1,
+   "=" or, with none, its first number that is not one of the question's ("So there are 7 groups
+   of 4 students." -> 7), or its last number when all are the question's. A sentence that ends on a run of numbers ("Let's count: 1,
    2, 3, ..., 15") is a list, not an answer: the reply then has none.
 
 A reply is **right** when it has a final answer, that answer is the task's, and every computation it
@@ -172,14 +173,41 @@ def computations(text: str) -> list[bool]:
         if value is None:
             continue
         stop = min((i for i in (text.find("\n", eq.end()), text.find("=", eq.end())) if i >= 0), default=len(text))
-        after = numbers_in(text[eq.end():stop])
-        said = text[eq.end():stop][after[0][0]:after[0][1]] if after else ""
-        if not after or text[eq.end():eq.end() + after[0][0]].strip(" \t*$({") not in ("", "-"):
-            out.append(False)  # no number right after the "=": a result that cannot be checked
+        # A result that is not a number ("12 + 5 = ?") cannot be checked: not right. "10 / 3 = 3.33" is.
+        out.append(any(abs(value - claimed) <= 0.5 * 10 ** -places + 1e-9
+                       for claimed, places in _claimed(text[eq.end():stop])))
+    return out
+
+
+def _claimed(right: str) -> list[tuple[float, int]]:
+    """What the right side of an "=" may claim, each with the decimal places it is written to: the
+    number right after it, and the arithmetic that starts there, up to the first word or
+    punctuation, as in a chain of equal values ("3 x 16 - 9 = 48 - 9 = 39"; a running one, "5 x 4 =
+    20 x 2 = 40", claims its first number). None there: nothing ("= ?")."""
+    found = [(s, e, v) for s, e, v in numbers_in(right)]
+    found += [(m.start(), m.end(), _OPS.get(m.group().lower(), m.group())) for m in _OP.finditer(right)
+              if not any(s <= m.start() < e for s, e, _ in found)]
+    run, at = [], 0
+    for s, e, v in sorted(found, key=lambda t: t[0]):
+        if right[at:s].strip(" \t*$"):
+            break
+        run.append((v, right[s:e]))
+        at = e
+    def places(written: list[str]) -> int:
+        return max((len(w.split(".")[1]) for w in written if re.search(r"\d\.\d", w)), default=0)
+
+    out = []
+    if run and isinstance(run[0][0], float):  # the number right after the "="
+        out.append((run[0][0], places([run[0][1]])))
+    for n in range(len(run), 1, -1):  # the longest arithmetic that starts there
+        parser = _Parser([v for v, _ in run[:n]])
+        try:
+            value = parser.expr()
+        except (ValueError, ZeroDivisionError):
             continue
-        claimed = -after[0][2] if text[eq.end():eq.end() + after[0][0]].strip(" \t*$({") == "-" else after[0][2]
-        places = len(said.split(".")[1]) if re.search(r"\d\.\d", said) else 0
-        out.append(abs(value - claimed) <= 0.5 * 10 ** -places + 1e-9)  # "10 / 3 = 3.33" is right
+        if parser.at == n:
+            out.append((value, places([w for v, w in run[:n] if isinstance(v, float)])))
+            break
     return out
 
 
@@ -203,7 +231,7 @@ def _first_number_at(text: str, at: int) -> float | None:
     return found[0][2] if found and not text[at:at + found[0][0]].strip(" \t*$") else None
 
 
-def final_answer(reply: str) -> float | None:
+def final_answer(reply: str, question: str = "") -> float | None:
     """The reply's final answer (module docstring), or None when it states none."""
     text = _latex_to_text(reply)
     labelled = [v for m in _LABEL.finditer(text) if (v := _first_number_at(text, m.end())) is not None]
@@ -218,12 +246,15 @@ def final_answer(reply: str) -> float | None:
         if _LIST_END.search(sentence):
             return None  # "1, 2, 3, ... 15": a list, not an answer
         last_eq = sentence.rfind("=")
-        after = [v for s, _, v in found if s > last_eq] if last_eq >= 0 else []
-        return after[0] if after else found[-1][2]
+        if last_eq >= 0 and (after := [v for s, _, v in found if s > last_eq]):
+            return after[0]
+        given = {v for _, _, v in numbers_in(question)}
+        new = [v for _, _, v in found if v not in given]
+        return new[0] if new else found[-1][2]
     return None
 
 
-def answer_right(reply: str, answer: str) -> bool:
+def answer_right(reply: str, answer: str, question: str = "") -> bool:
     """The reply states a final answer, it is `answer`, and every computation it writes holds."""
-    said = final_answer(reply)
+    said = final_answer(reply, question)
     return said is not None and abs(said - number_value(answer)) < 1e-6 and arithmetic_holds(reply)

@@ -45,7 +45,7 @@ class Rating:
     score: float  # fraction of checks passed
     failed: tuple[Check, ...]
     gate: str | None = None  # "cut" | "meta" | "repeat": why every check failed at once
-    right: bool = True  # the answer is right (answers.py); a reply that fails a gate is not
+    right: bool = True  # the answer is right (answers.py); a cut reply's is not
 
     @property
     def meets(self) -> bool:
@@ -54,7 +54,7 @@ class Rating:
 
 
 def _final_answer_right(reply: str, task: Task) -> bool:
-    return answer_right(reply, task.answer)
+    return answer_right(reply, task.answer, task.prompt)
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,8 @@ class Scenario:
             gate = "meta"
         else:
             gate = "repeat" if repeats_a_sentence(reply) else None
-        if gate:
-            return Rating(0.0, self.checks, gate, right=False)
+        if gate:  # a cut reply's last number is where the budget ran out, not its answer
+            return Rating(0.0, self.checks, gate, right=gate != "cut" and self.right(reply, task))
         failed = tuple(c for c in self.checks if not c.passes(reply, task))
         return Rating(1 - len(failed) / len(self.checks), failed, right=self.right(reply, task))
 
@@ -160,13 +160,14 @@ def echoes(text: str, asks: list[str]) -> bool:
 
 
 def repeats_a_sentence(text: str) -> bool:
-    """Says one sentence (or line) twice, word for word: a stutter or a loop, not an answer."""
+    """Says one sentence (or line) twice, word for word: a stutter or a loop, not an answer. A
+    list's item number ("1." in two lists) is no sentence."""
     seen = set()
     for part in re.split(r"[!?\n]+|\.(?!\d)", text.lower()):  # "2.50" is one number
         key = " ".join(words(part))
         if key in seen:
             return True
-        if key:
+        if key and not key.isdigit():
             seen.add(key)
     return False
 

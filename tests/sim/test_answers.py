@@ -31,7 +31,9 @@ def test_numbers_as_people_write_them(text, value):
     ("2 x (3 + 4) = 14", [True]),  # parentheses
     ("25 minutes * 12 days = 300 minutes", [True]),  # words between numbers are skipped
     ("$2.50 x 4 = $10 and 1,200 / 4 = 300", [True, True]),
-    ("5 x 4 = 20 x 2 = 40", [True, True]),  # a chain: each "=" closes its own computation
+    ("5 x 4 = 20 x 2 = 40", [True, True]),  # a running chain: each "=" closes its own computation
+    ("3 \\times 16 - 9 = 48 - 9 = 39", [True, True]),  # a chain of equal values
+    ("3 x 16 - 9 = 48 - 9 = 40", [True, False]),
     ("10 / 3 = 3.33", [True]),  # rounded to the places written
     ("-3 + 5 = 2, then 4 - 3 = 2", [True, False]),
     ("1/0 = 4", [False]),
@@ -69,6 +71,13 @@ def test_written_computations_are_checked(reply, verdicts):
 ])
 def test_the_final_answer(reply, answer):
     assert final_answer(reply) == answer
+
+
+def test_a_concluding_sentence_answers_with_the_number_it_adds_to_the_question():
+    question = "A class has 28 students. They sit in groups of 4. How many groups are there?"
+    assert final_answer("28 ÷ 4 = 7\n\nSo, there are 7 groups of 4 students.", question) == 7
+    assert final_answer("So, there are 28 students in groups of 4.", question) == 4  # nothing new: the last
+    assert final_answer("Jack runs 42 kilometers in 14 days.", "Jack runs 3 km. How far in 2 weeks?") == 42
 
 
 # What passed the rules while the answer was wrong; each must now fail.
@@ -133,3 +142,4 @@ def test_a_grading_comment_is_right_when_its_arithmetic_holds():
     assert not TEACHER.rate(good.replace("= 168", "= 148"), task).meets
     assert answer_right("So 12 - 5 + 8 = 15.", "15") and not answer_right("So 12 - 5 + 8 = 15.", "16")
     assert answer_right("She ends up with twenty-one.", "21")
+

@@ -76,6 +76,16 @@ def test_a_stutter_or_an_echo_of_the_request_fails_every_check(reply, gate):
         assert "Don't repeat yourself." in SURE.correction(rating)
 
 
+def test_two_numbered_lists_are_no_repeat():
+    reply = ("We follow these steps:\n\n1. Start with her apples.\n2. Take away the ones she gives.\n\n"
+             "1. Mia starts with 12 apples.\n2. She gives 5 away: 12 - 5 = 7.\n3. She buys 8: 7 + 8 = 15.\n\n"
+             "So Mia has 15 apples now.")
+    rating = STUDENT.rate(reply, MATH)
+    assert rating.gate is None and rating.right
+    looping = SURE.rate("Sure! 12 - 5 + 8 = 15 apples.\nSure! 12 - 5 + 8 = 15 apples.", MATH)
+    assert looping.gate == "repeat" and looping.right and not looping.meets  # right, but no reply to want
+
+
 def test_correction_names_only_what_failed():
     rating = STUDENT.rate("**Sure** Mia has 12 apples, gives 5 away and buys 8 more, so 15 apples. Clear?", MATH)
     assert STUDENT.correction(rating) == "That looks AI-written. Please don't use bold."
