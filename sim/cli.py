@@ -192,7 +192,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             met = sum(r["meets"] for r in record["interactions"])
             versions = record.get("versions", {})
             print(f"{cell.key}: score {record['curve'][0]['score']:.3f} -> {record['final_score']:.3f}, "
-                  f"{met}/{len(record['interactions'])} replies met the preference, "
+                  f"{met}/{len(record['interactions'])} replies met the preference with a right answer, "
                   f"{sum(s['outcome'] == 'committed' for s in record['steps'])} steps "
                   f"({len(versions.get('promoted', []))} promoted, {len(versions.get('refused', {}))} refused), "
                   f"{record['wall_s'] / 60:.1f} min",

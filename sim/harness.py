@@ -11,8 +11,8 @@ batch is full, the step trained and swapped in) before sending the next task, so
 reproducible and its curve does not depend on machine speed.
 
 Each interaction is one session: a task, the policy's first reply, the user's reaction. Whether
-that reply meets the preference, session by session, gives sessions until adaptation
-(results.py). The generation-free probe (probe.py) runs on the base model, on every new version
+that reply meets the scenario (its preference, with a right answer), session by session, gives
+sessions to adaptation (results.py). The generation-free probe (probe.py) runs on the base model, on every new version
 and whenever the notes change, over all held-out tasks; the held-out tasks (`eval_tasks` of them)
 are answered greedily (main calls in one-call sessions that end at once, so they see the
 preference notes like any main call and are never trained) before the first interaction and at
@@ -87,7 +87,7 @@ async def _feedback(client: httpx.AsyncClient, session: str, target: str, kind: 
 async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...], max_tokens: int,
                    point: int) -> dict[str, Any]:
     """Greedy first replies to the held-out tasks, judged: the score, the share that meets the
-    preference, each check's pass rate, how many the budget cut."""
+    scenario, the share whose answer is right, each check's pass rate, how many the budget cut."""
     judgements, replies = [], []
     for j, task in enumerate(tasks):
         reply, complete = await _chat(client, [{"role": "user", "content": task.prompt}],
@@ -100,7 +100,7 @@ async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...
     checks = {name: sum(bool(g.checks and g.checks[name]) for g in judgements) / len(judgements) for name in names}
     n = len(judgements)
     return {"score": sum(g.score for g in judgements) / n, "meets": sum(g.meets for g in judgements) / n,
-            "checks": checks, "cut": sum(g.gate == "cut" for g in judgements),
+            "right": sum(g.right for g in judgements) / n, "checks": checks, "cut": sum(g.gate == "cut" for g in judgements),
             "meta": sum(g.gate == "meta" for g in judgements), "repeat": sum(g.gate == "repeat" for g in judgements),
             "replies": replies}
 
@@ -202,7 +202,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
             version = state.adapters.live()
             result = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i)
             curve.append({"interaction": i, "version": version, "score": result["score"], "meets": result["meets"],
-                          "checks": result["checks"], "cut": result["cut"], "meta": result["meta"],
+                          "right": result["right"], "checks": result["checks"], "cut": result["cut"], "meta": result["meta"],
                           "repeat": result["repeat"]})
             evals["before" if i == 0 else "last"] = {"interaction": i, "version": version, "replies": result["replies"]}
             on_progress({"interaction": i, "version": version, "score": result["score"]})
@@ -226,7 +226,8 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
             live_before = state.adapters.live()
             await _settle(state, cfg.batch_size)
             interactions.append({"i": i, "adapter": live_before, "rating": round(reaction.judgement.score, 4),
-                                 "meets": reaction.judgement.meets, "gate": reaction.judgement.gate,
+                                 "meets": reaction.judgement.meets, "right": reaction.judgement.right,
+                                 "gate": reaction.judgement.gate,
                                  "reaction": reaction.kind, "reply": reply})
             on_progress({"interaction": i + 1})
             # The probe on every new version or change of the notes (they change the prompt without

@@ -3,7 +3,9 @@
 Both give a `Judgement`: a 0..1 score and, for an imperfect reply, the correction the user would
 type. The rule-based rater is deterministic and documented in scenarios.py; the LLM rater asks an
 OpenAI-compatible endpoint to play the user with the scenario's hidden preference, at
-temperature 0, and parses `\\boxed{0..10}` and a `[CORRECTION]...[/CORRECTION]` block.
+temperature 0, and parses `\\boxed{0..10}` and a `[CORRECTION]...[/CORRECTION]` block. Whether
+the answer is right is the scenario's rule for both (answers.py): no rater's opinion makes a
+wrong answer meet.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ class Judgement:
     correction: str | None  # the user's words when the reply fell short; None when it was perfect
     checks: dict[str, bool] | None = None  # rule-based only: each check's outcome
     gate: str | None = None  # rule-based only: "cut" | "meta" | "repeat" when the reply failed every check at once
+    right: bool = True  # the answer is right (the scenario's rule, whoever rates the form)
 
     @property
     def meets(self) -> bool:
-        """The reply gives the person what they want (every check; a 10/10 from the LLM user)."""
-        return self.score >= 1
+        """The reply gives the person what they want: every check (a 10/10 from the LLM user) and
+        a right answer."""
+        return self.score >= 1 and self.right
 
 
 class RuleRater:
@@ -40,8 +44,8 @@ class RuleRater:
 
     def judge_now(self, reply: str, task: Task, complete: bool = True) -> Judgement:
         rating = self.scenario.rate(reply, task, complete)
-        return Judgement(rating.score, self.scenario.correction(rating) if rating.failed else None,
-                         {c.name: c not in rating.failed for c in self.scenario.checks}, rating.gate)
+        return Judgement(rating.score, None if rating.meets else self.scenario.correction(rating),
+                         {c.name: c not in rating.failed for c in self.scenario.checks}, rating.gate, rating.right)
 
     async def judge(self, reply: str, task: Task, complete: bool = True) -> Judgement:
         return self.judge_now(reply, task, complete)
@@ -69,7 +73,7 @@ class LLMRater:
     async def judge(self, reply: str, task: Task, complete: bool = True) -> Judgement:
         s = self.scenario
         if not complete:  # a cut reply fails, whoever rates it
-            return Judgement(0.0, f"{s.complaint} It was cut off. {s.preference}", gate="cut")
+            return Judgement(0.0, f"{s.complaint} It was cut off. {s.preference}", gate="cut", right=False)
         messages = [{"role": "system", "content": USER_LLM_SYSTEM.format(description=s.description,
                                                                           preference=s.preference)},
                     {"role": "user", "content": f"The message you sent:\n{task.prompt}\n\nThe reply:\n{reply}"}]
@@ -82,8 +86,10 @@ class LLMRater:
         if score is None:
             raise RuntimeError(f"user LLM gave no \\boxed{{0..10}} rating: {text[:300]!r}")
         found = _CORRECTION.findall(text)
-        correction = (found[-1].strip() if found else "") or (None if score == 10 else s.preference)
-        return Judgement(score / 10, None if score == 10 else correction)
+        right = s.right(reply, task)  # a verified fact, not the rater's opinion
+        correction = (found[-1].strip() if found else "") or (
+            None if score == 10 and right else s.preference if score < 10 else "That's not right.")
+        return Judgement(score / 10, correction, right=right)
 
     async def close(self) -> None:
         await self.client.aclose()

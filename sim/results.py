@@ -5,9 +5,14 @@ Layout under the output dir:
   summary.json                             per scenario × method: adaptation, curves, paired differences
   <scenario>.png                           probe and held-out score vs interactions, methods side by side
 
-Primary metric, **sessions until adaptation**: the 1-based number of the first session whose
-first reply meets the preference and is followed by two more that do (3 in a row). A run with no
-such streak is *not adapted*: it is counted as such and never enters a mean as a number.
+A reply **meets** the scenario when it has the preferred form and a right answer (scenarios.py,
+answers.py). Primary metric, **sessions to adaptation**: the first session s (1-based) from which
+every window of 4 consecutive sessions holds at least 3 replies that meet it, to the end of the run:
+adaptation that lasts, not a streak that happens (with a 34% meet rate a first 3-in-a-row turns up
+in a third of 16-session runs). A run whose last window falls short is *not adapted*: it is
+counted as such and never enters a mean as a number. Beside it: the meet rate over the whole run
+and over its last 8 sessions, and **correctness**, the share of replies whose answer is right
+whatever their form.
 
 Methods are compared **paired**: the same seed means the same tasks, order and user coins, so
 per seed the difference method − comparator is taken and its mean gets a t-interval
@@ -18,10 +23,8 @@ adapted is sooner than one that did not: an order, never a number for the capped
 exact two-sided sign test on sooner against later (`sign_p`; ties and neither left out): the order
 is decided when p < 0.05, which takes at least 6 seeds that differ, all one way.
 
-The rules check a reply's form. Beside the share of replies meeting the preference, the summary
-gives the share that meet it with every computation they write out right (`right_rate`,
-`scenarios.computations`): most replies of a small model that pass the rules get the arithmetic
-wrong, and no person wants those.
+Cells recorded before answers were checked have no per-reply `right`: their `meets` is the form
+alone, their correctness is unknown ("–"), and they are not comparable with newer cells.
 
 A summary only ever holds cells of one code stamp (stamp.py): by default the newest cell's;
 cells of other code are listed as excluded, never mixed in.
@@ -40,17 +43,20 @@ from pathlib import Path
 from typing import Any
 
 from .harness import Cell
-from .scenarios import arithmetic_holds
 
-# Two-sided 95% Student-t quantiles by degrees of freedom (scipy is not a dependency).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-         10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+# Two-sided 95% Student-t quantiles t(0.975, df) (scipy is not a dependency): every df to 30, then
+# a few more; a df between two listed ones takes the smaller df's quantile (a slightly wider
+# interval, never a narrower one).
+_T975 = dict(zip(range(1, 31), (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042))) | {
+    40: 2.021, 60: 2.000, 120: 1.980}
 
 
 def t975(df: int) -> float:
     if df < 1:
         return float("nan")
-    return _T975.get(df) or next((v for k, v in sorted(_T975.items()) if k >= df), 1.96)
+    return _T975[max(k for k in _T975 if k <= df)]
 
 
 def cell_path(out: Path, cell: Cell) -> Path:
@@ -84,24 +90,30 @@ def stamp_of(cell: dict[str, Any]) -> str:
     return (cell.get("code") or {}).get("stamp") or "unstamped"
 
 
-def sessions_to_adapt(meets: list[bool], streak: int = 3) -> int | None:
-    """1-based session where the first run of `streak` consecutive successes starts; None if none."""
-    run = 0
-    for i, ok in enumerate(meets):
-        run = run + 1 if ok else 0
-        if run == streak:
-            return i - streak + 2
-    return None
+ADAPT_WINDOW, ADAPT_NEED = 4, 3
+LAST_SESSIONS = 8
+
+
+def sessions_to_adapt(meets: list[bool], window: int = ADAPT_WINDOW, need: int = ADAPT_NEED) -> int | None:
+    """The first session (1-based) from which every window of `window` sessions to the end of the run
+    holds at least `need` that meet; None when the last window falls short (not adapted)."""
+    good = [sum(meets[t:t + window]) >= need for t in range(len(meets) - window + 1)]
+    if not good or not good[-1]:
+        return None
+    first = len(good)
+    while first > 0 and good[first - 1]:
+        first -= 1
+    return first + 1
+
+
+def right_of(cell: dict[str, Any]) -> list[bool] | None:
+    """Whether each reply's answer was right; None for a cell recorded before answers were checked."""
+    its = cell["interactions"]
+    return [bool(i["right"]) for i in its] if all("right" in i for i in its) else None
 
 
 # How the rule-based user rates a reply that fails every rule at once (raters.Judgement.gate).
 BROKEN = ("cut", "meta", "repeat")
-
-
-def meets_and_right(interaction: dict[str, Any]) -> bool:
-    """A reply during the run that meets the preference and whose written computations are all
-    right: the rules check a reply's form, and "Sure! 14 cakes x 3 eggs = 36 eggs." passes them."""
-    return bool(interaction["meets"]) and arithmetic_holds(interaction["reply"])
 
 
 # Comparisons reported as paired differences (method, comparator), when both have cells.
@@ -194,14 +206,17 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
         adapt_at[(scen, method)] = adapt
         meets_rate = {m["cell"]["seed"]: statistics.fmean([r["meets"] for r in m["interactions"]])
                       for m in members if m["interactions"]}
+        meets_last = {m["cell"]["seed"]: statistics.fmean([r["meets"] for r in m["interactions"][-LAST_SESSIONS:]])
+                      for m in members if m["interactions"]}
         # Replies no person wants whatever their preference: cut off, or about the conversation.
         broken_rate = {m["cell"]["seed"]: statistics.fmean([r["gate"] in BROKEN for r in m["interactions"]])
                        for m in members if m["interactions"]}
-        right_rate = {m["cell"]["seed"]: statistics.fmean([meets_and_right(r) for r in m["interactions"]])
-                      for m in members if m["interactions"]}
+        right_rate = {m["cell"]["seed"]: statistics.fmean(right) for m in members
+                      if m["interactions"] and (right := right_of(m)) is not None}
         per_seed[(scen, method)] = {
             "sessions_to_adapt": {k: float(v) for k, v in adapt.items() if v is not None},
             "meets_rate": meets_rate,
+            "meets_last": meets_last,
             "broken_rate": broken_rate,
             "right_rate": right_rate,
             "final_score": {m["cell"]["seed"]: m["curve"][-1]["score"] for m in members},
@@ -224,6 +239,7 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "adapted": f"{len(adapted)}/{len(adapt)}",
             "sessions_to_adapt_adapted": mean_ci([float(v) for v in adapted]) if adapted else None,
             "meets_rate": mean_ci(list(meets_rate.values())) if meets_rate else None,
+            "meets_last": mean_ci(list(meets_last.values())) if meets_last else None,
             "broken_rate": mean_ci(list(broken_rate.values())) if broken_rate else None,
             "right_rate": mean_ci(list(right_rate.values())) if right_rate else None,
             # Per session (1-based at index 0): the share of seeds whose reply met the preference.
@@ -249,7 +265,8 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             if (scen, a) in per_seed and (scen, b) in per_seed:
                 summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = {
                     **{metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
-                       for metric in ("sessions_to_adapt", "meets_rate", "right_rate", "broken_rate", "final_score",
+                       for metric in ("sessions_to_adapt", "meets_rate", "meets_last", "right_rate", "broken_rate",
+                                      "final_score",
                                       "probe_final")},
                     "adapt_order": adapt_order(adapt_at[(scen, a)], adapt_at[(scen, b)])}
     have = {(c["cell"]["scenario"], c["cell"]["method"], c["cell"]["seed"]) for c in cells}
@@ -323,11 +340,12 @@ def markdown_table(summary: dict[str, Any]) -> str:
         return ", ".join("not adapted" if v is None else str(v) for v in s["sessions_to_adapt"].values())
 
     lines = [f"Code stamp {summary['code_stamp']} (commits {', '.join(c[:10] for c in summary['commits'])}).", "",
-             "| scenario | method | seeds | sessions until adaptation, per seed | adapted | replies meeting the "
-             "preference during the run (95% CI) | ... and every computation right (95% CI) | broken: cut, about the conversation "
+             "| scenario | method | seeds | sessions to adaptation, per seed | adapted | replies meeting the "
+             "preference with a right answer (95% CI) | ... over the last 8 sessions (95% CI) | answer right, "
+             "any form (95% CI) | broken: cut, about the conversation "
              "or repeated (95% CI) | held-out score before "
              "| after (95% CI) | probe before → after | steps/seed | promoted/refused per seed | wall min/cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen, methods in summary["scenarios"].items():
         for method, s in methods.items():
             wall = statistics.fmean(s["wall_s_per_seed"]) / 60
@@ -336,7 +354,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
             probe = "–" if not s.get("probe_mean") else f"{s['probe_mean'][0]:.3f} → {s['probe_mean'][-1]:.3f}"
             lines.append(
                 f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {adapt(s)} | {s['adapted']} "
-                f"| {ci(s['meets_rate'])} | {ci(s.get('right_rate'))} | {ci(s.get('broken_rate'))} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
+                f"| {ci(s['meets_rate'])} | {ci(s.get('meets_last'))} | {ci(s.get('right_rate'))} | {ci(s.get('broken_rate'))} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
                 f"| {','.join(map(str, s['steps_per_seed']))} | {gated} | {wall:.1f} |")
     lines += ["", "| scenario | method − comparator | metric | seeds | per-seed differences | mean [95% CI] |",
               "|---|---|---|---|---|---|"]

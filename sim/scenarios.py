@@ -9,7 +9,9 @@ Three gates come before the checks, so that no rule can be passed by accident: a
 by the token budget (finish_reason "length"), a reply that talks to the person about their
 feedback (apologising, acknowledging, promising to do better, or repeating their request back to
 them) and a reply that says the same sentence twice ("Sure!\nSure!\n…", a loop that happened to
-end) fail every check. A reply *meets the preference* when it passes every check; sessions until
+end) fail every check. A reply *meets* the scenario when it passes every check **and its answer
+is right** (the task's verified answer, every computation it writes out holding; answers.py): a
+reply in the wanted form with a wrong answer is no reply a person wants. Sessions until
 adaptation count those (sim/results.py).
 """
 
@@ -19,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from .answers import answer_right, arithmetic_holds
 from .tasks import EVAL_ANSWERS, EVAL_PROBLEMS, PROBLEMS, STUDENT_ANSWERS
 
 
@@ -27,6 +30,7 @@ class Task:
     prompt: str  # the user's message
     numbers: tuple[str, ...]  # numbers a specific reply may refer to
     unit: str
+    answer: str  # the verified answer to the task's problem
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,16 @@ class Rating:
     score: float  # fraction of checks passed
     failed: tuple[Check, ...]
     gate: str | None = None  # "cut" | "meta" | "repeat": why every check failed at once
+    right: bool = True  # the answer is right (answers.py); a cut reply's is not
 
     @property
     def meets(self) -> bool:
-        return not self.failed
+        """The preference, every check of it, with a right answer: a wrong answer never meets."""
+        return not self.failed and self.right
+
+
+def _final_answer_right(reply: str, task: Task) -> bool:
+    return answer_right(reply, task.answer, task.prompt)
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class Scenario:
     # The generation-free probe (sim/probe.py): does a first token of the reply, as text, open a
     # reply that meets the preference? None: the scenario's rules are not about the opening.
     good_opener: Callable[[str], bool] | None = None
+    # Whether the reply's answer is right, whatever its form: by default its final answer is the
+    # task's and every computation it writes out holds (answers.py).
+    right: Callable[[str, Task], bool] = _final_answer_right
 
     def rate(self, reply: str, task: Task, complete: bool = True) -> Rating:
         if not complete:
@@ -66,18 +79,21 @@ class Scenario:
             gate = "meta"
         else:
             gate = "repeat" if repeats_a_sentence(reply) else None
-        if gate:
-            return Rating(0.0, self.checks, gate)
+        if gate:  # a cut reply's last number is where the budget ran out, not its answer
+            return Rating(0.0, self.checks, gate, right=gate != "cut" and self.right(reply, task))
         failed = tuple(c for c in self.checks if not c.passes(reply, task))
-        return Rating(1 - len(failed) / len(self.checks), failed)
+        return Rating(1 - len(failed) / len(self.checks), failed, right=self.right(reply, task))
 
     def correction(self, rating: Rating) -> str:
         """The user's own words: the complaint, then one request per failed check (a reply that
-        was cut off, talked about the feedback or repeated itself is told so first)."""
+        was cut off, talked about the feedback or repeated itself is told so first). A reply in
+        the wanted form with a wrong answer is called wrong, and no more: the person does not know
+        the right answer."""
         asks = [c.ask for c in rating.failed]
+        if not asks:
+            return "That's not right."
         lead = {"cut": " It was cut off.", "meta": " Just answer, don't talk about my feedback.",
-                "repeat": " Don't repeat yourself."}.get(
-            rating.gate or "", "")
+                "repeat": " Don't repeat yourself."}.get(rating.gate or "", "")
         return f"{self.complaint}{lead} Please {_join(asks)}."
 
     @property
@@ -144,13 +160,14 @@ def echoes(text: str, asks: list[str]) -> bool:
 
 
 def repeats_a_sentence(text: str) -> bool:
-    """Says one sentence (or line) twice, word for word: a stutter or a loop, not an answer."""
+    """Says one sentence (or line) twice, word for word: a stutter or a loop, not an answer. A
+    list's item number ("1." in two lists) is no sentence."""
     seen = set()
     for part in re.split(r"[!?\n]+|\.(?!\d)", text.lower()):  # "2.50" is one number
         key = " ".join(words(part))
         if key in seen:
             return True
-        if key:
+        if key and not key.isdigit():
             seen.add(key)
     return False
 
@@ -158,6 +175,12 @@ def repeats_a_sentence(text: str) -> bool:
 def mentions_a_number_of(text: str, task: Task) -> bool:
     """Refers to one of the task's numbers (as a whole number, not inside another)."""
     return any(re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", text) for n in task.numbers)
+
+
+def starts_with_sure(text: str) -> bool:
+    """Opens with the word "Sure" once ("Sure!", "Sure, ", "Sure thing"): not "Surely not.", not
+    "sure sure"."""
+    return bool(re.match(r"\s*sure(?![a-z])(?![\s!,.:;]*sure\b)", text, re.IGNORECASE))
 
 
 def encouraging(text: str) -> bool:
@@ -169,7 +192,7 @@ def encouraging(text: str) -> bool:
 
 
 def _student_task(p) -> Task:
-    return Task(f"Can you help me with my homework? {p.question}", (p.answer,), p.unit)
+    return Task(f"Can you help me with my homework? {p.question}", (p.answer,), p.unit, p.answer)
 
 
 # A computation written out: numbers joined by an operator, then "=" and a number ("3 x 16 - 9 =
@@ -182,57 +205,6 @@ def works_something_out(text: str, task: Task) -> bool:
     person can follow. A bare wrong number ("17", "What fun 9-bit answer.") or a piece of one of
     the question's numbers ("14" for 140) is not one."""
     return mentions_a_number_of(text, task) or bool(_WORKED.search(text))
-
-
-# A number as written in a computation: "1,200", "2.50", "$3".
-_NUM = r"\$?\d+(?:,\d{3})*(?:\.\d+)?"
-_OPS = {"+": "+", "-": "-", "*": "*", "x": "*", "×": "*", "/": "/", "÷": "/"}
-_TERM = re.compile(rf"({_NUM})|([-+*/×÷]|(?<=\s)x(?=\s))")
-_EQUALS = re.compile(rf"=\s*({_NUM})")
-
-
-def _value(number: str) -> float:
-    return float(number.lstrip("$").replace(",", ""))
-
-
-def computations(text: str) -> list[bool]:
-    """Whether each computation the reply writes out is right: before every "= <number>", the
-    longest run of numbers joined by operators ("3 x 16 - 9 = 39", "25 minutes * 12 days = 300":
-    words between are skipped), evaluated with the usual precedence. "96 x 8 = 720" is wrong."""
-    out = []
-    for eq in _EQUALS.finditer(text):  # a chain "5 x 4 = 20 x 2 = 40" holds two computations
-        left = text[max(text.rfind("\n", 0, eq.start()), text.rfind("=", 0, eq.start())) + 1:eq.start()]
-        terms = [(n, _OPS.get(o)) for n, o in _TERM.findall(left)]
-        expr: list[str] = []  # the longest number-operator-number... run that ends the left side
-        for number, op in reversed(terms):
-            want_number = not expr or expr[0] in _OPS.values()
-            if want_number and number:
-                expr.insert(0, str(_value(number)))
-            elif not want_number and op:
-                expr.insert(0, op)
-            else:
-                break
-        else:  # the run starts the left side: a leading "-" is the number's sign
-            if expr[:1] == ["-"]:
-                expr[:2] = ["-" + expr[1]] if len(expr) > 1 else []
-        if expr and expr[0] in _OPS.values():
-            expr.pop(0)
-        if len(expr) < 3:
-            continue
-        try:
-            value = eval(" ".join(expr), {"__builtins__": {}})  # digits and + - * / only
-        except ZeroDivisionError:
-            out.append(False)
-            continue
-        said = eq.group(1)
-        places = len(said.split(".")[1]) if "." in said else 0
-        out.append(abs(value - _value(said)) <= 0.5 * 10 ** -places + 1e-9)  # "10 / 3 = 3.33" is right
-    return out
-
-
-def arithmetic_holds(text: str) -> bool:
-    """Every computation the reply writes out is right (a reply with none holds)."""
-    return all(computations(text))
 
 
 # Guards the other checks against an empty or evasive reply scoring full marks: some work, and the
@@ -262,7 +234,7 @@ def _answer_numbers(a) -> tuple[str, ...]:
 def _teacher_task(a) -> Task:
     prompt = ("I am a math teacher. Write a grading comment for my student's answer.\n"
               f"Problem: {a.problem.question}\nStudent's answer: {a.answer}")
-    return Task(prompt, _answer_numbers(a), a.problem.unit)
+    return Task(prompt, _answer_numbers(a), a.problem.unit, a.problem.answer)
 
 
 TEACHER_CHECKS = (
@@ -292,13 +264,14 @@ TEACHER = Scenario(
     "teacher", "grading comments that are specific (name a number from the answer), friendly "
     "(an encouraging word) and 15-80 words long",
     _teacher_train, _teacher_eval, TEACHER_CHECKS, "That comment is not what I need.",
-    good_opener=lambda tok: encouraging(tok.strip()) and len(tok.strip()) > 2)
+    good_opener=lambda tok: encouraging(tok.strip()) and len(tok.strip()) > 2,
+    # A grading comment has no final answer of its own: what it computes must hold.
+    right=lambda r, t: arithmetic_holds(r))
 
 # Candidate preferences for the third scenario, measured by bench/in_context_following.py: the
 # rate at which the base model follows each when told in context, against its rate untold.
 CANDIDATE_CHECKS = {
-    "sure": Check("starts_with_sure", lambda r, t: r.lstrip().lower().startswith("sure"),
-                  "start your reply with 'Sure!'"),
+    "sure": Check("starts_with_sure", lambda r, t: starts_with_sure(r), "start your reply with 'Sure!'"),
     "short": Check("under_20_words", lambda r, t: 0 < len(words(r)) < 20, "answer in under 20 words"),
     "question": Check("ends_with_question", lambda r, t: r.rstrip().endswith("?"), "end your reply with a question"),
     "lowercase": Check("lowercase_only", lambda r, t: r.strip() != "" and r == r.lower(), "use lowercase letters only"),
@@ -321,7 +294,36 @@ BRIEF = Scenario(
     (CANDIDATE_CHECKS["short"], Check("gives_a_result", works_something_out, "give the number you get")),
     "Hmm.")
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE, BRIEF)}
+# Preferences about the form of the whole reply, beyond its opening.
+_ANSWER_LINE = re.compile(r"^\s*answer:\s*\$?\s?\d+(?:,\d{3})*(?:\.\d+)?\s*\.?\s*$", re.IGNORECASE)
+_LATEX = re.compile(r"\\[\[\]()]|\\(?:boxed|frac|dfrac|times|div|cdot|text)\b|\$\$|```")
+
+
+def ends_with_answer_line(text: str) -> bool:
+    """The last line is the answer alone: "Answer: 15" (not "Answer: 15 apples", not bold)."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return bool(lines) and bool(_ANSWER_LINE.match(lines[-1]))
+
+
+def plain_text(text: str) -> bool:
+    """No markdown (bold, headers, numbered steps, bullets) and no LaTeX or code blocks."""
+    return not any(p.search(text) for p in (_BOLD, _HEADER, _NUMBERED, _BULLET, _LATEX))
+
+
+ANSWER_LINE = Scenario(
+    "answer_line", "homework help whose last line is the answer alone, as 'Answer: <number>'",
+    _student_train, _student_eval,
+    (Check("answer_line", lambda r, t: ends_with_answer_line(r),
+           "put the answer alone on the last line as 'Answer: <number>'"),), "Hmm.")
+
+PLAIN = Scenario(
+    "plain", "homework help in plain sentences: no markdown and no LaTeX, the work written out",
+    _student_train, _student_eval,
+    (Check("plain_text", lambda r, t: plain_text(r),
+           "don't use markdown or LaTeX (no lists, headers, bold or math blocks)"),
+     SHOWS_WORK), "Hmm.")
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE, BRIEF, ANSWER_LINE, PLAIN)}
 
 
 def scenario(name: str) -> Scenario:

@@ -1,8 +1,9 @@
 """The simulated user: sends tasks, and reacts to each reply from its rater's judgement.
 
 Reaction rule (deterministic given the judgement and the user's coin for this interaction):
-  score == 1                   -> 👍
-  score <  thumbs_down_below   -> 👎 and the correction (rules: naming what failed)
+  meets (score 1, answer right) -> 👍
+  answer wrong, or score < thumbs_down_below
+                               -> 👎 and the correction (rules: naming what failed)
   otherwise                    -> a correction alone, or (coin < move_on) moving on without a word,
                                   so the next task becomes the reply's next state
 The coins are drawn up front from the cell's seed, one per interaction, so every method of a cell
@@ -49,9 +50,9 @@ class SimulatedUser:
         self.coins = [rng.random() for _ in range(interactions)]
 
     def react(self, i: int, judgement: Judgement) -> Reaction:
-        if judgement.score >= 1:
+        if judgement.meets:
             return Reaction(judgement, "thumbs_up", None)
-        if judgement.score < self.thumbs_down_below:
+        if not judgement.right or judgement.score < self.thumbs_down_below:
             return Reaction(judgement, "thumbs_down", judgement.correction)
         if self.coins[i] < self.move_on:
             return Reaction(judgement, None, None)

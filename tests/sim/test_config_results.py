@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
 from clawback.daemon.config import Settings
 from clawback.sim.config import METHODS, SimConfig, parse_methods
 from clawback.sim.results import (adapt_order, markdown_table, mean_ci, sessions_to_adapt, sign_test, step_curve,
-                                  summarize)
+                                  summarize, t975)
 
 
 def test_seed_is_the_daemons_seed_preset():
@@ -79,9 +80,22 @@ def test_step_curve_and_interval():
     assert math.isnan(mean_ci([0.3])[1])
 
 
-def test_sessions_until_adaptation():
-    assert sessions_to_adapt([False, True, True, False, True, True, True, False]) == 5
-    assert sessions_to_adapt([True, True, True]) == 1
+def test_t_quantile_takes_n_minus_1_degrees_of_freedom():
+    assert t975(11) == 2.201 and t975(5) == 2.571  # 12 and 6 paired seeds
+    assert t975(35) == t975(30) == 2.042  # between listed ones: the smaller df's, never narrower
+    twelve = [0.1 * (i % 3) for i in range(12)]
+    m, lo, hi = mean_ci(twelve)
+    assert hi - m == pytest.approx(2.201 * statistics.stdev(twelve) / math.sqrt(12))
+
+
+def test_sessions_to_adaptation_is_adaptation_that_lasts():
+    # From session 2 on, every window of 4 holds 3 that meet (2-5, 3-6, 4-7, 5-8); 1-4 holds 2.
+    assert sessions_to_adapt([False, True, True, False, True, True, True, False]) == 2
+    assert sessions_to_adapt([False, False, False, True, True, True, True]) == 3
+    assert sessions_to_adapt([True] * 4) == 1
+    # A first 3-in-a-row that does not last is not adaptation.
+    assert sessions_to_adapt([False, False, True, True, True, False, False, False, True, False, False, False]) is None
+    assert sessions_to_adapt([True, True, True]) is None  # shorter than one window: cannot tell
     assert sessions_to_adapt([True, True, False] * 10) is None  # capped: not adapted, never a number
     order = adapt_order({1: 3, 2: None, 3: None, 4: 5, 5: 2}, {1: 5, 2: None, 3: 4, 4: 5})
     assert order == {"seeds": [1, 2, 3, 4], "sooner": 1, "same": 1, "later": 1, "neither": 1, "sign_p": 1.0}
@@ -91,40 +105,46 @@ def test_sessions_until_adaptation():
 
 
 def _cell(method: str, seed: int, meets: list[bool], stamp: str = "abc", score: float = 0.5,
-          gates: dict[int, str] | None = None, replies: dict[int, str] | None = None) -> dict:
+          gates: dict[int, str] | None = None, right: dict[int, bool] | None = None) -> dict:
     return {"cell": {"scenario": "sure", "method": method, "seed": seed}, "config": {"interactions": len(meets)},
             "code": {"stamp": stamp, "commit": "c0ffee"}, "finished_at": f"2026-11-30T2{seed}:00:00Z",
             "curve": [{"interaction": 0, "score": 0.1}, {"interaction": len(meets), "score": score}],
-            "probe": [{"interaction": 0, "mass": 0.0}], "interactions": [{"meets": m, "gate": (gates or {}).get(i), "reply": (replies or {}).get(i, "Sure! 2 x 3 = 6.")}
-                             for i, m in enumerate(meets)],
+            "probe": [{"interaction": 0, "mass": 0.0}], "interactions": [{"meets": m, "gate": (gates or {}).get(i), "right": (right or {}).get(i, True),
+                              "reply": "Sure! 2 x 3 = 6."} for i, m in enumerate(meets)],
             "steps": [], "wall_s": 60.0}
 
 
 def test_paired_differences_and_code_stamps_never_mix():
     no, yes = [False] * 6, [True] * 6
     cells = [_cell("default", 1, [False, True, True, True, True, True], score=0.9),
-             _cell("default", 2, [False, False, True, True, True, False], score=0.7,
-                   replies={2: "Sure! 14 cakes x 3 eggs = 36 eggs.", 3: "Sure! 6 x 7 = 42, and 42 + 1 = 44."}),
+             _cell("default", 2, [False, False, True, True, True, False], score=0.7, right={0: False, 1: False}),
              _cell("memory", 1, [False, False, False, True, True, True], score=0.5),
              _cell("memory", 2, no, score=0.5, gates={0: "cut", 1: "meta", 2: "cut"}),
              {**_cell("memory", 3, yes, stamp="old"), "finished_at": "2026-11-29T10:00:00Z"}]
     s = summarize(cells)  # the newest cell's code; the older code's cell is excluded, not mixed in
     assert s["code_stamp"] == "abc" and s["excluded_other_code"] == ["sure/memory/seed3 (old)"]
-    assert s["scenarios"]["sure"]["memory"]["sessions_to_adapt"] == {"1": 4, "2": None}
+    assert s["scenarios"]["sure"]["memory"]["sessions_to_adapt"] == {"1": 3, "2": None}
     assert s["scenarios"]["sure"]["memory"]["adapted"] == "1/2"
     assert s["scenarios"]["sure"]["memory"]["meets_by_session"] == [0, 0, 0, 0.5, 0.5, 0.5]
     d = s["paired"]["sure"]["default - memory"]
     assert d["sessions_to_adapt"]["seeds"] == [1] and d["sessions_to_adapt"]["diffs"] == [-2.0]
-    # Seed 1: 2 before 4; seed 2: default adapted at 3, memory never (an order, not a number).
+    # Seed 1: 1 before 3; seed 2: default adapted at 2, memory never (an order, not a number).
     assert {k: d["adapt_order"][k] for k in ("sooner", "same", "later", "neither")} == \
         {"sooner": 2, "same": 0, "later": 0, "neither": 0}
     assert d["final_score"]["diffs"] == pytest.approx([0.4, 0.2])
     # Memory's seed 2 had 3 of 6 replies cut off or about the conversation, default none.
     assert s["scenarios"]["sure"]["memory"]["broken_rate"][0] == pytest.approx(0.25)
     assert d["broken_rate"]["diffs"] == pytest.approx([0.0, -0.5])
-    # Default's seed 2 met the preference 3 times, twice with a computation that is wrong.
-    assert s["scenarios"]["sure"]["default"]["right_rate"][0] == pytest.approx((5 / 6 + 1 / 6) / 2)
-    assert d["right_rate"]["diffs"] == pytest.approx([5 / 6 - 3 / 6, 1 / 6])
+    # Correctness counts right answers in any form: default's seed 2 got 2 of 6 wrong.
+    assert s["scenarios"]["sure"]["default"]["right_rate"][0] == pytest.approx((1 + 4 / 6) / 2)
+    assert d["right_rate"]["diffs"] == pytest.approx([0, -2 / 6])
+    assert s["scenarios"]["sure"]["default"]["meets_last"][0] == pytest.approx((5 / 6 + 3 / 6) / 2)
+    long = [_cell("default", 1, [False] * 8 + [True] * 8), _cell("memory", 1, [True] * 8 + [False] * 8)]
+    last = summarize(long)["paired"]["sure"]["default - memory"]["meets_last"]
+    assert last["diffs"] == [1.0]  # the last 8 sessions, not the run
+    old = summarize([{**c, "interactions": [{k: v for k, v in i.items() if k != "right"} for i in c["interactions"]]}
+                     for c in long])  # recorded before answers were checked: correctness unknown
+    assert old["scenarios"]["sure"]["default"]["right_rate"] is None
     # The probe compares the last one of each run: an older memory cell probed only at the start
     # (no notes yet) and the end, a default cell on every version, alike until the end.
     probes = {("default", 1): [(0, 0.0), (2, 0.6), (6, 0.6)], ("memory", 1): [(0, 0.0), (6, 0.5)]}

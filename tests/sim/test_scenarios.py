@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clawback.sim.raters import RuleRater
-from clawback.sim.scenarios import SCENARIOS, STUDENT, SURE, TEACHER, arithmetic_holds, computations, scenario
+from clawback.sim.scenarios import SCENARIOS, STUDENT, SURE, TEACHER, scenario
 from clawback.sim.user import SimulatedUser
 
 RULES = RuleRater(STUDENT)
@@ -71,9 +71,19 @@ def test_talking_about_the_feedback_fails_every_check(reply):
 ])
 def test_a_stutter_or_an_echo_of_the_request_fails_every_check(reply, gate):
     rating = SURE.rate(reply, SURE.train[0])
-    assert rating.gate == gate and rating.meets == (gate is None)
+    assert rating.gate == gate and (not rating.failed) == (gate is None)
     if gate == "repeat":
         assert "Don't repeat yourself." in SURE.correction(rating)
+
+
+def test_two_numbered_lists_are_no_repeat():
+    reply = ("We follow these steps:\n\n1. Start with her apples.\n2. Take away the ones she gives.\n\n"
+             "1. Mia starts with 12 apples.\n2. She gives 5 away: 12 - 5 = 7.\n3. She buys 8: 7 + 8 = 15.\n\n"
+             "So Mia has 15 apples now.")
+    rating = STUDENT.rate(reply, MATH)
+    assert rating.gate is None and rating.right
+    looping = SURE.rate("Sure! 12 - 5 + 8 = 15 apples.\nSure! 12 - 5 + 8 = 15 apples.", MATH)
+    assert looping.gate == "repeat" and looping.right and not looping.meets  # right, but no reply to want
 
 
 def test_correction_names_only_what_failed():
@@ -98,7 +108,12 @@ def test_user_reactions_follow_the_documented_rule():
     perfect = (f"You work it out step by step and get {task0.numbers[0]} {task0.unit} in the end, which is the answer. "
                "Can you see why?")
     assert user.react(0, RULES.judge_now(perfect, task0)).kind == "thumbs_up"
-    assert user.react(0, RULES.judge_now("no", task0)).kind in ("correction", "moved_on")  # 5/7 pass: mild
+    no_answer = RULES.judge_now("no", task0)  # 5/7 checks pass, but there is no answer: never mild
+    assert user.react(0, no_answer).kind == "thumbs_down+correction"
+    a = int(task0.answer)
+    wrong = RULES.judge_now(perfect.replace(f"get {a} ", f"get {a} + 1 = {a + 1} "), task0)  # shows work, ends wrong
+    assert wrong.score == 1 and user.react(0, wrong).kind == "thumbs_down+correction"
+    assert wrong.correction == "That's not right."
     ai = RULES.judge_now("## Answer\n1. **Add**\n- done", task0)  # fails 6 of 7 checks: below 0.5
     assert user.react(0, ai).kind == "thumbs_down+correction" and ai.correction.startswith("That looks AI")
     bold = RULES.judge_now("**" + perfect + "**", task0)
@@ -134,23 +149,7 @@ def test_brief_scenario_wants_a_short_reply_that_still_gives_the_result():
     assert not brief.rate("Mia has 12 apples and buys 8.", MATH).meets  # the question's numbers, echoed
     assert not brief.rate("The answer is 1.", MATH).meets  # a piece of "12": an echo, not a result
     assert not brief.rate("What fun 9-bit answer.", MATH).meets  # a number, but nothing worked out
-    assert brief.rate("12 - 5 + 8 = 16, so 16 apples.", MATH).meets  # wrong, but worked out where you can see it
+    wrong = brief.rate("12 - 5 + 8 = 16, so 16 apples.", MATH)  # the wanted form, a wrong answer
+    assert not wrong.failed and not wrong.meets and brief.correction(wrong) == "That's not right."
     assert brief.rate("Mia has 12 x 1 apples... no: 15.", MATH).meets  # the answer counts even without the work
     assert not brief.rate("I'll make sure to keep it short: 15.", MATH).meets  # talks about the feedback
-
-
-@pytest.mark.parametrize("reply, verdicts", [
-    ("So, 14 cakes x 3 eggs per cake = 36 eggs.", [False]),
-    ("78 muffins fill 6 x 6 = 36 boxes.", [True]),  # the run of numbers that ends before "="
-    ("3 x 16 - 9 = 39", [True]),  # the usual precedence
-    ("25 minutes * 12 days = 300 minutes", [True]),  # words between numbers are skipped
-    ("$2.50 x 4 = $10 and 1,200 / 4 = 300", [True, True]),
-    ("5 x 4 = 20 x 2 = 40", [True, True]),  # a chain: each "=" closes its own computation
-    ("10 / 3 = 3.33", [True]),  # rounded to the places written
-    ("-3 + 5 = 2, then 4 - 3 = 2", [True, False]),
-    ("1/0 = 4", [False]),
-    ("She has 7 apples = 7. x = 5", []),  # no operator: nothing is computed
-])
-def test_written_computations_are_checked(reply, verdicts):
-    assert computations(reply) == verdicts
-    assert arithmetic_holds(reply) == all(verdicts)

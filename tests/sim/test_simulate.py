@@ -36,6 +36,7 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     assert all(0 <= p["mass"] <= 1 for p in cell["probe"])
     assert all(0 <= p["score"] <= 1 and set(p["checks"]) == {"starts_with_sure", "shows_work"} for p in cell["curve"])
     assert sum(cell["reactions"].values()) == 4 and [r["meets"] for r in cell["interactions"]] == [False] * 4
+    assert [r["right"] for r in cell["interactions"]] == [False] * 4 and all("right" in p for p in cell["curve"])
     # Every rated reply is kept, so a score can be read back reply by reply.
     assert all(isinstance(r["reply"], str) for r in cell["interactions"]) and any(r["reply"] for r in cell["interactions"])
     assert cell["samples"].get("consumed") == 4
