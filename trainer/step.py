@@ -232,7 +232,7 @@ def response_logprobs(
     """
     target_B_T = batch["target_B_T"]
     B, T = target_B_T.shape
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base: Any = getattr(model, "get_base_model", lambda: model)()  # PEFT wraps it; a plain model is its own base
     out = base.get_decoder()(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],

@@ -120,7 +120,8 @@ class TrainerWorker:
         self.model = make_lora_model(base, cfg)
         # Yield points inside a micro-batch too: before each decoder layer, in the forward and (with
         # checkpointing) in the backward's recomputation, so a request waits for one layer at most.
-        for layer in base.get_decoder().layers:
+        decoder: Any = base.get_decoder()
+        for layer in decoder.layers:
             layer.register_forward_pre_hook(lambda *_: self.priority.wait())
         self.optimizer = make_optimizer(self.model, cfg)
         self.version: int | None = None

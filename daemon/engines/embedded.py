@@ -557,6 +557,7 @@ class EmbeddedEngine:
             log.exception("background prefill failed")
             self._finish(gen, e)
             return
+        assert out is not None  # a prompt has at least one token, so at least one slice ran
         batch = _Batch()
         batch.gens, batch.cache = [gen], cache
         batch.mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
@@ -568,7 +569,12 @@ class EmbeddedEngine:
             room.merge(batch)
         else:
             self._background.append(batch)
-            self._jobs.append((self._background_decode(batch), lambda e: [g.emit(e) for g in batch.gens]))
+            self._jobs.append((self._background_decode(batch), lambda e: self._fail_all(batch, e)))
+
+    @staticmethod
+    def _fail_all(batch: _Batch, error: BaseException) -> None:
+        for g in batch.gens:
+            g.emit(error)
 
     def _background_decode(self, batch: _Batch) -> Iterator[None]:
         """One decode step of a background batch per slice, until its last stream ends."""
