@@ -95,3 +95,17 @@ def test_an_adapter_on_it_exports_as_a_qwen2_gguf(qwen_dir: Path, tmp_path: Path
     assert reader.fields["general.architecture"].contents() == "qwen2"
     base_reader = gguf.GGUFReader(str(qwen_dir / "source.gguf"))
     assert [t.name for t in reader.tensors] == [t.name for t in base_reader.tensors]
+
+
+def test_a_local_gguf_file_is_converted_once_into_its_own_model_dir(embedded_model_dir: Path, tmp_path: Path):
+    """`--model FILE.gguf`: the 135M's source GGUF, as a file someone downloaded themselves."""
+    gguf_file = tmp_path / "my-model.gguf"
+    gguf_file.symlink_to(embedded_model_dir / "source.gguf")
+    proc = clawback("models", "pull", str(gguf_file), "--data-dir", str(tmp_path / "data"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (converted,) = (tmp_path / "data" / "models").iterdir()
+    assert converted.name == "my-model-b179c9523d0e" and proc.stdout.strip() == f"{gguf_file}: {converted}"
+    manifest = json.loads((converted / "manifest.json").read_text())
+    assert manifest["source"]["kind"] == "gguf-file" and manifest["architecture"] == "llama"
+    again = clawback("models", "pull", str(gguf_file), "--data-dir", str(tmp_path / "data"))
+    assert again.returncode == 0 and "de-quantizing" not in again.stderr  # once
