@@ -16,9 +16,10 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Annotated, Any, AsyncIterator, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -244,6 +245,12 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
         return e.response()
 
+    @app.exception_handler(RequestValidationError)
+    async def _bad_parameter(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        param = str(first["loc"][-1]) if first.get("loc") else None
+        return ApiError(400, f"{param}: {first['msg']}", param=param, code="invalid_value").response()
+
     @app.exception_handler(404)
     async def _not_found(request: Request, _: Exception) -> JSONResponse:
         return ApiError(404, f"no route {request.method} {request.url.path}", code="not_found").response()
@@ -339,6 +346,9 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     return Gate(app, state)
 
 
+NoteId = Annotated[int, Path(ge=1, le=2**63 - 1)]  # SQLite's integer range: a larger id is a 400, not an overflow
+
+
 def _add_memory_routes(app: FastAPI, state: AppState) -> None:
     """The person's preference notes (daemon/memory.py): list, edit one, forget one or all."""
 
@@ -356,7 +366,7 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         return await notes()
 
     @app.put("/v1/memory/{note_id}")
-    async def edit_note(note_id: int, request: Request) -> dict:
+    async def edit_note(request: Request, note_id: NoteId) -> dict:
         raw = await _read_json(request, 64 * 1024)
         text = raw.get("text") if isinstance(raw, dict) else None
         if not isinstance(text, str) or not text.strip():
@@ -366,7 +376,7 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         return await notes()
 
     @app.delete("/v1/memory/{note_id}")
-    async def forget_note(note_id: int) -> dict:
+    async def forget_note(note_id: NoteId) -> dict:
         if not await state.store.forget_notes(note_id):
             raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
         return await notes()
@@ -404,9 +414,9 @@ class ForgetBody(BaseModel):
     """Exactly one of: a session (with the sessions linked to it), every session last seen before
     a time (unix seconds or ISO 8601), or everything."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)  # "all": true, not "yes" or 1
     session_id: str | None = Field(None, min_length=1, max_length=256)
-    before: float | str | None = None
+    before: float | str | None = Field(None, json_schema_extra={"maxLength": 64})
     everything: bool = Field(False, alias="all")
 
     def scope(self) -> ForgetScope:
@@ -561,6 +571,13 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         req = ChatRequest.model_validate(raw)
     except ValidationError as e:
         raise _validation_error(e) from None
+    if req.model_extra:
+        name = next(iter(req.model_extra))
+        raise ApiError(400, f"unknown field {name!r}: this server does not know what it asks for, so it refuses it "
+                            "rather than ignore it", param=name, code="unknown_parameter")
+    if (name := req.not_implemented()) is not None:
+        raise ApiError(400, f"{name} is not supported: only its default (no effect) is accepted", param=name,
+                       code="unsupported_parameter")
     if (req.n or 1) > 1:
         raise ApiError(400, "n > 1 is not supported: each reply is its own call; send n requests",
                        param="n", code="unsupported_parameter")
@@ -767,8 +784,7 @@ class _ReplyThen(JSONResponse):
 class _EventStream(Response):
     """Server-sent events, each sent as soon as it is made. Starlette's StreamingResponse does the
     same through an anyio task group and a wrapper per chunk; here one task watches for the client
-    going away (uvicorn reports that on `receive`; `send` does not fail), which cancels the stream
-    and so stops the generation."""
+    going away, which cancels the stream and so stops the generation."""
 
     media_type = "text/event-stream"
 
@@ -783,19 +799,40 @@ class _EventStream(Response):
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        async def client_gone() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
+        await _unless_client_gone(stream(), receive)  # cancelled, the engine stops and the call is stored
 
-        streaming, watching = asyncio.ensure_future(stream()), asyncio.ensure_future(client_gone())
-        try:
-            await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watching.cancel()
-            streaming.cancel()  # a no-op once it is done
-        await asyncio.wait((streaming,))  # its cleanup (the engine stops, the call is stored) is done
-        if not streaming.cancelled() and (error := streaming.exception()) is not None:
-            raise error
+
+CLIENT_GONE = 499  # the status counted for a request whose client left before its reply (nginx's)
+
+
+async def _generate(run: _Run) -> None:
+    async for _ in run.deltas():
+        pass
+    await run.before_reply()
+
+
+async def _client_gone(receive: Receive) -> None:
+    """Returns when the client closes its connection (uvicorn reports that on `receive`; `send`
+    does not fail). Only after the request body was read: until then `receive` returns it."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_gone(work: Any, receive: Receive) -> bool:
+    """Run `work` until it is done (True) or the client goes away (False: `work` is cancelled,
+    its cleanup done)."""
+    working, watching = asyncio.ensure_future(work), asyncio.ensure_future(_client_gone(receive))
+    try:
+        await asyncio.wait((working, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        working.cancel()  # a no-op once it is done
+    await asyncio.wait((working,))
+    if working.cancelled():
+        return False
+    if (error := working.exception()) is not None:
+        raise error
+    return True
 
 
 def _headers(p: _Prepared) -> dict[str, str]:
@@ -811,9 +848,10 @@ async def _chat(state: AppState, request: Request) -> Response:
     if p.req.stream:
         return _EventStream(_sse(state, run), headers={**_headers(p), "cache-control": "no-cache"})
     try:
-        async for _ in run.deltas():
-            pass
-        await run.before_reply()
+        if not await _unless_client_gone(_generate(run), request.receive):
+            # Stopped where the client left; what was generated is stored, as a cancelled call.
+            run.finish()
+            return Response(status_code=CLIENT_GONE)
     except EngineError as e:
         run.finish()
         raise ApiError(500, f"generation failed: {e}", "server_error") from None

@@ -227,7 +227,8 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
         return page(request, "ui/part_versions.html", p=await data.part("versions"), error=error, notice=notice)
 
     @ui.post("/memory/{action}")
-    async def memory_action(request: Request, action: str, note_id: int = Form(), text: str = Form("")) -> Response:
+    async def memory_action(request: Request, action: str, note_id: int = Form(ge=1, le=2**63 - 1),
+                            text: str = Form("")) -> Response:
         """The same store calls as `PUT`/`DELETE /v1/memory/{id}` and `clawback memory edit|forget`."""
         checked_post(request)
         if action == "edit":
