@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
@@ -519,6 +520,9 @@ async def _read_json(request: Request, limit: int, empty: Any = None) -> Any:
         return empty if not body and empty is not None else parse_json(body)
     except BodyError as e:
         raise ApiError(e.status, f"request body: {e.message}", code=e.code) from None
+    except ClientDisconnect:
+        raise ApiError(CLIENT_GONE, "the client closed the connection before its request body ended",
+                       code="client_gone") from None
 
 
 IMAGE_PARTS = ("image_url", "input_image", "image")
