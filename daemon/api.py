@@ -341,7 +341,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     _add_forget_route(app, state)
     add_dashboard_routes(app, state)
     _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
-                           ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody,
+                           ("/v1/adapters/rollback", "post"): RollbackBody, ("/v1/adapters/pin", "post"): VersionBody,
                            ("/v1/forget", "post"): ForgetBody})
 
     return Gate(app, state)
@@ -392,6 +392,10 @@ class VersionBody(BaseModel):
     version: int | str  # N, "vN", or "base" (rollback)
 
 
+class RollbackBody(VersionBody):
+    force: bool = False  # also a refused, candidate or rolled-back-from (`retired`) version
+
+
 def _describe_bodies(app: FastAPI, bodies: dict[tuple[str, str], type[BaseModel]]) -> None:
     """/openapi.json with each route's JSON body: the routes read raw bodies (size limits, strict
     JSON), so FastAPI cannot see them; the request models are the contract."""
@@ -440,11 +444,13 @@ def _add_forget_route(app: FastAPI, state: AppState) -> None:
 def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
     from .adapters import AdapterError
 
-    async def body_version(request: Request) -> int | None:
+    async def body_version(request: Request) -> tuple[int | None, dict[str, Any]]:
         raw = await _read_json(request, 4096, empty={})
         try:
             v = raw.get("version")
-            return None if v in (None, "base") else int(str(v).removeprefix("v"))
+            if isinstance(v, bool):
+                raise ValueError(v)
+            return (None if v in (None, "base") else int(str(v).removeprefix("v"))), raw
         except (ValueError, AttributeError):
             raise ApiError(400, "body must be {\"version\": N} (or \"base\")", param="version") from None
 
@@ -461,13 +467,16 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
 
     @app.post("/v1/adapters/rollback")
     async def rollback(request: Request) -> dict:
-        version = await body_version(request)
-        swap_s = await guarded(state.adapters.rollback(version))
+        version, raw = await body_version(request)
+        force = raw.get("force", False)
+        if not isinstance(force, bool):
+            raise ApiError(400, "force must be true or false", param="force", code="invalid_value")
+        swap_s = await guarded(state.adapters.rollback(version, force))
         return {"live": state.adapters.live(), "swap_s": swap_s}
 
     @app.post("/v1/adapters/pin")
     async def pin(request: Request) -> dict:
-        version = await body_version(request)
+        version, _ = await body_version(request)
         if version is None:
             raise ApiError(400, "the base model is always kept; pin a version", param="version")
         unpin = request.query_params.get("unpin") in ("1", "true")
@@ -476,7 +485,7 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
 
     @app.post("/v1/adapters/promote")
     async def promote(request: Request) -> dict:
-        version = await body_version(request)
+        version, _ = await body_version(request)
         if version is None:
             raise ApiError(400, "promote a version; the base model is served by rollback", param="version")
         out = await guarded(state.adapters.promote(version))

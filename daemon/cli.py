@@ -141,7 +141,7 @@ def cmd_adapters(args: argparse.Namespace) -> int:
         print(promoted_summary(_call("POST", f"{url}/v1/adapters/promote", headers, {"version": args.version})))
         return 0
     if args.action == "rollback":
-        out = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version})
+        out = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version, "force": args.force})
     elif args.action in ("pin", "unpin"):
         suffix = "?unpin=1" if args.action == "unpin" else ""
         out = _call("POST", f"{url}/v1/adapters/pin{suffix}", headers, {"version": args.version})
@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     _settings_flags(p)
     p.add_argument("action", choices=["list", "rollback", "promote", "pin", "unpin", "prune"])
     p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
+    p.add_argument("--force", action="store_true",
+                   help="rollback: also to a version that was refused or rolled back from (retired)")
     p.add_argument("--url", help="daemon URL (default from settings)")
     p.set_defaults(fn=cmd_adapters)
 

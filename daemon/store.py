@@ -257,7 +257,7 @@ class Store:
         return await self._commit(_Write("train_step", partial(self._write_train_step, step)))
 
     async def set_live(self, version: int | None) -> None:
-        """`version` (None = base) serves now; the version live before is retired."""
+        """`version` (None = base) serves now; the version live before leaves (see _write_adapter_live)."""
         await self._commit(_Write("adapter_live", partial(self._write_adapter_live, version)))
 
     async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None,
@@ -816,7 +816,13 @@ class Store:
 
     def _write_adapter_live(self, version: int | None) -> None:
         now = time.time()
-        self._conn.execute("UPDATE adapters SET state = 'retired', updated_at = ? WHERE state = 'live'", (now,))
+        # The version that leaves: refused again if it was refused (promoted by hand over the gate,
+        # its reason kept); `committed` (good, not live) when a newer version replaces it; else
+        # `retired`, rolled back from. Neither of the last two states is what a restart falls back to.
+        self._conn.execute(
+            "UPDATE adapters SET state = CASE WHEN reason IS NOT NULL THEN 'refused' "
+            "WHEN ?1 IS NOT NULL AND ?1 > version THEN 'committed' ELSE 'retired' END, updated_at = ?2 "
+            "WHERE state = 'live'", (version, now))
         if version is not None:
             self._conn.execute("UPDATE adapters SET state = 'live', live_at = ?, updated_at = ? WHERE version = ?",
                                (now, now, version))
