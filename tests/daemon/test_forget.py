@@ -118,8 +118,10 @@ def test_a_scope_is_exactly_one_thing():
 
 def test_tainted_versions_follow_the_lineage():
     rows = [{"version": v, "parent": p, "state": st} for v, p, st in
-            [(1, None, "retired"), (2, 1, "pruned"), (3, 2, "retired"), (4, 3, "live"), (5, 1, "committed")]]
+            [(1, None, "committed"), (2, 1, "pruned"), (3, 2, "committed"), (4, 3, "live"), (5, 1, "committed")]]
     assert tainted_versions(rows, [3]) == {"affected_versions": [3, 4], "rollback_to": 1}  # v2 is pruned
+    rolled_back_from = [{**r, "state": "retired"} if r["version"] == 1 else r for r in rows]
+    assert tainted_versions(rolled_back_from, [3])["rollback_to"] is None  # offered only what serves without force
     assert tainted_versions(rows, [1]) == {"affected_versions": [1, 2, 3, 4, 5], "rollback_to": None}
     assert tainted_versions(rows, []) == {"affected_versions": [], "rollback_to": None}
 
