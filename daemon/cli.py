@@ -39,12 +39,21 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(**{k: getattr(args, k, None) for k in keys})
 
 
+def _private_data_dir(s: Settings) -> None:
+    """The data dir 0700 (also one an older version made 0755), and everything this process and
+    its children create private (umask 077: files 0600, dirs 0700)."""
+    os.umask(0o077)
+    s.data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(s.data_dir, 0o700)
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     """Convert the model and create the API key; print the key once, when it is created."""
     from .api import resolve_api_key
     from .models import resolve_model
 
     s = _settings(args)
+    _private_data_dir(s)
     model_dir = resolve_model(s.model, s.models_dir)
     print(f"model: {model_dir}")
     if s.no_auth or s.api_key is not None:
@@ -63,6 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server import daemon_app
 
     s = _settings(args)
+    _private_data_dir(s)
     logging.basicConfig(level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = daemon_app(s)
     print(f"clawback: OpenAI-compatible API at {s.base_url}/v1 (model id '{s.served_model_name}')", flush=True)
