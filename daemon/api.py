@@ -342,7 +342,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     add_dashboard_routes(app, state)
     _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
                            ("/v1/adapters/rollback", "post"): RollbackBody, ("/v1/adapters/pin", "post"): VersionBody,
-                           ("/v1/forget", "post"): ForgetBody})
+                           ("/v1/forget", "post"): ForgetBody, ("/v1/adapters/promote", "post"): VersionBody,
+                           ("/v1/memory/{note_id}", "put"): NoteText})
 
     return Gate(app, state)
 
@@ -386,6 +387,10 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
     async def forget_all() -> dict:
         await state.store.forget_notes()
         return await notes()
+
+
+class NoteText(BaseModel):
+    text: str = Field(min_length=1, max_length=64 * 1024)  # the note's new wording
 
 
 class VersionBody(BaseModel):
