@@ -426,7 +426,7 @@ class ForgetBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)  # "all": true, not "yes" or 1
     session_id: str | None = Field(None, min_length=1, max_length=256)
-    before: float | str | None = Field(None, json_schema_extra={"maxLength": 64})
+    before: float | str | None = None
     everything: bool = Field(False, alias="all")
 
     def scope(self) -> ForgetScope:

@@ -205,7 +205,7 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
         return page(request, "ui/session.html", session_id=session_id, calls=calls)
 
     @ui.post("/adapters/{action}")
-    async def adapter_action(request: Request, action: str, version: str = Form("")) -> Response:
+    async def adapter_action(request: Request, action: str, version: str = Form(""), force: str = Form("")) -> Response:
         """The same operations as `POST /v1/adapters/...` and `clawback adapters ...`."""
         from .adapters import AdapterError, promoted_summary
 
@@ -215,7 +215,7 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
             if action == "promote":
                 notice = promoted_summary(await state.adapters.promote(int(version)))
             elif action == "rollback":
-                await state.adapters.rollback(None if version == "base" else int(version))
+                await state.adapters.rollback(None if version == "base" else int(version), force == "true")
             elif action in ("pin", "unpin"):
                 await state.adapters.pin(int(version), action == "pin")
             elif action == "prune":
