@@ -183,6 +183,7 @@ class ChatRequest(BaseModel):
     store: bool | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)
     prompt_cache_key: str | None = Field(None, max_length=256)
+    prompt_cache_retention: str | None = Field(None, max_length=32)
     safety_identifier: str | None = Field(None, max_length=256)
     # OpenAI sampling controls this server does not implement: accepted only at the value that
     # asks for nothing (see _not_implemented).
