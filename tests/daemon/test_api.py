@@ -245,6 +245,12 @@ def test_forget_all_takes_a_json_true_only(client: httpx.Client, daemon: DaemonP
     assert query(daemon.data_dir / "clawback.db", "SELECT * FROM sessions WHERE session_id = 'kept'")
 
 
+@pytest.mark.parametrize("body", [{"version": True}, {"version": "base", "force": "yes"}, {"version": "base", "force": 1}])
+def test_adapter_routes_take_json_booleans_only(client: httpx.Client, body: dict):
+    r = client.post("/v1/adapters/rollback", json=body)
+    assert r.status_code == 400, r.text
+
+
 def test_a_client_that_leaves_a_non_streamed_request_stops_its_generation(daemon: DaemonProcess):
     """Without a stream the daemon still watches the connection: closed, the engine stops and
     what was generated is stored as a cancelled call."""
