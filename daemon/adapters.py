@@ -128,7 +128,8 @@ class AdapterManager:
         if row["state"] in ("refused", "candidate", "retired") and not force:
             why = {"refused": f"was refused: {row['reason']}", "candidate": "is a candidate the gate has not decided on",
                    "retired": "was rolled back from"}[row["state"]]
-            raise AdapterError(f"v{version} {why}; `clawback adapters rollback {version} --force` serves it anyway")
+            gate = f", as `clawback adapters promote {version}` does" if row["state"] != "retired" else ""
+            raise AdapterError(f"v{version} {why}; `clawback adapters rollback {version} --force` serves it anyway{gate}")
         if row["state"] in ("refused", "candidate"):
             return (await self.promote(version))["swap_s"]
         return await self.go_live(version, row["path"])
