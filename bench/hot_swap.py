@@ -287,7 +287,7 @@ class Run:
         before = (await ctl.get("/v1/adapters")).json()["live"]
         rec: dict[str, Any] = {"version": version, "previous": before, "warmup": warmup, "probe": probe, "t_send": now()}
         try:
-            r = await ctl.post("/v1/adapters/rollback", json={"version": version})
+            r = await ctl.post("/v1/adapters/rollback", json={"version": version, "force": True})  # also back to one it left
             rec["t_recv"] = now()
             rec["status"] = r.status_code
             body = r.json()

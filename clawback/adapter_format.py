@@ -147,8 +147,8 @@ def _commit(root: str | Path, version: int, write: Callable[[Path], None]) -> Pa
         write(tmp)
         _check(tmp, version)  # never commit what a loader would refuse (e.g. NaN weights)
         for f in tmp.iterdir():
+            os.chmod(f, 0o600)  # weights, optimizer state and manifest are the person's: private, in a 0700 dir
             _fsync(f)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a serving engine may run as another user
         _fsync(tmp)
         os.rename(tmp, final)  # atomic on POSIX, same filesystem by construction
     except BaseException:

@@ -28,7 +28,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
     refusal: str | None = None
@@ -43,20 +43,20 @@ class TextPart(BaseModel):
 
 
 class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
 class ToolCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")  # e.g. reasoning_content, cache hints: kept, not rendered
+    model_config = ConfigDict(extra="allow", strict=True)  # e.g. reasoning_content, cache hints: kept, not rendered
     role: str = Field(json_schema_extra={"enum": list(ROLES)})  # checked by _known_role, with a clear message
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -92,7 +92,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
 class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -116,12 +116,13 @@ class FunctionDef(BaseModel):
 
 
 class Tool(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["function"]
     function: FunctionDef
 
 
 class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True)
     type: Literal["function"]
     function: dict[str, str]
 
@@ -134,13 +135,14 @@ class NamedToolChoice(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     name: str = "response"
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
 class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -152,12 +154,15 @@ class ResponseFormat(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     include_usage: bool = False
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields (user, store, metadata...) are ignored
+    # Strict: a boolean is JSON true/false and a number a JSON number ("yes", 1, "0.5" are refused).
+    # Unknown fields are kept here (stored requests are read back with this model) and refused at
+    # the API (api._prepare): what a client asks for is enforced or refused, never ignored.
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -175,15 +180,43 @@ class ChatRequest(BaseModel):
     logprobs: bool = False  # the sampled tokens' temperature-1 logprobs (what training uses)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    # OpenAI fields that ask nothing of the reply: accepted and stored with the request.
+    user: str | None = Field(None, max_length=256)
+    store: bool | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    prompt_cache_key: str | None = Field(None, max_length=256)
+    prompt_cache_retention: str | None = Field(None, max_length=32)
+    safety_identifier: str | None = Field(None, max_length=256)
+    # OpenAI sampling controls this server does not implement: accepted only at the value that
+    # asks for nothing (see _not_implemented).
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = Field(None, max_length=300)
+    parallel_tool_calls: bool | None = None
     # clawback metadata, also accepted as headers; stripped before rendering
     session_id: str | None = Field(None, max_length=256)
     turn_type: str | None = Field(None, max_length=16)
     turn_id: str | None = Field(None, max_length=256)
     request_id: str | None = Field(None, max_length=256)
-    session_done: bool | str | None = None
+    session_done: bool | None = None
     # The preference notes the daemon appended to the messages (daemon/memory.py), kept with the
     # stored request so they can be taken out again; a client's own value is dropped.
     memory_notes: list[str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v and any(len(k) > 64 or len(x) > 512 for k, x in v.items()):
+            raise ValueError("metadata keys are at most 64 characters and values at most 512")
+        return v
+
+    def not_implemented(self) -> str | None:
+        """The first field that asks for something this server does not do (a penalty, a logit
+        bias, no parallel tool calls), or None."""
+        asks = {"presence_penalty": self.presence_penalty not in (None, 0),
+                "frequency_penalty": self.frequency_penalty not in (None, 0),
+                "logit_bias": bool(self.logit_bias), "parallel_tool_calls": self.parallel_tool_calls is False}
+        return next((name for name, asked in asks.items() if asked), None)
 
     @field_validator("stop")
     @classmethod

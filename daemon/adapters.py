@@ -48,13 +48,15 @@ class AdapterManager:
 
     async def restore(self) -> int | None:
         """After a restart, serve what was live: the base model if that was the last choice, else
-        the live version (or the newest good one before it)."""
+        the live version, or when it cannot load the newest `committed` one before it; never one
+        that was refused or rolled back from (`retired`), which only a person puts back."""
         await asyncio.to_thread(self._remove_leftovers)
         if await asyncio.to_thread(self.store.base_was_live):
             return None
         rows = await asyncio.to_thread(self.store.adapters)
         live = [a for a in rows if a["state"] == "live"]
-        candidates = live + sorted((a for a in rows if a["state"] in ("committed", "retired")),
+        below = live[0]["version"] if live else float("inf")
+        candidates = live + sorted((a for a in rows if a["state"] == "committed" and a["version"] < below),
                                    key=lambda a: a["version"], reverse=True)
         for a in candidates:
             try:
@@ -114,15 +116,22 @@ class AdapterManager:
         self.on_live(version)
         return self.last_swap_s
 
-    async def rollback(self, version: int | None) -> float:
+    async def rollback(self, version: int | None, force: bool = False) -> float:
+        """Serve `version` (None = base). A version the gate or guard refused, or one rolled back
+        from (`retired`), is served only with `force`: the refusal says why; with force a refused
+        or candidate version goes live as `promote` puts it (the gate overridden)."""
         if version is None:
             return await self.go_live(None)
         row = self._row(version)
         if row["state"] in ("failed", "pruned"):
             raise AdapterError(f"v{version} is {row['state']} and cannot serve")
+        if row["state"] in ("refused", "candidate", "retired") and not force:
+            why = {"refused": f"was refused: {row['reason']}", "candidate": "is a candidate the gate has not decided on",
+                   "retired": "was rolled back from"}[row["state"]]
+            gate = f", as `clawback adapters promote {version}` does" if row["state"] != "retired" else ""
+            raise AdapterError(f"v{version} {why}; `clawback adapters rollback {version} --force` serves it anyway{gate}")
         if row["state"] in ("refused", "candidate"):
-            raise AdapterError(f"v{version} is {row['state']}{': ' + row['reason'] if row['reason'] else ''}; "
-                               f"`clawback adapters promote {version}` overrides the gate")
+            return (await self.promote(version))["swap_s"]
         return await self.go_live(version, row["path"])
 
     async def record_gate(self, version: int, report: dict[str, Any]) -> None:
@@ -203,5 +212,5 @@ def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str
     if not affected:
         return {"affected_versions": [], "rollback_to": None}
     clean = [a["version"] for a in rows if a["version"] < min(affected) and not tainted(a["version"])
-             and a["state"] in ("committed", "retired", "live")]
+             and a["state"] in ("committed", "live")]
     return {"affected_versions": affected, "rollback_to": max(clean, default=None)}

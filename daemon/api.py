@@ -16,14 +16,16 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Annotated, Any, AsyncIterator, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
@@ -244,6 +246,12 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
         return e.response()
 
+    @app.exception_handler(RequestValidationError)
+    async def _bad_parameter(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        param = str(first["loc"][-1]) if first.get("loc") else None
+        return ApiError(400, f"{param}: {first['msg']}", param=param, code="invalid_value").response()
+
     @app.exception_handler(404)
     async def _not_found(request: Request, _: Exception) -> JSONResponse:
         return ApiError(404, f"no route {request.method} {request.url.path}", code="not_found").response()
@@ -333,10 +341,14 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     _add_forget_route(app, state)
     add_dashboard_routes(app, state)
     _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
-                           ("/v1/adapters/rollback", "post"): VersionBody, ("/v1/adapters/pin", "post"): VersionBody,
-                           ("/v1/forget", "post"): ForgetBody})
+                           ("/v1/adapters/rollback", "post"): RollbackBody, ("/v1/adapters/pin", "post"): VersionBody,
+                           ("/v1/forget", "post"): ForgetBody, ("/v1/adapters/promote", "post"): VersionBody,
+                           ("/v1/memory/{note_id}", "put"): NoteText})
 
     return Gate(app, state)
+
+
+NoteId = Annotated[int, Path(ge=1, le=2**63 - 1)]  # SQLite's integer range: a larger id is a 400, not an overflow
 
 
 def _add_memory_routes(app: FastAPI, state: AppState) -> None:
@@ -356,7 +368,7 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         return await notes()
 
     @app.put("/v1/memory/{note_id}")
-    async def edit_note(note_id: int, request: Request) -> dict:
+    async def edit_note(request: Request, note_id: NoteId) -> dict:
         raw = await _read_json(request, 64 * 1024)
         text = raw.get("text") if isinstance(raw, dict) else None
         if not isinstance(text, str) or not text.strip():
@@ -366,7 +378,7 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         return await notes()
 
     @app.delete("/v1/memory/{note_id}")
-    async def forget_note(note_id: int) -> dict:
+    async def forget_note(note_id: NoteId) -> dict:
         if not await state.store.forget_notes(note_id):
             raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
         return await notes()
@@ -377,8 +389,16 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         return await notes()
 
 
+class NoteText(BaseModel):
+    text: str = Field(min_length=1, max_length=64 * 1024)  # the note's new wording
+
+
 class VersionBody(BaseModel):
     version: int | str  # N, "vN", or "base" (rollback)
+
+
+class RollbackBody(VersionBody):
+    force: bool = False  # also a refused, candidate or rolled-back-from (`retired`) version
 
 
 def _describe_bodies(app: FastAPI, bodies: dict[tuple[str, str], type[BaseModel]]) -> None:
@@ -404,7 +424,7 @@ class ForgetBody(BaseModel):
     """Exactly one of: a session (with the sessions linked to it), every session last seen before
     a time (unix seconds or ISO 8601), or everything."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)  # "all": true, not "yes" or 1
     session_id: str | None = Field(None, min_length=1, max_length=256)
     before: float | str | None = None
     everything: bool = Field(False, alias="all")
@@ -429,11 +449,13 @@ def _add_forget_route(app: FastAPI, state: AppState) -> None:
 def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
     from .adapters import AdapterError
 
-    async def body_version(request: Request) -> int | None:
+    async def body_version(request: Request) -> tuple[int | None, dict[str, Any]]:
         raw = await _read_json(request, 4096, empty={})
         try:
             v = raw.get("version")
-            return None if v in (None, "base") else int(str(v).removeprefix("v"))
+            if isinstance(v, bool):
+                raise ValueError(v)
+            return (None if v in (None, "base") else int(str(v).removeprefix("v"))), raw
         except (ValueError, AttributeError):
             raise ApiError(400, "body must be {\"version\": N} (or \"base\")", param="version") from None
 
@@ -450,13 +472,16 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
 
     @app.post("/v1/adapters/rollback")
     async def rollback(request: Request) -> dict:
-        version = await body_version(request)
-        swap_s = await guarded(state.adapters.rollback(version))
+        version, raw = await body_version(request)
+        force = raw.get("force", False)
+        if not isinstance(force, bool):
+            raise ApiError(400, "force must be true or false", param="force", code="invalid_value")
+        swap_s = await guarded(state.adapters.rollback(version, force))
         return {"live": state.adapters.live(), "swap_s": swap_s}
 
     @app.post("/v1/adapters/pin")
     async def pin(request: Request) -> dict:
-        version = await body_version(request)
+        version, _ = await body_version(request)
         if version is None:
             raise ApiError(400, "the base model is always kept; pin a version", param="version")
         unpin = request.query_params.get("unpin") in ("1", "true")
@@ -465,7 +490,7 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
 
     @app.post("/v1/adapters/promote")
     async def promote(request: Request) -> dict:
-        version = await body_version(request)
+        version, _ = await body_version(request)
         if version is None:
             raise ApiError(400, "promote a version; the base model is served by rollback", param="version")
         out = await guarded(state.adapters.promote(version))
@@ -509,6 +534,9 @@ async def _read_json(request: Request, limit: int, empty: Any = None) -> Any:
         return empty if not body and empty is not None else parse_json(body)
     except BodyError as e:
         raise ApiError(e.status, f"request body: {e.message}", code=e.code) from None
+    except ClientDisconnect:
+        raise ApiError(CLIENT_GONE, "the client closed the connection before its request body ended",
+                       code="client_gone") from None
 
 
 IMAGE_PARTS = ("image_url", "input_image", "image")
@@ -561,6 +589,13 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
         req = ChatRequest.model_validate(raw)
     except ValidationError as e:
         raise _validation_error(e) from None
+    if req.model_extra:
+        name = next(iter(req.model_extra))
+        raise ApiError(400, f"unknown field {name!r}: this server does not know what it asks for, so it refuses it "
+                            "rather than ignore it", param=name, code="unknown_parameter")
+    if (name := req.not_implemented()) is not None:
+        raise ApiError(400, f"{name} is not supported: only its default (no effect) is accepted", param=name,
+                       code="unsupported_parameter")
     if (req.n or 1) > 1:
         raise ApiError(400, "n > 1 is not supported: each reply is its own call; send n requests",
                        param="n", code="unsupported_parameter")
@@ -769,8 +804,7 @@ class _ReplyThen(JSONResponse):
 class _EventStream(Response):
     """Server-sent events, each sent as soon as it is made. Starlette's StreamingResponse does the
     same through an anyio task group and a wrapper per chunk; here one task watches for the client
-    going away (uvicorn reports that on `receive`; `send` does not fail), which cancels the stream
-    and so stops the generation."""
+    going away, which cancels the stream and so stops the generation."""
 
     media_type = "text/event-stream"
 
@@ -785,19 +819,40 @@ class _EventStream(Response):
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        async def client_gone() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
+        await _unless_client_gone(stream(), receive)  # cancelled, the engine stops and the call is stored
 
-        streaming, watching = asyncio.ensure_future(stream()), asyncio.ensure_future(client_gone())
-        try:
-            await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watching.cancel()
-            streaming.cancel()  # a no-op once it is done
-        await asyncio.wait((streaming,))  # its cleanup (the engine stops, the call is stored) is done
-        if not streaming.cancelled() and (error := streaming.exception()) is not None:
-            raise error
+
+CLIENT_GONE = 499  # the status counted for a request whose client left before its reply (nginx's)
+
+
+async def _generate(run: _Run) -> None:
+    async for _ in run.deltas():
+        pass
+    await run.before_reply()
+
+
+async def _client_gone(receive: Receive) -> None:
+    """Returns when the client closes its connection (uvicorn reports that on `receive`; `send`
+    does not fail). Only after the request body was read: until then `receive` returns it."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_gone(work: Any, receive: Receive) -> bool:
+    """Run `work` until it is done (True) or the client goes away (False: `work` is cancelled,
+    its cleanup done)."""
+    working, watching = asyncio.ensure_future(work), asyncio.ensure_future(_client_gone(receive))
+    try:
+        await asyncio.wait((working, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        working.cancel()  # a no-op once it is done
+    await asyncio.wait((working,))
+    if working.cancelled():
+        return False
+    if (error := working.exception()) is not None:
+        raise error
+    return True
 
 
 def _headers(p: _Prepared) -> dict[str, str]:
@@ -813,9 +868,10 @@ async def _chat(state: AppState, request: Request) -> Response:
     if p.req.stream:
         return _EventStream(_sse(state, run), headers={**_headers(p), "cache-control": "no-cache"})
     try:
-        async for _ in run.deltas():
-            pass
-        await run.before_reply()
+        if not await _unless_client_gone(_generate(run), request.receive):
+            # Stopped where the client left; what was generated is stored, as a cancelled call.
+            run.finish()
+            return Response(status_code=CLIENT_GONE)
     except EngineError as e:
         run.finish()
         raise ApiError(500, f"generation failed: {e}", "server_error") from None

@@ -2,8 +2,9 @@
 
 Everything a client sends goes through here before any model sees it, so that malformed input is
 a 4xx (or a `malformed` frame) and never reaches the store or the engine: no body is read past its
-limit, integers past Python's digit limit, NaN/Infinity, lone UTF-16 surrogates (which SQLite
-cannot store as UTF-8) and nesting deeper than MAX_DEPTH are refused.
+limit, bytes that are not UTF-8 (an encoded lone surrogate among them), integers past Python's
+digit limit, NaN/Infinity, lone UTF-16 surrogates written as escapes (which SQLite cannot store as
+UTF-8) and nesting deeper than MAX_DEPTH are refused.
 """
 
 from __future__ import annotations
@@ -52,13 +53,19 @@ def _no_constant(name: str) -> Any:
 
 
 def parse_json(data: bytes | str) -> Any:
-    """Strict JSON, or BodyError(400, code 'invalid_json')."""
+    """Strict JSON in UTF-8, or BodyError(400, code 'invalid_json')."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     try:
-        value = json.loads(raw, parse_constant=_no_constant)
+        # Decoded here, strictly: json.loads would decode bytes with `surrogatepass` and so let an
+        # encoded lone surrogate (ED A0 80) through into a string the store cannot write.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BodyError(400, f"not valid UTF-8 (a lone surrogate, or another encoding): {e}", "invalid_json") from None
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise BodyError(400, f"JSON nested deeper than {MAX_DEPTH} levels", "invalid_json") from None
-    except (ValueError, UnicodeDecodeError) as e:  # also integers over Python's 4300-digit limit
+    except ValueError as e:  # also integers over Python's 4300-digit limit
         raise BodyError(400, f"not valid JSON: {e}", "invalid_json") from None
     if _depth_over(value, MAX_DEPTH):
         raise BodyError(400, f"JSON nested deeper than {MAX_DEPTH} levels", "invalid_json")

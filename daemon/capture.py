@@ -31,7 +31,9 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
-TRUTHY = {"1", "true", "yes", "on"}
+TRUTHY = {"1", "true", "yes", "on"}  # X-Session-Done (a header is text; the body field is a JSON boolean)
+FALSY = {"0", "false", "no", "off"}
+MAX_ID_CHARS = 256  # session, turn and request ids, from a header or the body
 UNTAGGED_WARN_CALLS = 3  # untagged calls without a main call in between before warning
 UNTAGGED_WARN_AFTER_S = 600.0  # ... when no main call came for this long (or ever); also the log interval
 
@@ -72,21 +74,27 @@ def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
     if turn_type is not None:
         turn_type = turn_type.lower()
         if turn_type not in ("main", "side"):
-            raise MetaError(f"turn type must be 'main' or 'side', got {turn_type!r}", "turn_type")
+            raise MetaError(f"turn type must be 'main' or 'side', got {turn_type[:32]!r}", "turn_type")
     done = pick("x-session-done", req.session_done)
+    if done is not None and done.lower() not in TRUTHY | FALSY:
+        raise MetaError(f"session done must be true or false, got {done[:32]!r}", "session_done")
     session_id = pick("x-session-id", req.session_id)
     affinity = None
     if session_id is None and turn_type is None:
         # No-plugin mode: OpenClaw's `compat.sendSessionAffinityHeaders` names the session on the
         # agent's own turns and on nothing else (compaction, titles), so a named call is main.
         affinity = pick("x-session-affinity", None) or pick("session_id", None)
+    turn_id = pick("x-turn-id", req.turn_id)
     request_id = pick("x-request-id", req.request_id) or pick("x-client-request-id", None) or f"req-{random_id()}"
     if not request_id.isprintable() or not request_id.isascii():  # it goes back in the x-request-id header
-        raise MetaError(f"request id must be printable ASCII, got {request_id!r}", "request_id")
+        raise MetaError(f"request id must be printable ASCII, got {request_id[:64]!r}", "request_id")
+    for param, value in (("request_id", request_id), ("session_id", session_id or affinity), ("turn_id", turn_id)):
+        if value is not None and len(value) > MAX_ID_CHARS:  # headers as the body fields: bounded
+            raise MetaError(f"{param} is over {MAX_ID_CHARS} characters", param)
     return CallMeta(
         session_id=session_id or affinity or f"anon-{random_id()}",
         turn_type=turn_type or ("main" if affinity else "side"),  # untagged calls are served and logged, never trained
-        turn_id=pick("x-turn-id", req.turn_id),
+        turn_id=turn_id,
         request_id=request_id,
         session_done=(done or "").lower() in TRUTHY,
         tagged=turn_type is not None,

@@ -44,12 +44,21 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(**{k: getattr(args, k, None) for k in keys})
 
 
+def _private_data_dir(s: Settings) -> None:
+    """The data dir 0700 (also one an older version made 0755), and everything this process and
+    its children create private (umask 077: files 0600, dirs 0700)."""
+    os.umask(0o077)
+    s.data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(s.data_dir, 0o700)
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     """Convert the model and create the API key; print the key once, when it is created."""
     from .api import resolve_api_key
     from .models import resolve_model
 
     s = _settings(args)
+    _private_data_dir(s)
     model_dir = resolve_model(s.model, s.models_dir, progress=_say)
     print(f"model: {model_dir}")
     if s.no_auth or s.api_key is not None:
@@ -104,6 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server import daemon_app
 
     s = _settings(args)
+    _private_data_dir(s)
     logging.basicConfig(level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = daemon_app(s)
     print(f"clawback: OpenAI-compatible API at {s.base_url}/v1 (model id '{s.served_model_name}')", flush=True)
@@ -173,7 +183,8 @@ def cmd_adapters(args: argparse.Namespace) -> int:
                      args.json)
         return 0
     if args.action == "rollback":
-        out, human = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version}), display.rollback_text
+        out = _call("POST", f"{url}/v1/adapters/rollback", headers, {"version": args.version, "force": args.force})
+        human = display.rollback_text
     elif args.action in ("pin", "unpin"):
         suffix = "?unpin=1" if args.action == "unpin" else ""
         out, human = _call("POST", f"{url}/v1/adapters/pin{suffix}", headers, {"version": args.version}), display.pin_text
@@ -359,6 +370,8 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     _settings_flags(p)
     p.add_argument("action", choices=["list", "rollback", "promote", "pin", "unpin", "prune"])
     p.add_argument("version", nargs="?", help="N, vN, or 'base' (rollback)")
+    p.add_argument("--force", action="store_true",
+                   help="rollback: also to a version that was refused or rolled back from (retired)")
     p.add_argument("--url", help="daemon URL (default from settings)")
     _json_flag(p)
     p.set_defaults(fn=cmd_adapters)

@@ -213,7 +213,7 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
         return page(request, "ui/session.html", session_id=session_id, calls=calls)
 
     @ui.post("/adapters/{action}")
-    async def adapter_action(request: Request, action: str, version: str = Form("")) -> Response:
+    async def adapter_action(request: Request, action: str, version: str = Form(""), force: str = Form("")) -> Response:
         """The same operations as `POST /v1/adapters/...` and `clawback adapters ...`."""
         from .adapters import AdapterError, promoted_summary
 
@@ -223,7 +223,7 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
             if action == "promote":
                 notice = promoted_summary(await state.adapters.promote(int(version)))
             elif action == "rollback":
-                await state.adapters.rollback(None if version == "base" else int(version))
+                await state.adapters.rollback(None if version == "base" else int(version), force == "true")
             elif action in ("pin", "unpin"):
                 await state.adapters.pin(int(version), action == "pin")
             elif action == "prune":
@@ -235,7 +235,8 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
         return page(request, "ui/part_versions.html", p=await data.part("versions"), error=error, notice=notice)
 
     @ui.post("/memory/{action}")
-    async def memory_action(request: Request, action: str, note_id: int = Form(), text: str = Form("")) -> Response:
+    async def memory_action(request: Request, action: str, note_id: int = Form(ge=1, le=2**63 - 1),
+                            text: str = Form("")) -> Response:
         """The same store calls as `PUT`/`DELETE /v1/memory/{id}` and `clawback memory edit|forget`."""
         checked_post(request)
         if action == "edit":

@@ -35,7 +35,7 @@ Kind = Literal["thumbs_up", "thumbs_down", "correction", "comment", "session_end
 
 
 class FeedbackEvent(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     type: Literal["feedback"] = "feedback"
     event_id: str = Field(json_schema_extra={"format": "uuid"})

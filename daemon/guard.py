@@ -81,7 +81,7 @@ class LiveGuard:
         self.last = result
         if reasons and self.adapters.live() == live:
             reason = "rolled back after going live: " + "; ".join(reasons)
-            await self.adapters.rollback(parent)
+            await self.adapters.rollback(parent, force=True)  # the guard's own choice, whatever the parent's state
             await self.adapters.refuse(live, reason, {"guard": result})
             self.rollbacks += 1
             result["rolled_back"] = reason

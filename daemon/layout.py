@@ -29,10 +29,14 @@ import logging
 import os
 import re
 import secrets
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from . import reaper
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +194,14 @@ def _local_runtime_env(token_path: Path) -> None:
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
 
 
+def _no_api_server() -> None:
+    """A local runtime starts without Ray's dashboard process: even with `include_dashboard=False`
+    Ray starts it (as its state and job API server), and nothing here uses either."""
+    from ray._private.node import Node
+
+    Node.start_api_server = lambda self, **_: None  # type: ignore[method-assign]
+
+
 class RayPlacement:
     """This daemon on Ray: joins the cluster (or starts a local runtime), checks the layout against
     its nodes, reserves the layout in one placement group, and starts the trainer actor in it."""
@@ -204,6 +216,7 @@ class RayPlacement:
         self.trainer_gpus = layout.trainer_gpus(trainer_device)
         self.node_id: str | None = None  # the daemon's own Ray node
         self.group: Any = None  # ray.util.placement_group.PlacementGroup, once reserved
+        self.reaper: subprocess.Popen | None = None  # ends the local runtime with this process
         self.trainer_bundle = 0
 
     def connect(self) -> None:
@@ -214,8 +227,16 @@ class RayPlacement:
         if self.group is not None:
             return
         if not ray.is_initialized():
-            local = {} if self.ray_address else {"num_cpus": max(2, os.cpu_count() or 2), "include_dashboard": False,
-                                                 "object_store_memory": 256 * 1024 * 1024}
+            local: dict[str, Any] = {}
+            if not self.ray_address:
+                # Its files (logs, sockets, session data) inside a private dir (0700: Ray makes its
+                # own temp dir 0777), not in /tmp/ray; the reaper deletes it and ends every Ray
+                # process when the daemon ends.
+                private = tempfile.mkdtemp(prefix="clawback-ray-")
+                self.reaper = reaper.start(private)
+                local = {"num_cpus": max(2, os.cpu_count() or 2), "include_dashboard": False,
+                         "object_store_memory": 256 * 1024 * 1024, "_temp_dir": os.path.join(private, "ray")}
+                _no_api_server()
             try:  # "local": never join a cluster some other program on this machine started
                 ray.init(address=self.ray_address or "local", log_to_driver=False, ignore_reinit_error=True, **local)
             except ConnectionError as e:

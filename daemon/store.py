@@ -257,7 +257,7 @@ class Store:
         return await self._commit(_Write("train_step", partial(self._write_train_step, step)))
 
     async def set_live(self, version: int | None) -> None:
-        """`version` (None = base) serves now; the version live before is retired."""
+        """`version` (None = base) serves now; the version live before leaves (see _write_adapter_live)."""
         await self._commit(_Write("adapter_live", partial(self._write_adapter_live, version)))
 
     async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None,
@@ -447,7 +447,7 @@ class Store:
             "sampling_logprobs": None if c.sampling_logprobs is None else logprobs_blob(c.sampling_logprobs),
             "top_ids": ids_blob(c.top_ids) if c.top_ids else None,
             "top_logprobs": logprobs_blob(c.top_logprobs) if c.top_logprobs else None})
-        self._event(f"call.{c.state}", c.call_id, {"session_id": c.session_id, "turn_type": c.turn_type})
+        self._event(f"call.{c.state}", c.call_id, {"turn_type": c.turn_type})  # no session: events outlive a forget
         if c.turn_type == "main":
             self._resolve_orphans(c)
 
@@ -480,7 +480,7 @@ class Store:
             "UPDATE sessions SET state = 'closed', closed_at = ?, closed_reason = ? WHERE session_id = ?",
             (ts, reason, session_id),
         )
-        self._event("session.closed", session_id, {"reason": reason})
+        self._event("session.closed", None, {"reason": reason})
 
     def _write_reopen_session(self, session_id: str, ts: float) -> None:
         self._conn.execute(
@@ -488,7 +488,7 @@ class Store:
             "WHERE session_id = ?",
             (ts, session_id),
         )
-        self._event("session.reopened", session_id, {})
+        self._event("session.reopened", None, {})
 
     # ---- signals: feedback events, samples, votes ----
 
@@ -511,7 +511,7 @@ class Store:
             self._conn.execute(
                 "UPDATE sessions SET state = 'closed', closed_at = ?, closed_reason = 'linked' "
                 "WHERE session_id = ? AND state = 'open'", (received_at, ev["from"]))
-            self._event("session.linked", ev["to"], {"from": ev["from"]})
+            self._event("session.linked", None, {})
             if not self._session_known(ev["from"]):
                 reason = "unknown_session"
         elif not known:
@@ -530,17 +530,18 @@ class Store:
             "payload": json.dumps(ev, ensure_ascii=False)})
         self._event(f"feedback.{state}", ev["event_id"], {"kind": kind, "call_id": call_id, "reason": reason})
         if kind in ("correction", "thumbs_down") and (ev.get("text") or "").strip():
-            self._remember(ev["text"], kind, call_id, received_at)
+            self._remember(ev["text"], kind, call_id, sid, received_at)
         if call_id is not None and kind in SIGNAL_KINDS:
             self._want_sample(call_id, kind)
         return {"status": state, "call_id": call_id, "reason": reason}
 
     # ---- preference notes (daemon/memory.py) ----
 
-    def _remember(self, text: str, source: str, call_id: str | None, now: float) -> None:
+    def _remember(self, text: str, source: str, call_id: str | None, session_id: str, now: float) -> None:
         notes, skipped = memory.notes_from(text)
         for i, note in enumerate(notes):  # a microsecond apart: the notes keep the person's sentence order
-            self._put_note(note, source, call_id, now + i * 1e-6)
+            note_id = self._put_note(note, source, call_id, now + i * 1e-6)
+            self._conn.execute("INSERT OR IGNORE INTO note_sources VALUES (?, ?)", (note_id, session_id))
         for reason, count in skipped.items():  # content-free: the event table outlives a forget
             self._event("memory.skipped", call_id, {"source": source, "sentences": count, "reason": reason})
         # Bounded: the least recently confirmed notes go first.
@@ -739,10 +740,20 @@ class Store:
             f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_c}")
             if (v := parse_version(name)) is not None)
         deleted: dict[str, int] = {}
+        if scope.everything:
+            notes = c.execute("DELETE FROM memory_notes").rowcount
+            c.execute("DELETE FROM note_sources")
+        else:  # the forgotten sessions no longer ask for their notes; a note no session asks for goes
+            touched = [r[0] for r in c.execute(f"SELECT note_id FROM note_sources WHERE session_id {in_s} "
+                                               f"UNION SELECT note_id FROM memory_notes WHERE call_id {in_c}")]
+            c.execute(f"DELETE FROM note_sources WHERE session_id {in_s}")
+            c.execute(f"UPDATE memory_notes SET call_id = NULL WHERE call_id {in_c}")
+            notes = c.execute(f"DELETE FROM memory_notes WHERE note_id IN ({_marks(touched)}) "
+                              "AND note_id NOT IN (SELECT note_id FROM note_sources)", touched).rowcount
+        if notes:
+            deleted["memory_notes"] = notes
         for table, where, args in (
             ("votes", f"call_id {in_c}", ()),
-            # preference notes learned from the forgotten replies; forgetting everything takes them all
-            ("memory_notes", "1" if scope.everything else f"call_id {in_c}", ()),
             ("samples", f"call_id {in_c}", ()),
             ("next_states", f"call_id {in_c} OR next_call_id {in_c}", ()),
             ("feedback_events", f"session_id {in_s} OR call_id {in_c}", ()),
@@ -805,7 +816,13 @@ class Store:
 
     def _write_adapter_live(self, version: int | None) -> None:
         now = time.time()
-        self._conn.execute("UPDATE adapters SET state = 'retired', updated_at = ? WHERE state = 'live'", (now,))
+        # The version that leaves: refused again if it was refused (promoted by hand over the gate,
+        # its reason kept); `committed` (good, not live) when a newer version replaces it; else
+        # `retired`, rolled back from. Neither of the last two states is what a restart falls back to.
+        self._conn.execute(
+            "UPDATE adapters SET state = CASE WHEN reason IS NOT NULL THEN 'refused' "
+            "WHEN ?1 IS NOT NULL AND ?1 > version THEN 'committed' ELSE 'retired' END, updated_at = ?2 "
+            "WHERE state = 'live'", (version, now))
         if version is not None:
             self._conn.execute("UPDATE adapters SET state = 'live', live_at = ?, updated_at = ? WHERE version = ?",
                                (now, now, version))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -174,6 +175,11 @@ def query(db: Path, sql: str, *args) -> list[sqlite3.Row]:
 # quiet one; no assertion is ever about speed.
 PROBE_IDLE_CPU_S = 0.028  # the probe's CPU time on the reference machine (2 vCPU KVM guest, 2026-11-30)
 MAX_SLOWDOWN = 100.0
+# However slow the machine, no single wait lasts longer than MAX_WAIT_S (or its own idle timeout,
+# if that is longer), and no test longer than TEST_LIMIT_S: a test that would wait past them fails
+# with a message, well inside CI's 90 minutes, instead of hanging.
+MAX_WAIT_S = 600.0
+TEST_LIMIT_S = 1500.0
 
 
 def slowdown() -> float:
@@ -184,9 +190,34 @@ def slowdown() -> float:
     return min(MAX_SLOWDOWN, max(1.0, wall / cpu * max(1.0, cpu / PROBE_IDLE_CPU_S)))
 
 
+def bounded(seconds: float, factor: float) -> float:
+    """`seconds` stretched by `factor`, at most MAX_WAIT_S (or `seconds`, if longer)."""
+    return min(seconds * factor, max(seconds, MAX_WAIT_S))
+
+
 def scaled(seconds: float) -> float:
     """A client timeout or deadline of `seconds` on the idle machine, for this machine now."""
-    return seconds * slowdown()
+    return bounded(seconds, slowdown())
+
+
+@pytest.fixture(autouse=True)
+def _test_time_limit(request: pytest.FixtureRequest):
+    """A test still running after TEST_LIMIT_S fails where it is (SIGALRM raises in the main
+    thread, interrupting a sleep or a socket read), and its fixtures clean up."""
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{request.node.nodeid} ran past the {TEST_LIMIT_S:.0f} s limit of one test")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, TEST_LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def wait_for(fn, timeout: float = 30, what: str = "condition", interval: float = 0.1):
@@ -204,8 +235,9 @@ def wait_for(fn, timeout: float = 30, what: str = "condition", interval: float =
         now = time.time()
         if now >= next_probe:
             worst, next_probe = max(worst, slowdown()), now + 5
-        if now - start > timeout * worst:
-            raise AssertionError(f"{what} not met within {now - start:.0f} s ({timeout} s x slowdown {worst:.1f})")
+        if now - start > bounded(timeout, worst):
+            raise AssertionError(f"{what} not met within {now - start:.0f} s ({timeout} s x slowdown {worst:.1f}, "
+                                 f"at most {max(timeout, MAX_WAIT_S):.0f} s)")
         time.sleep(interval)
 
 

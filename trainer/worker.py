@@ -89,6 +89,21 @@ def attention_for(device: torch.device) -> str:
     return "sdpa"
 
 
+HOLD_ENV = "CLAWBACK_TRAIN_HOLD_FILE"
+
+
+def _hold_while_asked() -> None:
+    """A pause point for fault-injection tests: while the file named by $CLAWBACK_TRAIN_HOLD_FILE
+    exists, a step waits here, begun and not yet done, with this process's pid in `<file>.held`
+    (so a test can kill the actor at a point it knows). Unset, it costs one lookup."""
+    hold = os.environ.get(HOLD_ENV)
+    if not hold or not os.path.exists(hold):
+        return
+    Path(hold + ".held").write_text(str(os.getpid()))
+    while os.path.exists(hold):
+        time.sleep(0.1)
+
+
 class TrainerWorker:
     def __init__(self, model_dir: str, cfg: TrainConfig, adapters_root: str | None = None, device: str = "auto",
                  torch_threads: int = 0, serving: tuple[str, str | None] | None = None) -> None:
@@ -150,6 +165,7 @@ class TrainerWorker:
     def train(self, samples: Sequence[TrainSample], version: int, meta: dict[str, Any]) -> TrainResult:
         """One optimizer step on `samples`, published as `v{version}` and returned as its files."""
         t0 = time.time()
+        _hold_while_asked()
         self.priority.start_step()
         waited = self.priority.waited_s
         metrics = train_step(self.model, self.optimizer, samples, self.cfg, before_micro_batch=self.priority.wait)

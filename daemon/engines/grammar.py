@@ -8,19 +8,73 @@ reply still ends the way the model ends replies.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
+from urllib.parse import unquote
 
 import torch
 
 from clawback.engine import Constraint, EngineError
 
 
+MAX_SCHEMA_PARTS = 10_000  # subschemas visited with every local $ref expanded
+
+
 def check(constraint: Constraint) -> str:
-    """An error message when the constraint cannot be compiled ('' when it can); no tokenizer needed."""
+    """An error message when the constraint cannot be compiled ('' when it can); no tokenizer needed.
+
+    A recursive schema (a `$ref` to a schema that encloses it, such as "#") is refused first: it
+    compiles, but llguidance's grammar for it grows while a reply is generated until it gives up
+    mid-generation. So is one whose `$ref`s expand to more than MAX_SCHEMA_PARTS parts."""
     from llguidance import LLMatcher
 
+    error = _schema_problem(json.loads(constraint.schema))
+    if error:
+        return error
     return LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(constraint.lark()))
+
+
+def _schema_problem(root: Any) -> str:
+    """'' for a schema without recursion whose local $refs expand to a bounded size, else why not."""
+    visited = 0
+
+    def resolve(pointer: str) -> Any:
+        node = root
+        for part in pointer.split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None  # a dangling pointer: llguidance says so in its own words
+        return node
+
+    def walk(node: Any, path: str, expanding: tuple[str, ...]) -> str:
+        nonlocal visited
+        visited += 1
+        if visited > MAX_SCHEMA_PARTS:
+            return f"the schema's $refs expand to more than {MAX_SCHEMA_PARTS} parts"
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                target = unquote(ref[1:])
+                if any(p == target or p.startswith(target + "/") for p in (*expanding, path)):
+                    return f"recursive schema: $ref {ref[:100]!r} at {path or '/'} refers to a schema that encloses it"
+                if (sub := resolve(target)) is not None and (error := walk(sub, target, (*expanding, path))):
+                    return error
+            items = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            return ""
+        for key, value in items:
+            if isinstance(value, (dict, list)) and (error := walk(value, f"{path}/{key}", expanding)):
+                return error
+        return ""
+
+    return walk(root, "", ())
 
 
 class GrammarTokenizer:

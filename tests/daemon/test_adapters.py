@@ -50,15 +50,51 @@ def test_go_live_rollback_and_restore(setup):
     async def go():
         await manager.go_live(1, str(root / "v1"))
         await manager.go_live(2, str(root / "v2"))
-        assert manager.live() == 2 and states(store) == {1: "retired", 2: "live", 3: "committed"}
+        assert manager.live() == 2 and states(store) == {1: "committed", 2: "live", 3: "committed"}  # replaced
         await manager.rollback(1)
-        assert manager.live() == 1
+        assert manager.live() == 1 and states(store)[2] == "retired"  # rolled back from
         await manager.rollback(None)
         assert manager.live() is None and "live" not in states(store).values()
         await manager.rollback(3)
 
     asyncio.run(go())
     assert manager.live() == 3
+
+
+def test_refused_and_rolled_back_from_versions_serve_only_when_forced_and_never_after_a_restart(
+        setup, tiny_model_dir: Path):
+    """A refused version promoted by hand is refused again once it leaves; a rollback to it, or to
+    a version rolled back from, needs force and says why; a restart whose live version cannot load
+    falls back to neither."""
+    manager, engine, store, root = setup
+
+    async def go():
+        await manager.go_live(1, str(root / "v1"))
+        await manager.go_live(2, str(root / "v2"))
+        await manager.refuse(3, "collapse: the same reply everywhere", {"collapse": True})
+        await manager.promote(3)
+        await manager.rollback(2)
+        assert states(store) == {1: "committed", 2: "live", 3: "refused"}
+        with pytest.raises(AdapterError, match="v3 was refused: collapse.*--force"):
+            await manager.rollback(3)
+        await manager.rollback(1)
+        with pytest.raises(AdapterError, match="v2 was rolled back from.*--force"):
+            await manager.rollback(2)
+        assert manager.live() == 1
+        await manager.rollback(2, force=True)
+        assert manager.live() == 2 and states(store)[1] == "committed"
+        await manager.rollback(1)
+
+    asyncio.run(go())
+    assert states(store) == {1: "live", 2: "retired", 3: "refused"}
+    weights = root / "v1" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # the live version no longer loads
+    restarted = EmbeddedEngine(tiny_model_dir)
+    try:
+        assert asyncio.run(AdapterManager(restarted, store, root, keep=2).restore()) is None
+        assert restarted.active_version() is None  # the base model, not v2 or v3
+    finally:
+        asyncio.run(restarted.close())
 
 
 def test_a_corrupt_version_is_never_activated(setup):

@@ -168,6 +168,29 @@ BAD = [
     ("lone surrogate in session_id", b'{"model": "policy", "session_id": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}',
      400, "invalid_json"),
     ("non-ASCII request_id", chat(request_id="r\u0100\u20ac"), 400, "invalid_value"),
+    ("stream as a string", chat(stream="yes"), 400, "invalid_value"),
+    ("stream as a number", chat(stream=1), 400, "invalid_value"),
+    ("temperature as a boolean", chat(temperature=True), 400, "invalid_value"),
+    ("max_tokens as a string", chat(max_tokens="5"), 400, "invalid_value"),
+    ("logprobs as a string", chat(logprobs="true"), 400, "invalid_value"),
+    ("session_done as a string", chat(session_done="yes"), 400, "invalid_value"),
+    ("unknown field", chat(frobnicate=1), 400, "unknown_parameter"),
+    ("logit_bias", chat(logit_bias={"42": 100}), 400, "unsupported_parameter"),
+    ("presence_penalty", chat(presence_penalty=1.5), 400, "unsupported_parameter"),
+    ("no parallel tool calls", chat(tools=TOOLS, parallel_tool_calls=False), 400, "unsupported_parameter"),
+    ("lone surrogate as raw bytes", b'{"model": "policy", "user": "x\xed\xa0\x80", "messages": [{"role": "user", '
+     b'"content": "hi"}]}', 400, "invalid_json"),
+    ("lone surrogate as raw bytes in content", b'{"model": "policy", "messages": [{"role": "user", '
+     b'"content": "a\xed\xbf\xbfb"}]}', 400, "invalid_json"),
+    ("Latin-1 bytes", b'{"model": "policy", "messages": [{"role": "user", "content": "caf\xe9"}]}', 400, "invalid_json"),
+    ("recursive response_format schema", chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "r", "schema": {"$ref": "#"}}}), 400, "invalid_schema"),
+    ("recursive tool schema", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}],
+                                   tool_choice="required"), 400, "invalid_schema"),
+    ("mutually recursive $defs", chat(response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/a"}},
+        "$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}},
+                  "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}}}}}}), 400, "invalid_schema"),
     ("unknown model", chat(model="gpt-9"), 404, "model_not_found"),
     ("prompt over context", chat(messages=[{"role": "user", "content": "word " * 600}]), 400, "context_length_exceeded"),
 ]
@@ -186,6 +209,66 @@ def test_bad_input_gets_a_clear_4xx_and_stores_nothing(client: httpx.Client, dae
     assert err["code"] == code and err["message"]
     after = client.get("/v1/status").json()["store"]
     assert after["calls"] == before["calls"] and after["written"] == before["written"]
+
+
+def test_fields_that_ask_for_nothing_are_accepted_and_stored(client: httpx.Client, daemon: DaemonProcess):
+    body = chat(user="u-1", store=False, metadata={"k": "v"}, logit_bias={}, presence_penalty=0, frequency_penalty=0.0,
+                parallel_tool_calls=True, session_done=False)
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    stored = json.loads(_wait_for_call(daemon, r.headers["x-clawback-call-id"])["request_json"])
+    assert stored["user"] == "u-1" and stored["metadata"] == {"k": "v"}
+
+
+def test_a_long_request_id_header_is_refused(client: httpx.Client):
+    r = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "r" * 60_000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "request_id", r.text
+    r = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "r" * 256})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "r" * 256
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE"])
+@pytest.mark.parametrize("note_id", ["99999999999999999999999999", "9223372036854775808", "0", "-1"])
+def test_a_note_id_out_of_range_is_a_4xx(client: httpx.Client, method: str, note_id: str):
+    r = client.request(method, f"/v1/memory/{note_id}", json={"text": "Be brief."})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "note_id", r.text
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "on", "TRUE", "true", 0, None, []])
+def test_forget_all_takes_a_json_true_only(client: httpx.Client, daemon: DaemonProcess, value):
+    """Anything but JSON true for `all` is a 400 that deletes nothing."""
+    r = client.post("/v1/chat/completions", json=chat(), headers={"x-session-id": "kept", "x-turn-type": "main"})
+    assert r.status_code == 200
+    _wait_for_call(daemon, r.headers["x-clawback-call-id"])
+    r = client.post("/v1/forget", json={"all": value})
+    assert r.status_code == 400, r.text
+    assert query(daemon.data_dir / "clawback.db", "SELECT * FROM sessions WHERE session_id = 'kept'")
+
+
+@pytest.mark.parametrize("body", [{"version": True}, {"version": "base", "force": "yes"}, {"version": "base", "force": 1}])
+def test_adapter_routes_take_json_booleans_only(client: httpx.Client, body: dict):
+    r = client.post("/v1/adapters/rollback", json=body)
+    assert r.status_code == 400, r.text
+
+
+def test_a_client_that_leaves_a_non_streamed_request_stops_its_generation(daemon: DaemonProcess):
+    """Without a stream the daemon still watches the connection: closed, the engine stops and
+    what was generated is stored as a cancelled call."""
+    import socket
+
+    body = json.dumps(chat(max_tokens=480, temperature=1.0, request_id="leaves-early")).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {daemon.api_key}\r\nx-session-id: leaver\r\nx-turn-type: main\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    status = httpx.Client(base_url=daemon.url, headers={"authorization": f"Bearer {daemon.api_key}"}, timeout=60)
+    with status, socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
+        sock.sendall(head + body)
+        wait_for(lambda: status.get("/v1/status").json()["generations_running"] > 0, interval=0.01,
+                 what="the generation running")
+    db = daemon.data_dir / "clawback.db"
+    (call,) = wait_for(lambda: query(db, "SELECT * FROM calls WHERE request_id = 'leaves-early'"), what="the call stored")
+    assert call["finish_reason"] == "cancelled"
+    assert json.loads(call["timings_json"])["completion_tokens"] < 480
 
 
 def test_tiny_temperature_and_top_p_sample_the_top_token(client: httpx.Client):

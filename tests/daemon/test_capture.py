@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from clawback.daemon.capture import Capture, CallMeta, MetaError, next_state_messages, parse_meta
@@ -246,15 +247,35 @@ def test_meta_invalid_turn_type_raises(where: str, value: str) -> None:
 
 @pytest.mark.parametrize("value,expected", [
     ("1", True), ("true", True), ("True", True), ("yes", True), ("YES", True), ("on", True), (" on ", True),
-    ("0", False), ("false", False), ("no", False), ("off", False), ("", False), ("2", False), ("done", False),
+    ("0", False), ("false", False), ("no", False), ("off", False), ("", False),
 ])
 def test_meta_session_done_header_values(value: str, expected: bool) -> None:
     assert parse_meta({"x-session-done": value}, chat(user("hi"))).session_done is expected
 
 
-@pytest.mark.parametrize("value,expected", [(True, True), (False, False), ("yes", True), ("off", False), (None, False)])
+@pytest.mark.parametrize("value", ["2", "done", "maybe"])
+def test_meta_session_done_header_that_is_neither_is_refused(value: str) -> None:
+    with pytest.raises(MetaError) as e:
+        parse_meta({"x-session-done": value}, chat(user("hi")))
+    assert e.value.param == "session_done"
+
+
+@pytest.mark.parametrize("value,expected", [(True, True), (False, False), (None, False)])
 def test_meta_session_done_body_values(value: Any, expected: bool) -> None:
     assert parse_meta({}, chat(user("hi"), session_done=value)).session_done is expected
+
+
+@pytest.mark.parametrize("value", ["yes", "off", 1, "true"])
+def test_meta_session_done_body_is_a_json_boolean(value: Any) -> None:
+    with pytest.raises(ValidationError):
+        chat(user("hi"), session_done=value)
+
+
+@pytest.mark.parametrize("header", ["x-request-id", "x-session-id", "x-turn-id"])
+def test_meta_ids_from_headers_are_bounded_like_the_body_fields(header: str) -> None:
+    assert parse_meta({header: "r" * 256}, chat(user("hi")))
+    with pytest.raises(MetaError):
+        parse_meta({header: "r" * 257}, chat(user("hi")))
 
 
 def test_next_state_messages_is_the_tail_after_the_last_assistant_message() -> None:
@@ -346,13 +367,13 @@ def test_session_done_closes_last_call_and_session(h: Harness) -> None:
     assert h.states() == {c1: "paired", c2: "closed_without_next_state"}
     assert h.close_reason(c2) == "session_done"
     assert h.session("s") == ("closed", "session_done")
-    assert len(h.events("session.closed", "s")) == 1
+    assert len(h.events("session.closed")) == 1
     assert h.capture.open_sessions() == 0
 
     # The same session id used again: reopened, and nothing pairs with the closed call.
     c3 = h.call("s", [user("new topic")], "sure")
     assert h.session("s") == ("open", None)
-    assert len(h.events("session.reopened", "s")) == 1
+    assert len(h.events("session.reopened")) == 1
     assert c2 not in h.next_states()
     assert h.states()[c3] == "awaiting_next_state"
     c4 = h.call("s", [user("new topic"), assistant("sure"), user("go on")], "ok")
@@ -399,7 +420,7 @@ def test_sweep_forgets_closed_sessions_without_closing_them_again(h: Harness, cl
     h.call("s", [user("u1")], "r1", done=True)
     clock.advance(TIMEOUT + 1)
     assert h.capture.sweep() == 0
-    assert len(h.events("session.closed", "s")) == 1
+    assert len(h.events("session.closed")) == 1
 
 
 def test_side_calls_between_main_calls(h: Harness) -> None:
@@ -512,7 +533,7 @@ def test_restart_with_a_closed_session_reopens_it(h: Harness) -> None:
     h.new_capture()
     c2 = h.call("s", [user("u1"), assistant("r1"), user("u2")], "r2")
     assert h.session("s") == ("open", None)
-    assert len(h.events("session.reopened", "s")) == 1
+    assert len(h.events("session.reopened")) == 1
     assert h.states() == {c1: "closed_without_next_state", c2: "awaiting_next_state"}
     assert h.next_states() == {}
 

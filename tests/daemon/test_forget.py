@@ -118,7 +118,89 @@ def test_a_scope_is_exactly_one_thing():
 
 def test_tainted_versions_follow_the_lineage():
     rows = [{"version": v, "parent": p, "state": st} for v, p, st in
-            [(1, None, "retired"), (2, 1, "pruned"), (3, 2, "retired"), (4, 3, "live"), (5, 1, "committed")]]
+            [(1, None, "committed"), (2, 1, "pruned"), (3, 2, "committed"), (4, 3, "live"), (5, 1, "committed")]]
     assert tainted_versions(rows, [3]) == {"affected_versions": [3, 4], "rollback_to": 1}  # v2 is pruned
+    rolled_back_from = [{**r, "state": "retired"} if r["version"] == 1 else r for r in rows]
+    assert tainted_versions(rolled_back_from, [3])["rollback_to"] is None  # offered only what serves without force
     assert tainted_versions(rows, [1]) == {"affected_versions": [1, 2, 3, 4, 5], "rollback_to": None}
     assert tainted_versions(rows, []) == {"affected_versions": [], "rollback_to": None}
+
+
+def correct(store: Store, session: str, text: str) -> dict:
+    return asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": session,
+                                             "target": "last", "text": text, "source": "cli"}, time.time()))
+
+
+def test_forget_a_session_takes_the_note_of_a_correction_sent_before_its_first_call(store: Store):
+    """A correction can arrive before the session's first call is stored (it is kept as an orphan
+    until its call comes); the note it made belongs to that session all the same. The event log
+    keeps a tombstone and never the session's name."""
+    assert correct(store, "early-S", "Please say ORPHAN-MARKER-9.")["status"] == "orphan"
+    converse(store, "early-S", "EARLY-MARKER-8", time.time())
+    converse(store, "other", "OTHER-MARKER-1", time.time())
+    store.flush()
+    assert any("ORPHAN-MARKER-9" in n["text"] for n in store.memory_notes())
+
+    asyncio.run(forget(store, ForgetScope(session_id="early-S")))
+
+    assert [n["text"] for n in store.memory_notes()] == ["say OTHER-MARKER-1"]
+    raw = raw_bytes(store.db_path)
+    assert b"ORPHAN-MARKER-9" not in raw and b"EARLY-MARKER-8" not in raw
+    assert b"early-S" not in raw, "the forgotten session's id is still in the database files"
+    named = query(store.db_path, "SELECT kind, subject_id, payload FROM events WHERE subject_id = 'early-S' "
+                                 "OR payload LIKE '%early-S%'")
+    assert not [tuple(r) for r in named]
+    (tomb,) = query(store.db_path, "SELECT payload FROM events WHERE kind = 'forgotten'")
+    assert '"deleted"' in tomb[0] and "early-S" not in tomb[0]
+
+
+def test_a_note_other_sessions_asked_for_survives_forgetting_one_of_them(store: Store):
+    """A note is the person's standing preference while any stored session asked for it: forgetting
+    one of those sessions leaves it; it goes with the last of them."""
+    sessions = [f"asks-{i}" for i in range(6)]
+    for s in sessions:
+        converse(store, s, f"MARKER-{s}", time.time())
+        correct(store, s, "Please answer in French.")
+    store.flush()
+    french = [n for n in store.memory_notes() if n["text"] == "Please answer in French."]
+    assert len(french) == 1
+
+    asyncio.run(forget(store, ForgetScope(session_id=sessions[-1])))  # the session that asked last
+    assert [n["note_id"] for n in store.memory_notes() if n["text"] == "Please answer in French."] == [french[0]["note_id"]]
+
+    for s in sessions[:-1]:
+        asyncio.run(forget(store, ForgetScope(session_id=s)))
+    assert store.memory_notes() == []
+    assert not query(store.db_path, "SELECT * FROM note_sources")
+
+
+def test_an_older_store_loses_the_session_names_in_its_event_log(tmp_path: Path):
+    """Events written before the log stopped naming sessions: the migration takes the names out,
+    and a note learnt from a stored call keeps its session."""
+    from clawback.daemon.store import connect, migrate
+
+    db = tmp_path / "clawback.db"
+    conn = connect(db)
+    migrate(conn, upto=10)
+    conn.execute("INSERT INTO sessions(session_id, created_at, last_seen_at) VALUES ('OLD-SESSION', 1.0, 2.0)")
+    conn.execute("INSERT INTO calls(call_id, session_id, request_id, turn_type, state, created_at, finished_at, model, request_json, "
+                 "prompt_text, prompt_ids, response_ids, behaviour_logprobs, response_text, finish_reason, timings_json) "
+                 "VALUES ('c1', 'OLD-SESSION', 'r1', 'main', 'awaiting_next_state', 1, 2, 'm', '{}', 'p', x'', x'', x'', 'r', "
+                 "'stop', '{}')")
+    conn.execute("INSERT INTO memory_notes(text, topic, source, call_id, created_at, updated_at) "
+                 "VALUES ('Be brief.', 'brief', 'correction', 'c1', 1, 1)")
+    for kind, subject, payload in (("call.awaiting_next_state", "c1", '{"session_id": "OLD-SESSION", "turn_type": "main"}'),
+                                   ("session.closed", "OLD-SESSION", '{"reason": "idle"}'),
+                                   ("session.linked", "OLD-SESSION", '{"from": "OLD-SESSION-0"}')):
+        conn.execute("INSERT INTO events(ts, kind, subject_id, payload) VALUES (1, ?, ?, ?)", (kind, subject, payload))
+    conn.commit()
+    conn.close()
+
+    s = Store(db)
+    try:
+        assert not query(db, "SELECT * FROM events WHERE subject_id LIKE 'OLD-SESSION%' OR payload LIKE '%OLD-SESSION%'")
+        assert [tuple(r) for r in query(db, "SELECT note_id, session_id FROM note_sources")] == [(1, "OLD-SESSION")]
+        asyncio.run(forget(s, ForgetScope(session_id="OLD-SESSION")))
+        assert s.memory_notes() == []
+    finally:
+        s.close()

@@ -240,7 +240,7 @@ def test_writer_commits_in_submission_order(store: Store) -> None:
         store, "SELECT kind, subject_id FROM events WHERE kind LIKE 'call.%' OR kind LIKE 'session.%' ORDER BY id")]
     assert kinds == [
         ("call.awaiting_next_state", "a"), ("call.awaiting_next_state", "b"), ("call.paired", "a"),
-        ("call.closed_without_next_state", "b"), ("session.closed", "s1"),
+        ("call.closed_without_next_state", "b"), ("session.closed", None),
     ]
     sess = rows(store, "SELECT state, closed_reason, closed_at FROM sessions")[0]
     assert tuple(sess) == ("closed", "session_done", 3.0)

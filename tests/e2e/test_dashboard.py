@@ -140,7 +140,8 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     page.click("#versions tr[data-version=v2] button:has-text('Promote')")
     expect(page.locator("#health-live")).to_have_text("v2")
     expect(page.locator("#versions tr[data-version=v2]")).to_have_class("live")
-    expect(page.locator("#versions tr[data-version=v1] .state")).to_contain_text("retiredpromoted over: collapse")
+    # v1, refused and promoted by hand, is refused again once it leaves live.
+    expect(page.locator("#versions tr[data-version=v1] .state")).to_contain_text("refusedcollapse")
     expect(page.locator("#steps tbody tr")).to_have_count(2)
     expect(page.locator("#health-main")).to_contain_text("1 of 2 paired with a next state · 1 waiting for one")
     expect(page.locator(".chart .uplot")).not_to_have_count(0)  # uPlot drew the curves
@@ -152,8 +153,9 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     assert page.evaluate("window.sameDocument") is True
     page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
 
-    # Roll back with a click: the engine serves v1 again.
-    page.click("#versions tr[data-version=v1] button:has-text('Roll back')")
+    # Back to v1 with a click (refused again, it goes back by Promote, not Roll back): the engine serves v1 again.
+    expect(page.locator("#versions tr[data-version=v1] button:has-text('Roll back')")).to_have_count(0)
+    page.click("#versions tr[data-version=v1] button:has-text('Promote')")
     expect(page.locator("#versions tr[data-version=v1]")).to_have_class("live")
     assert dialogs[-1] == "Serve v1 instead of v2?", dialogs  # asked first
     expect(page.locator("#health-live")).to_have_text("v1")

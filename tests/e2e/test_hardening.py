@@ -5,6 +5,8 @@ committed before its reply completes, files are private and query strings stay o
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from tests.conftest import DaemonProcess, query
 def daemon(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     d = DaemonProcess(tmp_path_factory.mktemp("hard-data"), tiny_model_dir, "--no-auth",
                       env={"CLAWBACK_TRAIN": "false", "CLAWBACK_CLIENT_TIMEOUT_S": "2"})
+    d.data_dir.chmod(0o755)  # as an older version left it
     d.start()
     yield d
     d.stop()
@@ -89,3 +92,16 @@ def test_files_are_private_and_query_strings_stay_out_of_the_log(daemon: DaemonP
     db = daemon.data_dir / "clawback.db"
     for f in db.parent.glob(db.name + "*"):
         assert f.stat().st_mode & 0o077 == 0, f
+    # The data dir (0755 before the start) and all the daemon wrote in it.
+    written = [daemon.data_dir, *(p for p in daemon.data_dir.rglob("*") if p != daemon.log)]
+    assert len(written) > 3
+    assert {str(p): oct(p.stat().st_mode & 0o777) for p in written if p.stat().st_mode & 0o077} == {}
+
+
+def test_init_makes_the_data_dir_private(tiny_model_dir: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)  # as an older version left it
+    subprocess.run([sys.executable, "-m", "clawback.daemon.cli", "init", "--data-dir", str(data), "--model",
+                    str(tiny_model_dir)], check=True, capture_output=True, timeout=300)
+    assert data.stat().st_mode & 0o777 == 0o700
+    assert (data / "api_key").stat().st_mode & 0o777 == 0o600

@@ -131,32 +131,28 @@ def _check_served_versions(d: DaemonProcess, tiny_model_dir: Path, results: list
     assert asyncio.run(rescore()) < 1e-4
 
 
-def _trainer_pids() -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "TrainerWorker" in line and "ps -eo" not in line]
-
-
 def test_killed_trainer_loses_nothing_and_training_resumes(embedded_model_dir: Path, tmp_path: Path):
-    """Kill -9 the trainer actor while a step is under way."""
-    env = {**TRAIN_ENV, "CLAWBACK_BATCH_SIZE": "2"}
+    """Kill -9 the trainer actor while a step is under way: the actor holds its step at a pause
+    point (its hold file) and names its pid, so the kill always lands inside a step."""
+    hold = tmp_path / "hold-step"
+    hold.touch()
+    env = {**TRAIN_ENV, "CLAWBACK_BATCH_SIZE": "2", "CLAWBACK_TRAIN_HOLD_FILE": str(hold)}
     d = DaemonProcess(tmp_path / "data", embedded_model_dir, "--no-auth", env=env).start()
     db = d.data_dir / "clawback.db"
     try:
         with httpx.Client(base_url=d.url, timeout=scaled(120)) as c:
             rate(c, "crash-a")
             rate(c, "crash-b")
-            # Kill the actor as soon as it exists: the step has begun (it starts the actor, which
-            # loads the model and resumes) and is certainly not finished.
-            pids = wait_for(lambda: c.get("/v1/status").json()["training"]["training_now"] and _trainer_pids(),
-                            timeout=120, what="a training step running")
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
+            held = Path(f"{hold}.held")
+            wait_for(lambda: held.is_file() and held.read_text(), timeout=300, what="a training step held")
+            os.kill(int(held.read_text()), signal.SIGKILL)
             failed = wait_for(lambda: query(db, "SELECT * FROM train_steps WHERE outcome = 'failed'"),
                               timeout=120, what="the failed step recorded")
             assert "Error" in failed[0]["error"]
             assert c.get("/v1/adapters").json()["live"] is None, "the serving version is unchanged"
             assert query(db, "SELECT count(*) FROM samples WHERE state = 'ready'")[0][0] == 2
             assert not list((d.data_dir / "adapters").glob("v*")), "no half-written version"
+            hold.unlink()  # the next actor's step goes through
             # Serving never stopped, and training resumes by itself with a fresh actor.
             assert c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 3,
                                                         "messages": [{"role": "user", "content": "still there?"}]}).status_code == 200

@@ -248,6 +248,9 @@ def test_a_version_sent_as_bytes_is_committed_unchanged_on_the_other_side(tiny_m
     got = install(tmp_path / "elsewhere", 1, files)
     assert got == tmp_path / "elsewhere" / "v1" and validate(got)["version"] == 1
     assert {p.name: p.read_bytes() for p in got.iterdir()} == files
+    for version in (path, got):  # private: the dir 0700, every file 0600
+        assert version.stat().st_mode & 0o777 == 0o700, version
+        assert {p.stat().st_mode & 0o777 for p in version.iterdir()} == {0o600}
     model, opt = fresh(tiny_model_dir)
     assert resume(model, opt, got.parent, 1)["version"] == 1
 
