@@ -329,12 +329,14 @@ def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
     adapter_dir = s.data_dir / "adapters" / name
     if not adapter_dir.is_dir():
         raise ValueError(f"no adapter version {name} in {adapter_dir.parent}")
-    model_dir = resolve_model(s.model, s.models_dir, progress=_say)
-    base_gguf = Path(args.base_gguf) if args.base_gguf else source_gguf(model_dir)
     suffix = ".gguf" if args.format.startswith("gguf") else ""
     out = Path(args.out) if args.out else Path(f"clawback-{name}-{args.format}{suffix}")
     if suffix and out.suffix != suffix:  # llama.cpp and Ollama go by the name: a GGUF file ends in .gguf
         out = out.with_name(out.name + suffix)
+    if out.exists():  # before the model is pulled: a bad request changes nothing
+        raise ValueError(f"{out} exists; choose another --out")
+    model_dir = resolve_model(s.model, s.models_dir, progress=_say)
+    base_gguf = Path(args.base_gguf) if args.base_gguf else source_gguf(model_dir)
     export.export_adapter(adapter_dir, model_dir, args.format, out, base_gguf)
     print(f"wrote {out} ({args.format} of adapter {name})")
     return 0

@@ -125,7 +125,8 @@ def test_gguf_merged_and_lora_carry_the_adapter(data_dir: Path, reference, tmp_p
 
 
 def test_bad_requests_change_nothing(data_dir: Path, tmp_path: Path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "clawback.cli", "export", *a, "--data-dir", str(data_dir)],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "clawback.cli", "export", *a, "--data-dir", str(data_dir),  # noqa: E731
+                                     "--model", "smollm2-135m-instruct"],
                                     capture_output=True, text=True, timeout=300)
     missing = run("adapter", "v9", "--format", "peft", "--out", str(tmp_path / "x"))
     assert missing.returncode == 2 and "no adapter version v9" in missing.stderr
@@ -137,7 +138,7 @@ def test_bad_requests_change_nothing(data_dir: Path, tmp_path: Path):
 def test_gguf_out_without_the_suffix_gets_it(data_dir: Path, tmp_path: Path):
     """llama.cpp and Ollama recognise a GGUF by its name: `--out NAME` writes NAME.gguf."""
     proc = subprocess.run([sys.executable, "-m", "clawback.cli", "export", "adapter", "v3", "--format", "gguf-lora",
-                           "--data-dir", str(data_dir), "--out", str(tmp_path / "mine")],
+                           "--data-dir", str(data_dir), "--model", "smollm2-135m-instruct", "--out", str(tmp_path / "mine")],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {tmp_path / 'mine.gguf'} " in proc.stdout

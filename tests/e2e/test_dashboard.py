@@ -231,16 +231,17 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     assert page.request.get(f"{d.url}/ui/part/health").status == 401
     assert live_version(c) is None
 
-    _one_time_link(browser, d)
+    open_page = _one_time_link(browser, d)
 
-    # A page that stays open (its event stream) does not hold up the daemon's shutdown.
-    expect(small.locator("#live-dot")).to_have_class("online")
+    # A page that stays open (its event stream) does not hold up the daemon's shutdown. (Not the
+    # phone page: it shared the session that was just logged out.)
+    expect(open_page.locator("#live-dot")).to_have_class("online")
     d.proc.terminate()
     d.proc.wait(60)  # raises TimeoutExpired if the open stream held the shutdown
 
 
-def _one_time_link(browser, d: DaemonProcess) -> None:
-    """`clawback dashboard` prints a link that logs in once."""
+def _one_time_link(browser, d: DaemonProcess) -> Page:
+    """`clawback dashboard` prints a link that logs in once; returns the page it logged in."""
     out = subprocess.run([sys.executable, "-m", "clawback.daemon.cli", "dashboard", "--no-browser",
                           "--data-dir", str(d.data_dir), "--port", str(d.port)],
                          capture_output=True, text=True, timeout=120)
@@ -255,6 +256,7 @@ def _one_time_link(browser, d: DaemonProcess) -> None:
     second = browser.new_context().new_page()
     second.goto(link)
     expect(second.get_by_role("alert")).to_contain_text("used already")
+    return first
 
 
 def _cross_site_posts_refused(page: Page, d: DaemonProcess, tmp_path: Path) -> None:
