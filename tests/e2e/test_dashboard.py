@@ -157,7 +157,7 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     expect(page.locator("#versions tr[data-version=v1] button:has-text('Roll back')")).to_have_count(0)
     page.click("#versions tr[data-version=v1] button:has-text('Promote')")
     expect(page.locator("#versions tr[data-version=v1]")).to_have_class("live")
-    assert dialogs[-1] == "Serve v1 instead of v2?", dialogs  # asked first
+    assert dialogs[-1].startswith("Put v1 live whatever the gate says? It is refused"), dialogs  # asked first
     expect(page.locator("#health-live")).to_have_text("v1")
     assert live_version(c) == 1
     r = c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 4,
