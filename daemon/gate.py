@@ -347,35 +347,30 @@ class CandidateGate:
         corrected = [i for i in items if i["teacher_logprobs"] is not None]
         out: dict[str, Any] = {"held_out": len(items), "reasons": []}
         liked = sum(i["reward"] > 0 for i in rated)
-        if min(liked, len(rated) - liked) >= cfg.replay_min_each:
-            margins = {}
-            for name, version in (("candidate", cand), ("live", live)):
-                lp = [await self._mean_logprob(version, i) for i in rated]
-                up = [x for x, i in zip(lp, rated) if i["reward"] > 0]
-                down = [x for x, i in zip(lp, rated) if i["reward"] < 0]
-                margins[name] = sum(up) / len(up) - sum(down) / len(down)
+        means: dict[str, dict[str, float]] = {}  # version -> mean per-token logprob of liked / disliked replies
+        for name, version in (("candidate", cand), ("live", live)) if rated else ():
+            lp = [await self._mean_logprob(version, i) for i in rated]
+            means[name] = {kind: sum(ps) / len(ps) for kind, ps in (
+                ("liked", [x for x, i in zip(lp, rated) if i["reward"] > 0]),
+                ("disliked", [x for x, i in zip(lp, rated) if i["reward"] < 0])) if ps}
+        c, l = means.get("candidate", {}), means.get("live", {})
+        if not rated:
+            out["margin"] = "skipped: no rated held-out calls"
+        elif min(liked, len(rated) - liked) >= cfg.replay_min_each:
+            margins = {name: m["liked"] - m["disliked"] for name, m in means.items()}
             out["margin"] = margins
             if margins["candidate"] < margins["live"] - cfg.replay_tolerance:
                 out["reasons"].append(f"replay: liked−disliked margin {margins['candidate']:+.3f} vs "
                                       f"{margins['live']:+.3f} nats/token on {live or 'base'} ({len(rated)} held-out calls)")
-        elif rated:  # too few of one kind for a margin: each kind alone must not move the wrong way
+        else:  # too few of one kind for a margin: each kind alone must not move the wrong way
             out["margin"] = f"one-sided: {liked} liked and {len(rated) - liked} disliked held-out calls, a margin needs {cfg.replay_min_each} each"
-            means: dict[str, dict[str, float]] = {}
-            for name, version in (("candidate", cand), ("live", live)):
-                lp = [await self._mean_logprob(version, i) for i in rated]
-                means[name] = {kind: sum(ps) / len(ps) for kind, ps in (
-                    ("liked", [x for x, i in zip(lp, rated) if i["reward"] > 0]),
-                    ("disliked", [x for x, i in zip(lp, rated) if i["reward"] < 0])) if ps}
             out["mean_logprob"] = means
-            c, l = means["candidate"], means["live"]
             if "liked" in c and c["liked"] < l["liked"] - cfg.replay_tolerance:
                 out["reasons"].append(f"replay: liked replies less likely, {c['liked']:+.3f} vs {l['liked']:+.3f} "
                                       f"nats/token on {live or 'base'} ({liked} held-out calls)")
             if "disliked" in c and c["disliked"] > l["disliked"] + cfg.replay_tolerance:
                 out["reasons"].append(f"replay: disliked replies more likely, {c['disliked']:+.3f} vs "
                                       f"{l['disliked']:+.3f} nats/token on {live or 'base'} ({len(rated) - liked} held-out calls)")
-        else:
-            out["margin"] = "skipped: no rated held-out calls"
         if corrected:
             gaps = {name: sum([await self._teacher_gap(version, i) for i in corrected]) / len(corrected)
                     for name, version in (("candidate", cand), ("live", live))}
