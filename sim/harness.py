@@ -85,24 +85,29 @@ async def _feedback(client: httpx.AsyncClient, session: str, target: str, kind: 
 
 
 async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...], max_tokens: int,
-                   point: int) -> dict[str, Any]:
+                   point: int, turn_type: str = "main") -> dict[str, Any]:
     """Greedy first replies to the held-out tasks, judged: the score, the share that meets the
-    scenario, the share whose answer is right, each check's pass rate, how many the budget cut."""
-    judgements, replies = [], []
-    for j, task in enumerate(tasks):
+    scenario, the share whose answer is right, each check's pass rate, how many the budget cut.
+
+    All tasks are asked at once, so the engine decodes them as one batch. `turn_type` "side" asks
+    without the preference notes (the daemon injects them into main calls only): what the weights
+    alone do."""
+
+    async def one(j: int, task: Task) -> tuple[str, Any]:
         reply, complete = await _chat(client, [{"role": "user", "content": task.prompt}],
-                                      {"x-session-id": f"eval-{point}-{j}", "x-turn-type": "main",
+                                      {"x-session-id": f"eval-{turn_type}-{point}-{j}", "x-turn-type": turn_type,
                                        "x-session-done": "true"},
                                       temperature=0.0, max_tokens=max_tokens)
-        judgements.append(await rater.judge(reply, task, complete))
-        replies.append(reply)
+        return reply, await rater.judge(reply, task, complete)
+
+    replies, judgements = zip(*await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))), strict=True)
     names = judgements[0].checks or {}
     checks = {name: sum(bool(g.checks and g.checks[name]) for g in judgements) / len(judgements) for name in names}
     n = len(judgements)
     return {"score": sum(g.score for g in judgements) / n, "meets": sum(g.meets for g in judgements) / n,
             "right": sum(g.right for g in judgements) / n, "checks": checks, "cut": sum(g.gate == "cut" for g in judgements),
             "meta": sum(g.gate == "meta" for g in judgements), "repeat": sum(g.gate == "repeat" for g in judgements),
-            "replies": replies}
+            "replies": list(replies)}
 
 
 async def _settle(state: Any, batch_size: int) -> None:
@@ -201,10 +206,14 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
         async def score_now(i: int) -> None:
             version = state.adapters.live()
             result = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i)
+            # Without the notes: what training put into the weights (the same replies where no
+            # notes are kept, so they are not asked twice).
+            off = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i, "side") if method.memory else result
             curve.append({"interaction": i, "version": version, "score": result["score"], "meets": result["meets"],
                           "right": result["right"], "checks": result["checks"], "cut": result["cut"], "meta": result["meta"],
-                          "repeat": result["repeat"]})
-            evals["before" if i == 0 else "last"] = {"interaction": i, "version": version, "replies": result["replies"]}
+                          "repeat": result["repeat"], "meets_off": off["meets"], "right_off": off["right"]})
+            evals["before" if i == 0 else "last"] = {"interaction": i, "version": version, "replies": result["replies"],
+                                                     "replies_off": off["replies"]}
             on_progress({"interaction": i, "version": version, "score": result["score"]})
 
         await probe_now(0)

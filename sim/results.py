@@ -128,6 +128,19 @@ COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combin
                ("default_consolidated", "default"), ("default_consolidated", "memory"))
 
 
+def _gain(members: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """Per seed: the held-out `key` at the last evaluation minus at the first (the base model);
+    cells recorded before `key` existed are left out."""
+    return {m["cell"]["seed"]: m["curve"][-1][key] - m["curve"][0][key] for m in members
+            if key in m["curve"][0] and key in m["curve"][-1]}
+
+
+def _before_after(members: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]] | None:
+    """The held-out `key` at the first and at the last evaluation, mean and 95% CI over seeds."""
+    have = [m["curve"] for m in members if key in m["curve"][0] and key in m["curve"][-1]]
+    return (mean_ci([c[0][key] for c in have]), mean_ci([c[-1][key] for c in have])) if have else None
+
+
 def step_curve(curve: list[dict[str, Any]], interactions: int) -> list[float]:
     """Score at x = 0..interactions: the newest evaluation at or before x."""
     points = sorted((p["interaction"], p["score"]) for p in curve)
@@ -220,6 +233,11 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "broken_rate": broken_rate,
             "right_rate": right_rate,
             "final_score": {m["cell"]["seed"]: m["curve"][-1]["score"] for m in members},
+            # Held-out, from the weights alone (notes off), end minus start: what training kept.
+            "meets_off_gain": _gain(members, "meets_off"),
+            "right_off_gain": _gain(members, "right_off"),
+            "meets_gain": _gain(members, "meets"),
+            "right_gain": _gain(members, "right"),
             # The probe where every method has one, at the end: during the run, a cell recorded
             # when the probe ran only on new versions holds a stale value while the notes change.
             "probe_final": {m["cell"]["seed"]: m["probe"][-1]["mass"] for m in members
@@ -248,6 +266,10 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "mean": [p[0] for p in per_x], "low": [p[1] for p in per_x], "high": [p[2] for p in per_x],
             "probe_mean": [statistics.fmean(p[x] for p in probes) for x in range(n_int + 1)] if probes else None,
             "before": mean_ci([c[0] for c in curves]), "final": mean_ci([c[-1] for c in curves]),
+            **{f"{key}_before_after": _before_after(members, key) for key in ("meets", "right", "meets_off", "right_off")},
+            **{key: mean_ci(list(v.values())) if v else None
+               for key in ("meets_off_gain", "right_off_gain", "meets_gain", "right_gain")
+               if (v := per_seed[(scen, method)][key]) is not None},
             # The score averaged over the whole run (area under the curve / N): how soon it learned.
             "run_mean": mean_ci([statistics.fmean(c) for c in curves]),
             "steps_per_seed": [sum(s["outcome"] == "committed" for s in m["steps"]) for m in members],
@@ -266,7 +288,7 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
                 summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = {
                     **{metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
                        for metric in ("sessions_to_adapt", "meets_rate", "meets_last", "right_rate", "broken_rate",
-                                      "final_score",
+                                      "final_score", "meets_off_gain", "right_off_gain",
                                       "probe_final")},
                     "adapt_order": adapt_order(adapt_at[(scen, a)], adapt_at[(scen, b)])}
     have = {(c["cell"]["scenario"], c["cell"]["method"], c["cell"]["seed"]) for c in cells}
@@ -356,6 +378,19 @@ def markdown_table(summary: dict[str, Any]) -> str:
                 f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {adapt(s)} | {s['adapted']} "
                 f"| {ci(s['meets_rate'])} | {ci(s.get('meets_last'))} | {ci(s.get('right_rate'))} | {ci(s.get('broken_rate'))} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
                 f"| {','.join(map(str, s['steps_per_seed']))} | {gated} | {wall:.1f} |")
+    lines += ["", "Held-out greedy replies at the first and the last evaluation, with the notes (as served) and "
+              "without them (the weights alone); gain = last − first per seed, mean [95% CI].", "",
+              "| scenario | method | meets, notes on | right, notes on | meets, notes off | right, notes off "
+              "| gain meets off | gain right off |", "|---|---|---|---|---|---|---|---|"]
+
+    def before_after(t: tuple[list[float], list[float]] | None) -> str:
+        return "–" if t is None else f"{t[0][0]:.2f} → {t[1][0]:.2f}"
+
+    for scen, methods in summary["scenarios"].items():
+        for method, s in methods.items():
+            lines.append(f"| {scen} | {method} | " + " | ".join(
+                before_after(s.get(f"{k}_before_after")) for k in ("meets", "right", "meets_off", "right_off"))
+                + f" | {ci(s.get('meets_off_gain'), '+.3f')} | {ci(s.get('right_off_gain'), '+.3f')} |")
     lines += ["", "| scenario | method − comparator | metric | seeds | per-seed differences | mean [95% CI] |",
               "|---|---|---|---|---|---|"]
     for scen, pairs in summary["paired"].items():

@@ -156,3 +156,29 @@ def test_paired_differences_and_code_stamps_never_mix():
     table = markdown_table(s)
     assert "not adapted" in table and "default − memory" not in table and "default - memory" in table
     assert "| sure | default - memory | adapted sooner / same / later / neither | 1,2 | 2 / 0 / 0 / 0 | sign test p = 0.5 |" in table
+
+
+def test_held_out_gain_with_the_notes_off_is_paired_per_seed():
+    """What the weights alone kept: the notes-off held-out rates at the last evaluation minus the
+    first (the base), per seed; cells recorded without them are left out, never read as 0."""
+    def with_off(c: dict, off: tuple[float, float], right: tuple[float, float]) -> dict:
+        first, last = c["curve"]
+        return {**c, "curve": [{**first, "meets": 0.1, "right": 0.8, "meets_off": off[0], "right_off": right[0]},
+                               {**last, "meets": 0.9, "right": 0.8, "meets_off": off[1], "right_off": right[1]}]}
+
+    cells = [with_off(_cell("default", 1, [True] * 4), (0.0, 0.5), (0.8, 0.7)),
+             with_off(_cell("default", 2, [True] * 4), (0.1, 0.3), (0.9, 0.9)),
+             with_off(_cell("memory", 1, [True] * 4), (0.0, 0.0), (0.8, 0.8)),
+             _cell("memory", 2, [True] * 4)]  # an older cell: no notes-off evaluation
+    s = summarize(cells)
+    default = s["scenarios"]["sure"]["default"]
+    assert default["meets_off_gain"][0] == pytest.approx(0.35)
+    assert default["right_off_gain"][0] == pytest.approx(-0.05)
+    assert default["meets_off_before_after"][0][0] == pytest.approx(0.05)
+    assert default["meets_off_before_after"][1][0] == pytest.approx(0.4)
+    assert s["scenarios"]["sure"]["memory"]["meets_off_gain"][0] == 0.0
+    d = s["paired"]["sure"]["default - memory"]["meets_off_gain"]
+    assert d["seeds"] == [1] and d["diffs"] == pytest.approx([0.5])
+    table = markdown_table(s)
+    assert "| sure | default | 0.10 → 0.90 | 0.80 → 0.80 | 0.05 → 0.40 | 0.85 → 0.80 | +0.350" in table
+    assert "| sure | memory | 0.10 → 0.90 | 0.80 → 0.80 | 0.00 → 0.00 | 0.80 → 0.80 | +0.000 |" in table
