@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -319,6 +320,23 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _adapter_base(adapter_dir: Path, s: Settings) -> str:
+    """The model a version was trained on, as its PEFT config records it (a model dir, or a
+    catalogue name when that dir has moved); the configured model when it records none. The
+    daemon's model may have changed since the version was trained."""
+    from .models import CATALOGUE
+
+    try:
+        recorded = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError):
+        recorded = None
+    if not recorded:
+        return s.model
+    if Path(recorded).is_dir() or Path(recorded).name not in CATALOGUE:
+        return recorded
+    return Path(recorded).name
+
+
 def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
     from . import export
     from .models import resolve_model, source_gguf
@@ -335,7 +353,7 @@ def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
         out = out.with_name(out.name + suffix)
     if out.exists():  # before the model is pulled: a bad request changes nothing
         raise ValueError(f"{out} exists; choose another --out")
-    model_dir = resolve_model(s.model, s.models_dir, progress=_say)
+    model_dir = resolve_model(_adapter_base(adapter_dir, s), s.models_dir, progress=_say)
     base_gguf = Path(args.base_gguf) if args.base_gguf else source_gguf(model_dir)
     export.export_adapter(adapter_dir, model_dir, args.format, out, base_gguf)
     print(f"wrote {out} ({args.format} of adapter {name})")

@@ -9,6 +9,7 @@ llama.cpp itself is not run: PyPI has no binary wheel of it for this machine."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,17 @@ def test_gguf_out_without_the_suffix_gets_it(data_dir: Path, tmp_path: Path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"wrote {tmp_path / 'mine.gguf'} " in proc.stdout
     assert (tmp_path / "mine.gguf").is_file() and not (tmp_path / "mine").exists()
+
+
+def test_a_version_exports_onto_the_model_it_was_trained_on(data_dir: Path, tmp_path: Path):
+    """The daemon's model may have changed since v3 was trained: export reads the base from the
+    version's PEFT config, and never pulls or uses the configured model (an offline, empty wheel
+    folder makes any pull fail at once)."""
+    (tmp_path / "no-wheels").mkdir()
+    out = tmp_path / "v3.gguf"
+    proc = subprocess.run([sys.executable, "-m", "clawback.cli", "export", "adapter", "v3", "--format", "gguf-lora",
+                           "--data-dir", str(data_dir), "--model", "qwen2.5-coder-0.5b-instruct", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "CLAWBACK_MODEL_WHEELS": str(tmp_path / "no-wheels")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.is_file() and "qwen" not in proc.stdout + proc.stderr
