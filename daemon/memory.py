@@ -82,6 +82,54 @@ _ABOUT_EXCHANGE = re.compile(r"\b(?:feedback|corrections?|complaints?|repeat(?:i
                              r"|what i (?:said|wrote|told you|asked))\b", re.IGNORECASE)
 
 
+# Scope. A note about replies in general ("Don't use markdown.", "Keep answers short.") is injected
+# into every main call; one about the task at hand ("Use pandas for this one.", "The answer is 12,
+# not 4.", "Answer with just the number, like: 4.") only into its own conversation's, where a
+# standing line would otherwise answer later tasks with this one's number or tool. The wording
+# decides, in this order (quoted text is an example of a form and is read as nothing):
+# 1. it names its scope: "in this chat" is the conversation's; "always", "from now on", "every
+#    reply" are general;
+# 2. it points at the task: "this one", "this question", "for this", "here", "for now", "above";
+#    a question that is not a polite request ("And a string?", not "Could you keep it short?");
+#    a stated answer ("the answer is"); a number that is not a count of some part of a reply
+#    ("like: 4", "not 4", but not "under 20 words", "2 decimal places");
+# 3. anything else is about replies in general.
+# Measured on the simulator's corrections and hand-written cases of both kinds by
+# bench/note_scope.py (bench/README.md, "The scope of a note").
+_QUOTED = re.compile(r"(?<!\w)'[^']*'(?!\w)|\"[^\"]*\"|`[^`]*`|‘[^’]*’|“[^”]*”")
+_SESSION_SAYS = re.compile(r"\b(?:in|for) (?:the rest of )?this (?:chat|conversation|session|thread)\b|\bfor now\b",
+                           re.IGNORECASE)
+_GENERAL_SAYS = re.compile(r"\b(?:always|from now on|in (?:the )?future|going forward|every (?:time|reply|answer|response)"
+                           r"|all (?:your |of your )?(?:replies|answers|responses)|in general|whenever|every chat"
+                           r"|every conversation|everywhere)\b", re.IGNORECASE)
+_TASK_NOUNS = (r"one|ones|question|task|problem|exercise|case|time|example|sum|equation|calculation|code|script|program"
+               r"|function|file|query|bug|answer|result|number|step|part|list|table|data|string|word|sentence|paragraph"
+               r"|text|email|letter|essay|story|page|document|request")
+_POINTS_AT_TASK = re.compile(rf"\b(?:this|these|that) (?:{_TASK_NOUNS})s?\b|\bfor this\b|\bhere\b(?!'s)|\babove\b"
+                             r"|\bthe (?:right |correct |real |actual )?(?:answer|result|total) (?:is|was|should be)\b",
+                             re.IGNORECASE)
+_POLITE_ASK = re.compile(r"^(?:(?:and|so|but|also|please)[\s,]+)*(?:can|could|would|will) you\b", re.IGNORECASE)
+_REPLY_PARTS = (r"words?|sentences?|lines?|paragraphs?|bullets?|bullet points?|points?|characters?|chars|items?|steps?"
+                r"|examples?|decimals?|decimal places?|digits?|spaces?|tabs?|emojis?|questions?|tokens?|options?"
+                r"|sections?|headers?|headings?|columns?|significant figures?")
+_COUNT = re.compile(rf"\b\d+(?:\s*(?:and|or|to|-|–)\s*\d+)?\s+(?:{_REPLY_PARTS})\b", re.IGNORECASE)
+_NUMBER = re.compile(r"\d")
+
+
+def scope(sentence: str) -> str:
+    """"session" when the sentence is about the task at hand, "general" when it is about replies
+    in general (the rule above)."""
+    s = _QUOTED.sub(" ", sentence)
+    if _SESSION_SAYS.search(s):
+        return "session"
+    if _GENERAL_SAYS.search(s):
+        return "general"
+    question = s.rstrip().endswith("?") and not _POLITE_ASK.match(_LEAD.sub("", s.strip()))
+    if question or _POINTS_AT_TASK.search(s) or _NUMBER.search(_COUNT.sub(" ", s)):
+        return "session"
+    return "general"
+
+
 def topic(sentence: str) -> str:
     words = sorted({w for w in _WORD.findall(sentence.lower()) if w not in _FILLER})
     return " ".join(words)
