@@ -208,7 +208,12 @@ def note_retirement(note: dict[str, Any], live: str | None) -> str:
     return f", retired by v{note['retired_by']}" + (f"; injected while {live or 'base'} serves" if note["active"] else "")
 
 
+def note_scope(note: dict[str, Any]) -> str:
+    return "general" if note["scope"] == "general" else f"session {note['session_id']} only"
+
+
 def memory_text(out: dict[str, Any]) -> str:
     lines = [f"memory {'on' if out['enabled'] else 'off'}: {len(out['data'])} of at most {out['max_notes']} notes"]
-    lines += [f"{n['note_id']:>4}  {n['text']}  ({n['source']}{note_retirement(n, out['live'])})" for n in out["data"]]
+    lines += [f"{n['note_id']:>4}  {n['text']}  ({n['source']}, {note_scope(n)}{note_retirement(n, out['live'])})"
+              for n in out["data"]]
     return "\n".join(lines)

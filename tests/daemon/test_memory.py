@@ -140,7 +140,7 @@ def test_notes_are_injected_least_recently_confirmed_first_in_the_persons_senten
         _feedback(store, "correction", "Don't use headers.")
         _feedback(store, "correction", "Hmm. Please answer in under 20 words.")  # confirms the brief note
         assert [n["text"] for n in store.memory_notes()] == ["No bold.", "Don't use headers.", brief]
-        assert asyncio.run(store.note_texts(None)) == [n["text"] for n in store.memory_notes()]
+        assert asyncio.run(store.note_texts(None, "nobody")) == [n["text"] for n in store.memory_notes()]
     finally:
         store.close()
 
