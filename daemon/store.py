@@ -616,19 +616,24 @@ class Store:
                         "WHERE n.note_id = ?", (note_id,)).fetchone()
         if row is None:
             return f"no memory note {note_id}"
+        sources = [r[0] for r in c.execute("SELECT session_id FROM note_sources WHERE note_id = ?", (note_id,))]
         if scope == "general":
             session_id = None
         elif session_id is None:  # the session it was learnt from, when that is one session
-            sources = [r[0] for r in c.execute("SELECT session_id FROM note_sources WHERE note_id = ?", (note_id,))]
             session_id = row[1] or (sources[0] if len(sources) == 1 else None)
             if session_id is None:
                 return f"memory note {note_id} was asked for in {len(sources)} sessions: name one"
-        elif not self._session_known(session_id):
+        elif session_id not in sources and not self._session_known(session_id):
             return f"no session {session_id!r}"
-        # It takes its topic's place in its new scope, as an edit does.
-        c.execute("DELETE FROM memory_notes WHERE topic = ? AND session_id IS ? AND note_id != ?",
-                  (row[0], session_id, note_id))
-        c.execute("UPDATE memory_notes SET session_id = ? WHERE note_id = ?", (session_id, note_id))
+        # The person just acted on it: it takes its topic's place in its new scope and counts as
+        # confirmed now, as an edit does (else a widened note could be the first the bound drops).
+        for (other,) in c.execute("SELECT note_id FROM memory_notes WHERE topic = ? AND session_id IS ? AND note_id != ?",
+                                  (row[0], session_id, note_id)).fetchall():  # whoever asked for that one asks for this
+            c.execute("INSERT OR IGNORE INTO note_sources SELECT ?, session_id FROM note_sources WHERE note_id = ?",
+                      (note_id, other))
+            c.execute("DELETE FROM memory_notes WHERE note_id = ?", (other,))
+        c.execute("UPDATE memory_notes SET session_id = ?, updated_at = ? WHERE note_id = ?",
+                  (session_id, time.time(), note_id))
         self._bound_notes()
         self._event("memory.scoped", str(note_id), {"scope": scope})  # never the session: events outlive a forget
         return None
