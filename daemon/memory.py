@@ -174,17 +174,24 @@ def inject(messages: list[dict[str, Any]], notes: list[str], placement: str = "u
 
 def strip(messages: list[dict[str, Any]], notes: list[str] | None) -> list[dict[str, Any]]:
     """The messages without the notes `inject` appended (`notes` as it was given them; a request
-    keeps them as `memory_notes`): they are cut from the last user message, or else the last
-    system message, that ends with them, and a message that held nothing else is dropped."""
+    keeps them as `memory_notes`)."""
+    return renote(messages, notes, [])
+
+
+def renote(messages: list[dict[str, Any]], notes: list[str] | None, new: list[str]) -> list[dict[str, Any]]:
+    """The messages with the notes `inject` appended (`notes`) replaced by `new`: the block is
+    found at the end of the last user message, or else the last system message; with `new` empty
+    it is cut, and a message that held nothing else is dropped."""
     out = copy.deepcopy(messages)
-    block = "\n".join(notes or [])
+    block, new_block = "\n".join(notes or []), "\n".join(new)
     for role in ("user", "system") if block else ():
         at = max((i for i, m in enumerate(out) if m.get("role") == role), default=-1)
         content = out[at].get("content") if at >= 0 else None
         if isinstance(content, list) and content and isinstance(content[-1], dict) and content[-1].get("text") == block:
-            out[at]["content"] = content[:-1]
+            out[at]["content"] = content[:-1] + ([{**content[-1], "text": new_block}] if new else [])
         elif isinstance(content, str) and (content == block or content.endswith("\n\n" + block)):
-            out[at]["content"] = content.removesuffix(block).removesuffix("\n\n")
+            rest = content.removesuffix(block).removesuffix("\n\n")
+            out[at]["content"] = (rest + "\n\n" + new_block).lstrip("\n") if new else rest
         else:
             continue
         return out if out[at]["content"] else out[:at] + out[at + 1:]

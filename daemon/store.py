@@ -730,6 +730,9 @@ class Store:
         if row is not None and row[0] == "consumed":
             self._event("sample.signal_after_consumed", call_id, {"signal": why})
             return
+        if self._conn.execute("SELECT length(prompt_ids) FROM calls WHERE call_id = ?", (call_id,)).fetchone()[0] == 0:
+            self._event("sample.not_queued", call_id, {"signal": why, "reason": "forgotten_note"})  # see _scrub_notes
+            return
         self._conn.execute(
             "INSERT INTO samples(call_id, state, created_at, updated_at) VALUES (?, 'pending_judge', ?, ?) "
             "ON CONFLICT(call_id) DO UPDATE SET state = 'pending_judge', reason = NULL, "
@@ -793,7 +796,8 @@ class Store:
             f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_c}")
             if (v := parse_version(name)) is not None)
         deleted: dict[str, int] = {}
-        if scope.everything:
+        scrubbed = {"calls": 0, "samples_dropped": 0}
+        if scope.everything:  # every call goes too: no copy of a note is left anywhere
             notes = c.execute("DELETE FROM memory_notes").rowcount
             c.execute("DELETE FROM note_sources")
         else:  # the forgotten sessions no longer ask for their notes; a note no session asks for goes
@@ -801,8 +805,17 @@ class Store:
                                                f"UNION SELECT note_id FROM memory_notes WHERE call_id {in_c}")]
             c.execute(f"DELETE FROM note_sources WHERE session_id {in_s}")
             c.execute(f"UPDATE memory_notes SET call_id = NULL WHERE call_id {in_c}")
-            notes = c.execute(f"DELETE FROM memory_notes WHERE note_id IN ({_marks(touched)}) "
-                              "AND note_id NOT IN (SELECT note_id FROM note_sources)", touched).rowcount
+            gone = {r[0] for r in c.execute(f"DELETE FROM memory_notes WHERE note_id IN ({_marks(touched)}) "
+                                            "AND note_id NOT IN (SELECT note_id FROM note_sources) RETURNING text", touched)}
+            notes = len(gone)
+            # What the forgotten sessions asked for, also in a wording a later note replaced, leaves
+            # the calls of other sessions it was injected into, unless a note still asks for it.
+            for (text,) in c.execute(f"SELECT text FROM feedback_events WHERE (session_id {in_s} OR call_id {in_c}) "
+                                     "AND kind IN ('correction', 'thumbs_down') AND text IS NOT NULL").fetchall():
+                gone.update(memory.notes_from(text)[0])
+            gone -= {r[0] for r in c.execute("SELECT text FROM memory_notes")}
+            scrubbed, tainted = self._scrub_notes(sorted(gone), in_s)
+            trained = sorted(set(trained) | set(tainted))
         if notes:
             deleted["memory_notes"] = notes
         for table, where, args in (
@@ -823,9 +836,41 @@ class Store:
         c.execute("DELETE FROM temp.forget")
         if deleted:  # the tombstone: what kind of forget and how much, never what
             self._event("forgotten", None, {"scope": scope.kind, "before": scope.before, "deleted": deleted,
-                                            "trained_versions": trained})
+                                            "scrubbed": scrubbed, "trained_versions": trained})
             self._scrub_wanted = True
-        return {"deleted": deleted, "sessions": sessions, "trained_versions": trained}
+        return {"deleted": deleted, "scrubbed": scrubbed, "sessions": sessions, "trained_versions": trained}
+
+    def _scrub_notes(self, texts: list[str], forgotten: str) -> tuple[dict[str, int], list[int]]:
+        """Take the notes `texts` out of the stored main calls outside the `forgotten` sessions that
+        were served with them: the request (messages and `memory_notes`) and the rendered prompt are
+        rewritten as if the rest had been served. The prompt's token ids cannot be re-tokenised
+        here, so they are emptied, and a sample of such a call that is not trained yet is dropped
+        (`forgotten_note`; `_want_sample` queues none again); the teacher's prompt goes from every
+        sample. Returns the counts and the versions trained on such a call."""
+        c = self._conn
+        rows = c.execute(
+            "SELECT DISTINCT c.call_id, c.request_json, c.prompt_text FROM calls c, json_each(c.request_json, '$.memory_notes') j "
+            f"WHERE c.session_id NOT {forgotten} AND j.value IN ({_marks(texts)})", texts).fetchall()
+        for call_id, request_json, prompt_text in rows:
+            body = json.loads(request_json)
+            old = body.pop("memory_notes")
+            new = [n for n in old if n not in texts]
+            body["messages"] = memory.renote(body["messages"], old, new)
+            if new:
+                body["memory_notes"] = new
+            block, new_block = "\n".join(old), "\n".join(new)
+            prompt_text = prompt_text.replace("\n\n" + block, "\n\n" + new_block if new else "").replace(block, new_block)
+            c.execute("UPDATE calls SET request_json = ?, prompt_text = ?, prompt_ids = ? WHERE call_id = ?",
+                      (json.dumps(body, ensure_ascii=False), prompt_text, ids_blob([]), call_id))
+        calls = [r[0] for r in rows]
+        in_calls = f"IN ({_marks(calls)})"
+        tainted = [v for (name,) in c.execute(
+            f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_calls}",
+            calls) if (v := parse_version(name)) is not None]
+        dropped = c.execute(f"UPDATE samples SET state = 'dropped', reason = 'forgotten_note', updated_at = ? "
+                            f"WHERE state != 'consumed' AND call_id {in_calls}", (time.time(), *calls)).rowcount
+        c.execute(f"UPDATE samples SET teacher_messages = NULL, teacher_prompt_ids = NULL WHERE call_id {in_calls}", calls)
+        return {"calls": len(calls), "samples_dropped": dropped}, tainted
 
     def _scrub(self) -> None:
         """Rewrite the database and empty the WAL, so deleted text is in neither file (old WAL

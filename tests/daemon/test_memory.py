@@ -17,7 +17,7 @@ import pytest
 
 from clawback.chat import ChatRequest
 from clawback.daemon.display import note_retirement
-from clawback.daemon.memory import inject, notes_from, repeats, scope, strip, topic
+from clawback.daemon.memory import inject, notes_from, renote, repeats, scope, strip, topic
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.store import Store, blob_ids
 from clawback.engine import EngineError
@@ -292,7 +292,7 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
 
 
 @pytest.mark.parametrize("placement", ["user", "system"])
-def test_strip_takes_out_exactly_what_inject_put_in(placement: str):
+def test_strip_and_renote_take_out_exactly_what_inject_put_in(placement: str):
     msgs = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]
     assert strip(inject(msgs, ["Be brief.", "No bold."], placement), ["Be brief.", "No bold."]) == msgs
     bare = [{"role": "user", "content": "hi"}]
@@ -305,6 +305,10 @@ def test_strip_takes_out_exactly_what_inject_put_in(placement: str):
     said = [{"role": "user", "content": "Be brief."}, {"role": "assistant", "content": "OK."},
             {"role": "user", "content": "hi"}]
     assert strip(inject(said, ["Be brief."], placement), ["Be brief."]) == said
+    # Renoting (a forgotten note taken out of a stored request) leaves what inject of the rest gives.
+    for m in (msgs, bare, parts):
+        assert renote(inject(m, ["Be brief.", "No bold."], placement), ["Be brief.", "No bold."], ["No bold."]) == \
+            inject(m, ["No bold."], placement)
 
 
 def _adapter_row(store: Store, version: int, parent: int | None) -> None:
