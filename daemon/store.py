@@ -707,21 +707,45 @@ class Store:
         return row[0] if row else None
 
     def _resolve_orphans(self, c: Call) -> None:
-        """Feedback that arrived before the call it names was stored is applied now."""
+        """Feedback that arrived before the call it names was stored is applied now, and the notes
+        it made are linked to the call. The reply reaches the person before its call is stored, so
+        feedback on "last" in a session with no stored call yet names the first call made before
+        it was received; one received before any call of its session was made names none, and
+        says so."""
         targets = [t for t in (c.turn_id, c.request_id) if t]
+        kinds = SIGNAL_KINDS + ("comment",)
         rows = self._conn.execute(
-            f"SELECT event_id, kind FROM feedback_events WHERE state = 'orphan' AND session_id = ? "
-            f"AND target IN ({_marks(targets)}) AND kind IN ({_marks(SIGNAL_KINDS + ('comment',))})",
-            (c.session_id, *targets, *SIGNAL_KINDS, "comment"),
+            f"SELECT event_id, kind, target = 'last' AND received_at < ? FROM feedback_events WHERE state = 'orphan' "
+            f"AND session_id = ? AND (target IN ({_marks(targets)}) OR (target = 'last' AND reason = 'unknown_session')) "
+            f"AND kind IN ({_marks(kinds)})",
+            (c.created_at, c.session_id, *targets, *kinds),
         ).fetchall()
-        for event_id, kind in rows:
+        for event_id, kind, before_the_call in rows:
+            if before_the_call:
+                self._conn.execute("UPDATE feedback_events SET reason = 'before_first_call' WHERE event_id = ?",
+                                   (event_id,))
+                self._link_notes(event_id, None, "before_first_call")
+                continue
             self._conn.execute(
                 "UPDATE feedback_events SET state = 'applied', call_id = ?, reason = NULL WHERE event_id = ?",
                 (c.call_id, event_id),
             )
             self._event("feedback.applied", event_id, {"kind": kind, "call_id": c.call_id, "resolved_orphan": True})
+            self._link_notes(event_id, c.call_id)
             if kind in SIGNAL_KINDS:
                 self._want_sample(c.call_id, kind)
+
+    def _link_notes(self, event_id: str, call_id: str | None, reason: str | None = None) -> None:
+        """The notes an orphan event made get its call now (`call_id`), or stay without one (`reason`)."""
+        if call_id is not None:
+            n = self._conn.execute("UPDATE memory_notes SET call_id = ? WHERE event_id = ? AND call_id IS NULL",
+                                   (call_id, event_id)).rowcount
+        else:
+            n = self._conn.execute("SELECT count(*) FROM memory_notes WHERE event_id = ? AND call_id IS NULL",
+                                   (event_id,)).fetchone()[0]
+        if n:
+            self._event("memory.linked" if call_id else "memory.unlinked", None,
+                        {"notes": n, "call_id": call_id, "reason": reason})
 
     def _want_sample(self, call_id: str, why: str) -> None:
         """A new signal for this call: (re)queue its sample for judging, in the same transaction."""

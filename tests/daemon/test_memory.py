@@ -21,7 +21,7 @@ from clawback.daemon.memory import inject, notes_from, renote, repeats, scope, s
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.store import Store, blob_ids
 from clawback.engine import EngineError
-from clawback.records import JudgedSample, StepRecord
+from clawback.records import Call, JudgedSample, StepRecord
 from tests.conftest import DaemonProcess, query, wait_for
 
 
@@ -203,6 +203,58 @@ def test_a_session_note_reaches_its_own_conversation_only_until_the_person_widen
         assert asyncio.run(store.note_texts(None, "new")) == ["Use metric units."]
         scoped = store._conn.execute("SELECT payload FROM events WHERE kind = 'memory.scoped'").fetchall()
         assert len(scoped) == 3 and all('"B"' not in r[0] and '"C"' not in r[0] for r in scoped)  # no session names
+    finally:
+        store.close()
+
+
+def _stored_call(store: Store, session: str, created_at: float, turn_id: str = "turn-1") -> str:
+    call_id = f"chatcmpl-{uuid.uuid4().hex}"
+    store.add_call(Call(
+        call_id=call_id, session_id=session, turn_id=turn_id, request_id=call_id, turn_type="main",
+        state="awaiting_next_state", created_at=created_at, finished_at=created_at, model="tiny", adapter_version=None,
+        request={"messages": [{"role": "user", "content": "What is 12 - 4?"}]}, prompt_text="What is 12 - 4?",
+        prompt_ids=[1, 2], response_ids=[3], behaviour_logprobs=[-1.0], response_text="4", tool_calls=None,
+        finish_reason="stop"))
+    store.flush()
+    return call_id
+
+
+def test_a_note_from_a_correction_stored_before_its_call_is_linked_when_the_call_arrives(tmp_path: Path):
+    """The reply reaches the person before its call is stored, so a quick correction can find no
+    call: it waits as an orphan, and so does its note's link to the reply it was about (which the
+    note's retirement check needs). When the call arrives the note is linked to it; a correction
+    sent before any call of its session was made names none, and its note stays unlinked with the
+    reason recorded."""
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        sent = time.time()
+        early = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "fresh", "target": "last",
+                 "text": "Hmm. Don't use bold."}
+        assert asyncio.run(store.apply_feedback(early, sent))["status"] == "orphan"
+        assert [n["call_id"] for n in store.memory_notes()] == [None]
+        call_id = _stored_call(store, "fresh", sent - 1)  # served before the correction was sent
+        assert [n["call_id"] for n in store.memory_notes()] == [call_id]
+        assert query(store.db_path, "SELECT state, call_id FROM feedback_events")[0][:] == ("applied", call_id)
+        assert query(store.db_path, "SELECT state FROM samples WHERE call_id = ?", call_id)[0][0] == "pending_judge"
+
+        # A correction naming a turn that is not stored yet is linked when that turn's call is.
+        turn = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "fresh", "target": "turn-2",
+                "text": "Keep answers short."}
+        assert asyncio.run(store.apply_feedback(turn, time.time()))["status"] == "orphan"
+        second = _stored_call(store, "fresh", time.time(), "turn-2")
+        assert {n["text"]: n["call_id"] for n in store.memory_notes()}["Keep answers short."] == second
+
+        before = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "later", "target": "last",
+                  "text": "Use metric units."}
+        asyncio.run(store.apply_feedback(before, time.time()))
+        _stored_call(store, "later", time.time() + 1)  # made after the correction: not what it was about
+        assert {n["text"]: n["call_id"] for n in store.memory_notes()}["Use metric units."] is None
+        assert query(store.db_path, "SELECT state, reason FROM feedback_events WHERE session_id = 'later'")[0][:] == (
+            "orphan", "before_first_call")
+        linked = query(store.db_path, "SELECT kind, json_extract(payload, '$.notes'), json_extract(payload, '$.reason') "
+                                      "FROM events WHERE kind IN ('memory.linked', 'memory.unlinked') ORDER BY id")
+        assert [tuple(r) for r in linked] == [("memory.linked", 1, None), ("memory.linked", 1, None),
+                                              ("memory.unlinked", 1, "before_first_call")]
     finally:
         store.close()
 
