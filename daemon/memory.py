@@ -12,10 +12,13 @@ topic is its set of content words (negations and filler removed), so "Please use
 "Please don't use bold." share a topic and the newer replaces the older (newest wins on a
 conflict), while the same sentence again only refreshes it (de-duplicated); a note whose topic
 covers an older one's and more replaces it too, and one that repeats part of an older one in its
-words only refreshes that one (store.py `_put_note`). At most
-`memory_max_notes` are kept: the least recently confirmed goes first.
+words only refreshes that one (store.py `_put_note`). A note is general (about replies anywhere)
+or about the task of the conversation it came from, by its wording (`scope`, below): a session
+note is injected only into that conversation's main calls, and topics are compared within one
+scope. At most `memory_max_notes` general notes are kept, and as many for each conversation: the
+least recently confirmed goes first.
 
-When `memory` is on, main calls get the notes appended to their last user message (or, with
+When `memory` is on, main calls get the notes (general, and their conversation's) appended to their last user message (or, with
 `memory_placement = "system"`, to their system prompt; `inject`), one per line and in the
 person's own words, as if they had written them under their message; the request is stored as
 served, with the notes it was given as `memory_notes`, so training and the teacher see exactly
