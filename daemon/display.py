@@ -191,6 +191,11 @@ def forget_text(report: dict[str, Any]) -> str:
     deleted = {k: n for k, n in report["deleted"].items() if n}
     what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in deleted.items()) or "nothing was stored"
     lines = [f"forgot {counted(report['sessions'], 'session')}: {what}"]
+    scrubbed = report.get("scrubbed") or {}
+    if scrubbed.get("calls"):
+        lines.append(f"took the forgotten notes out of {counted(scrubbed['calls'], 'call')} of other sessions that "
+                     f"were served with them; {counted(scrubbed['samples_dropped'], 'sample')} not yet trained "
+                     "on went with them")
     affected = report["affected_versions"]
     if affected:
         target = report["rollback_to"]
