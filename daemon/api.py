@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Annotated, Any, AsyncIterator, Callable, Literal
 
 from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,7 +24,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
@@ -343,7 +343,7 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
     _describe_bodies(app, {("/v1/chat/completions", "post"): ChatRequest, ("/v1/feedback", "post"): FeedbackEvent,
                            ("/v1/adapters/rollback", "post"): RollbackBody, ("/v1/adapters/pin", "post"): VersionBody,
                            ("/v1/forget", "post"): ForgetBody, ("/v1/adapters/promote", "post"): VersionBody,
-                           ("/v1/memory/{note_id}", "put"): NoteText})
+                           ("/v1/memory/{note_id}", "put"): NoteText, ("/v1/memory/{note_id}", "patch"): NoteScope})
 
     return Gate(app, state)
 
@@ -352,10 +352,12 @@ NoteId = Annotated[int, Path(ge=1, le=2**63 - 1)]  # SQLite's integer range: a l
 
 
 def _add_memory_routes(app: FastAPI, state: AppState) -> None:
-    """The person's preference notes (daemon/memory.py): list, edit one, forget one or all."""
+    """The person's preference notes (daemon/memory.py): list, edit one, change its scope, forget
+    one or all."""
 
     async def notes() -> dict:
-        """Every note; `active`: injected into main calls while the live version serves (when memory
+        """Every note; `scope`: "general" (every main call gets it) or "session" (only the calls of
+        `session_id`'s conversation); `active`: injected while the live version serves (when memory
         is on), false for one that version retired (`retired_by`, daemon/retirement.py)."""
         live = state.adapters.live()
         return {"enabled": state.settings.memory, "max_notes": state.settings.memory_max_notes,
@@ -377,6 +379,19 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
             raise ApiError(404, f"no memory note {note_id}", param="note_id", code="not_found")
         return await notes()
 
+    @app.patch("/v1/memory/{note_id}")
+    async def scope_note(request: Request, note_id: NoteId) -> dict:
+        try:
+            body = NoteScope.model_validate(await _read_json(request, 4096))
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        error = await state.store.scope_note(note_id, body.scope, body.session_id)
+        if error is not None and error.startswith("no memory note"):
+            raise ApiError(404, error, param="note_id", code="not_found")
+        if error is not None:
+            raise ApiError(400, error, param="session_id", code="invalid_value")
+        return await notes()
+
     @app.delete("/v1/memory/{note_id}")
     async def forget_note(note_id: NoteId) -> dict:
         if not await state.store.forget_notes(note_id):
@@ -391,6 +406,20 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
 
 class NoteText(BaseModel):
     text: str = Field(min_length=1, max_length=64 * 1024)  # the note's new wording
+
+
+class NoteScope(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    scope: Literal["general", "session"]
+    # the conversation a session note belongs to; by default the session the note was learnt from
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _session_only_for_session(self) -> "NoteScope":
+        if self.scope == "general" and self.session_id is not None:
+            raise ValueError("a general note has no session_id")
+        return self
 
 
 class VersionBody(BaseModel):
@@ -642,10 +671,11 @@ async def _prepare(state: AppState, request: Request) -> _Prepared:
 async def _render(state: AppState, request: Request, req: ChatRequest, meta: CallMeta,
                   adapter: str | None) -> tuple[ChatRequest, str, list[int]]:
     """The request as served to `adapter` (main calls get the person's preference notes that are
-    active for it, in the message `memory_placement` names; the request is stored as served) and its prompt."""
+    active for it, the general ones and their conversation's, in the message `memory_placement`
+    names; the request is stored as served) and its prompt."""
     served = req if req.memory_notes is None else req.model_copy(update={"memory_notes": None})
     if meta.turn_type == "main" and state.settings.memory:
-        notes = await state.store.note_texts(parse_version(adapter))
+        notes = await state.store.note_texts(parse_version(adapter), meta.session_id)
         if notes:
             body = served.model_dump(exclude_none=True)
             served = ChatRequest.model_validate({**body, "memory_notes": notes, "messages": inject(

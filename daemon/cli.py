@@ -309,6 +309,12 @@ def cmd_memory(args: argparse.Namespace) -> int:
         if args.note is None or not args.text:
             raise ValueError("memory edit needs a note id and the new text: clawback memory edit 3 'Use short replies.'")
         out = _call("PUT", f"{url}/v1/memory/{int(args.note)}", headers, {"text": " ".join(args.text)})
+    elif args.action == "scope":
+        if args.note is None or not args.text or args.text[0] not in ("general", "session") or len(args.text) > 2:
+            raise ValueError("memory scope needs a note id, then general, or session and optionally its session id: "
+                             "clawback memory scope 3 general")
+        body = {"scope": args.text[0], **({"session_id": args.text[1]} if len(args.text) == 2 else {})}
+        out = _call("PATCH", f"{url}/v1/memory/{int(args.note)}", headers, body)
     elif args.action == "forget":
         if args.note is None:
             raise ValueError("memory forget needs a note id, or 'all'")
@@ -396,11 +402,11 @@ def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]
     _json_flag(p)
     p.set_defaults(fn=cmd_adapters)
 
-    p = sub.add_parser("memory", help="the preference notes learned from your corrections: list, edit, forget")
+    p = sub.add_parser("memory", help="the preference notes learned from your corrections: list, edit, scope, forget")
     _settings_flags(p)
-    p.add_argument("action", choices=["list", "edit", "forget"])
+    p.add_argument("action", choices=["list", "edit", "scope", "forget"])
     p.add_argument("note", nargs="?", help="note id (forget: or 'all')")
-    p.add_argument("text", nargs="*", help="edit: the note's new text")
+    p.add_argument("text", nargs="*", help="edit: the note's new text; scope: general, or session [SESSION_ID]")
     p.add_argument("--url", help="daemon URL (default from settings)")
     _json_flag(p)
     p.set_defaults(fn=cmd_memory)

@@ -191,6 +191,11 @@ def forget_text(report: dict[str, Any]) -> str:
     deleted = {k: n for k, n in report["deleted"].items() if n}
     what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in deleted.items()) or "nothing was stored"
     lines = [f"forgot {counted(report['sessions'], 'session')}: {what}"]
+    scrubbed = report.get("scrubbed") or {}
+    if scrubbed.get("calls"):
+        lines.append(f"took the forgotten notes out of {counted(scrubbed['calls'], 'call')} of other sessions that "
+                     f"were served with them; {counted(scrubbed['samples_dropped'], 'sample')} not yet trained "
+                     "on went with them")
     affected = report["affected_versions"]
     if affected:
         target = report["rollback_to"]
@@ -208,7 +213,12 @@ def note_retirement(note: dict[str, Any], live: str | None) -> str:
     return f", retired by v{note['retired_by']}" + (f"; injected while {live or 'base'} serves" if note["active"] else "")
 
 
+def note_scope(note: dict[str, Any]) -> str:
+    return "general" if note["scope"] == "general" else f"session {note['session_id']} only"
+
+
 def memory_text(out: dict[str, Any]) -> str:
     lines = [f"memory {'on' if out['enabled'] else 'off'}: {len(out['data'])} of at most {out['max_notes']} notes"]
-    lines += [f"{n['note_id']:>4}  {n['text']}  ({n['source']}{note_retirement(n, out['live'])})" for n in out["data"]]
+    lines += [f"{n['note_id']:>4}  {n['text']}  ({n['source']}, {note_scope(n)}{note_retirement(n, out['live'])})"
+              for n in out["data"]]
     return "\n".join(lines)

@@ -2,10 +2,13 @@
 
 One function serves `clawback forget`, `POST /v1/forget` and the `retain_days` sweep. The store
 deletes the sessions' calls, next states, feedback, judge votes, samples and the memory notes
-learnt from them (every note when it forgets everything) and rewrites its files
-so that none of the text remains in them (free pages and the WAL included); the append-only event
-log keeps a tombstone with counts only. Adapter versions already trained on forgotten samples
-still carry what they learnt from them: they are listed, with the rollback that removes them.
+learnt from them (every note when it forgets everything), takes what those sessions asked for out
+of the other sessions' calls that were served with it as a note (`scrubbed`: their requests and
+rendered prompts are rewritten without it, their prompt tokens emptied, and their samples not yet
+trained dropped as `forgotten_note`), and rewrites its files so that none of the text remains in
+them (free pages and the WAL included); the append-only event log keeps a tombstone with counts
+only. Adapter versions already trained on forgotten samples, or on a call served with a forgotten
+note, still carry what they learnt from them: they are listed, with the rollback that removes them.
 """
 
 from __future__ import annotations
@@ -37,4 +40,4 @@ async def forget(store: Store, scope: ForgetScope, capture: Capture | None = Non
         capture.forget(None if scope.everything else result["sessions"])
     rows = await asyncio.to_thread(store.adapters)
     return {"scope": scope.kind, "sessions": len(result["sessions"]), "deleted": result["deleted"],
-            **tainted_versions(rows, result["trained_versions"])}
+            "scrubbed": result["scrubbed"], **tainted_versions(rows, result["trained_versions"])}

@@ -318,7 +318,8 @@ class CandidateGate:
         out: list[list[int]] = []
         for r in rows:
             ids = blob_ids(r["prompt_ids"])
-            if r["call_id"] not in skip and ids not in out and ids not in seen and len(ids) <= limit:
+            # (no ids: a forget took a note out of the request, and its tokens with it)
+            if ids and r["call_id"] not in skip and ids not in out and ids not in seen and len(ids) <= limit:
                 out.append(ids)
         return out[:n]
 

@@ -12,10 +12,13 @@ topic is its set of content words (negations and filler removed), so "Please use
 "Please don't use bold." share a topic and the newer replaces the older (newest wins on a
 conflict), while the same sentence again only refreshes it (de-duplicated); a note whose topic
 covers an older one's and more replaces it too, and one that repeats part of an older one in its
-words only refreshes that one (store.py `_put_note`). At most
-`memory_max_notes` are kept: the least recently confirmed goes first.
+words only refreshes that one (store.py `_put_note`). A note is general (about replies anywhere)
+or about the task of the conversation it came from, by its wording (`scope`, below): a session
+note is injected only into that conversation's main calls, and topics are compared within one
+scope. At most `memory_max_notes` general notes are kept, and as many for each conversation: the
+least recently confirmed goes first.
 
-When `memory` is on, main calls get the notes appended to their last user message (or, with
+When `memory` is on, main calls get the notes (general, and their conversation's) appended to their last user message (or, with
 `memory_placement = "system"`, to their system prompt; `inject`), one per line and in the
 person's own words, as if they had written them under their message; the request is stored as
 served, with the notes it was given as `memory_notes`, so training and the teacher see exactly
@@ -82,6 +85,54 @@ _ABOUT_EXCHANGE = re.compile(r"\b(?:feedback|corrections?|complaints?|repeat(?:i
                              r"|what i (?:said|wrote|told you|asked))\b", re.IGNORECASE)
 
 
+# Scope. A note about replies in general ("Don't use markdown.", "Keep answers short.") is injected
+# into every main call; one about the task at hand ("Use pandas for this one.", "The answer is 12,
+# not 4.", "Answer with just the number, like: 4.") only into its own conversation's, where a
+# standing line would otherwise answer later tasks with this one's number or tool. The wording
+# decides, in this order (quoted text is an example of a form and is read as nothing):
+# 1. it names its scope: "in this chat" is the conversation's; "always", "from now on", "every
+#    reply" are general;
+# 2. it points at the task: "this one", "this question", "for this", "here", "for now", "above";
+#    a question that is not a polite request ("And a string?", not "Could you keep it short?");
+#    a stated answer ("the answer is"); a number that is not a count of some part of a reply
+#    ("like: 4", "not 4", but not "under 20 words", "2 decimal places");
+# 3. anything else is about replies in general.
+# Measured on the simulator's corrections and hand-written cases of both kinds by
+# bench/note_scope.py (bench/README.md, "The scope of a note").
+_QUOTED = re.compile(r"(?<!\w)'[^']*'(?!\w)|\"[^\"]*\"|`[^`]*`|‘[^’]*’|“[^”]*”")
+_SESSION_SAYS = re.compile(r"\b(?:in|for) (?:the rest of )?this (?:chat|conversation|session|thread)\b|\bfor now\b",
+                           re.IGNORECASE)
+_GENERAL_SAYS = re.compile(r"\b(?:always|from now on|in (?:the )?future|going forward|every (?:time|reply|answer|response)"
+                           r"|all (?:your |of your )?(?:replies|answers|responses)|in general|whenever|every chat"
+                           r"|every conversation|everywhere)\b", re.IGNORECASE)
+_TASK_NOUNS = (r"one|ones|question|task|problem|exercise|case|time|example|sum|equation|calculation|code|script|program"
+               r"|function|file|query|bug|answer|result|number|step|part|list|table|data|string|word|sentence|paragraph"
+               r"|text|email|letter|essay|story|page|document|request")
+_POINTS_AT_TASK = re.compile(rf"\b(?:this|these|that) (?:{_TASK_NOUNS})s?\b|\bfor this\b|\bhere\b(?!'s)|\babove\b"
+                             r"|\bthe (?:right |correct |real |actual )?(?:answer|result|total) (?:is|was|should be)\b",
+                             re.IGNORECASE)
+_POLITE_ASK = re.compile(r"^(?:(?:and|so|but|also|please)[\s,]+)*(?:can|could|would|will) you\b", re.IGNORECASE)
+_REPLY_PARTS = (r"words?|sentences?|lines?|paragraphs?|bullets?|bullet points?|points?|characters?|chars|items?|steps?"
+                r"|examples?|decimals?|decimal places?|digits?|spaces?|tabs?|emojis?|questions?|tokens?|options?"
+                r"|sections?|headers?|headings?|columns?|significant figures?")
+_COUNT = re.compile(rf"\b\d+(?:\s*(?:and|or|to|-|–)\s*\d+)?\s+(?:{_REPLY_PARTS})\b", re.IGNORECASE)
+_NUMBER = re.compile(r"\d")
+
+
+def scope(sentence: str) -> str:
+    """"session" when the sentence is about the task at hand, "general" when it is about replies
+    in general (the rule above)."""
+    s = _QUOTED.sub(" ", sentence)
+    if _SESSION_SAYS.search(s):
+        return "session"
+    if _GENERAL_SAYS.search(s):
+        return "general"
+    question = s.rstrip().endswith("?") and not _POLITE_ASK.match(_LEAD.sub("", s.strip()))
+    if question or _POINTS_AT_TASK.search(s) or _NUMBER.search(_COUNT.sub(" ", s)):
+        return "session"
+    return "general"
+
+
 def topic(sentence: str) -> str:
     words = sorted({w for w in _WORD.findall(sentence.lower()) if w not in _FILLER})
     return " ".join(words)
@@ -126,17 +177,24 @@ def inject(messages: list[dict[str, Any]], notes: list[str], placement: str = "u
 
 def strip(messages: list[dict[str, Any]], notes: list[str] | None) -> list[dict[str, Any]]:
     """The messages without the notes `inject` appended (`notes` as it was given them; a request
-    keeps them as `memory_notes`): they are cut from the last user message, or else the last
-    system message, that ends with them, and a message that held nothing else is dropped."""
+    keeps them as `memory_notes`)."""
+    return renote(messages, notes, [])
+
+
+def renote(messages: list[dict[str, Any]], notes: list[str] | None, new: list[str]) -> list[dict[str, Any]]:
+    """The messages with the notes `inject` appended (`notes`) replaced by `new`: the block is
+    found at the end of the last user message, or else the last system message; with `new` empty
+    it is cut, and a message that held nothing else is dropped."""
     out = copy.deepcopy(messages)
-    block = "\n".join(notes or [])
+    block, new_block = "\n".join(notes or []), "\n".join(new)
     for role in ("user", "system") if block else ():
         at = max((i for i, m in enumerate(out) if m.get("role") == role), default=-1)
         content = out[at].get("content") if at >= 0 else None
         if isinstance(content, list) and content and isinstance(content[-1], dict) and content[-1].get("text") == block:
-            out[at]["content"] = content[:-1]
+            out[at]["content"] = content[:-1] + ([{**content[-1], "text": new_block}] if new else [])
         elif isinstance(content, str) and (content == block or content.endswith("\n\n" + block)):
-            out[at]["content"] = content.removesuffix(block).removesuffix("\n\n")
+            rest = content.removesuffix(block).removesuffix("\n\n")
+            out[at]["content"] = (rest + "\n\n" + new_block).lstrip("\n") if new else rest
         else:
             continue
         return out if out[at]["content"] else out[:at] + out[at + 1:]

@@ -160,13 +160,13 @@ TRAIN_STEP_COLUMNS = ("version", "parent", "started_at", "finished_at", "samples
 ADAPTER_COLUMNS = ("version", "parent", "path", "state", "reason", "method", "samples", "metrics", "created_at",
                    "updated_at")
 # A preference note as `memory_notes` returns it (with `active` for the version asked about).
-MEMORY_NOTE_COLUMNS = ("note_id", "text", "topic", "source", "call_id", "created_at", "updated_at", "retired_by",
-                       "retired_at")
+MEMORY_NOTE_COLUMNS = ("note_id", "text", "topic", "source", "call_id", "session_id", "created_at", "updated_at",
+                       "retired_by", "retired_at")
 ADAPTER_STATES = ("committed", "candidate", "live", "retired", "refused", "failed", "pruned")
 
 Reply = Callable[[Any, "BaseException | None"], None]
 # The write kinds that can change which notes are active: the notes, and the adapters' lineage.
-NOTE_WRITES = ("feedback", "memory_edit", "memory_forget", "memory_retire", "forget", "train_step")
+NOTE_WRITES = ("feedback", "memory_edit", "memory_scope", "memory_forget", "memory_retire", "forget", "train_step")
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class Store:
         self._notes: list[tuple[str, str]] = []
         self._scrub_wanted = False  # a forget deleted rows: rewrite the files once it is committed
         self._notes_version = 0  # bumped after a commit that may have changed the preference notes
-        self._note_texts: tuple[int, int | None, list[str]] | None = None
+        self._note_texts: tuple[int, int | None, list[tuple[str, str | None]]] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="clawback-store", daemon=True)
         self._thread.start()
 
@@ -278,6 +278,11 @@ class Store:
     async def edit_note(self, note_id: int, text: str) -> bool:
         """Replace a preference note's text (False: no such note)."""
         return await self._commit(_Write("memory_edit", partial(self._write_note_edit, note_id, text)))
+
+    async def scope_note(self, note_id: int, scope: str, session_id: str | None = None) -> str | None:
+        """Make a note general (`scope` "general") or about one conversation's task ("session":
+        `session_id`, by default the session it was learnt from). None when done, else why not."""
+        return await self._commit(_Write("memory_scope", partial(self._write_note_scope, note_id, scope, session_id)))
 
     async def retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, Any]) -> bool:
         """Retire a note as checked against `version` (`report`: the check's numbers, for the
@@ -530,35 +535,44 @@ class Store:
             "payload": json.dumps(ev, ensure_ascii=False)})
         self._event(f"feedback.{state}", ev["event_id"], {"kind": kind, "call_id": call_id, "reason": reason})
         if kind in ("correction", "thumbs_down") and (ev.get("text") or "").strip():
-            self._remember(ev["text"], kind, call_id, sid, received_at)
+            self._remember(ev["text"], kind, call_id, sid, received_at, ev["event_id"])
         if call_id is not None and kind in SIGNAL_KINDS:
             self._want_sample(call_id, kind)
         return {"status": state, "call_id": call_id, "reason": reason}
 
     # ---- preference notes (daemon/memory.py) ----
 
-    def _remember(self, text: str, source: str, call_id: str | None, session_id: str, now: float) -> None:
+    def _remember(self, text: str, source: str, call_id: str | None, session_id: str, now: float,
+                  event_id: str) -> None:
         notes, skipped = memory.notes_from(text)
         for i, note in enumerate(notes):  # a microsecond apart: the notes keep the person's sentence order
-            note_id = self._put_note(note, source, call_id, now + i * 1e-6)
+            scope = session_id if memory.scope(note) == "session" else None
+            note_id = self._put_note(note, source, call_id, now + i * 1e-6, scope, event_id)
             self._conn.execute("INSERT OR IGNORE INTO note_sources VALUES (?, ?)", (note_id, session_id))
         for reason, count in skipped.items():  # content-free: the event table outlives a forget
             self._event("memory.skipped", call_id, {"source": source, "sentences": count, "reason": reason})
-        # Bounded: the least recently confirmed notes go first.
+        self._bound_notes()
+
+    def _bound_notes(self) -> None:
+        """At most `memory_max_notes` general notes, and as many for each conversation: the least
+        recently confirmed go first."""
         self._conn.execute(
-            "DELETE FROM memory_notes WHERE note_id NOT IN "
-            "(SELECT note_id FROM memory_notes ORDER BY updated_at DESC, note_id DESC LIMIT ?)",
+            "DELETE FROM memory_notes WHERE note_id IN (SELECT note_id FROM (SELECT note_id, row_number() OVER "
+            "(PARTITION BY session_id ORDER BY updated_at DESC, note_id DESC) AS n FROM memory_notes) WHERE n > ?)",
             (self.memory_max_notes,))
 
-    def _put_note(self, text: str, source: str, call_id: str | None, now: float, replace_id: int | None = None) -> int:
-        """Insert a note; one on the same topic is replaced (newest wins), and so is one whose topic
-        the new note's covers and goes beyond ("Please start with 'Sure!' and show the work."
-        covers "Please start with 'Sure!'."): the same request twice in one prompt makes a small
-        model repeat it. For that reason a new note that repeats part of an older one in its words
-        only confirms the older one. Returns its id."""
+    def _put_note(self, text: str, source: str, call_id: str | None, now: float, session_id: str | None = None,
+                  event_id: str | None = None, replace_id: int | None = None) -> int:
+        """Insert a note in its scope (`session_id`; None: general); one of that scope on the same
+        topic is replaced (newest wins), and so is one whose topic the new note's covers and goes
+        beyond ("Please start with 'Sure!' and show the work." covers "Please start with
+        'Sure!'."): the same request twice in one prompt makes a small model repeat it. For that
+        reason a new note that repeats part of an older one in its words only confirms the older
+        one. Returns its id."""
         t = memory.topic(text)
         words = set(t.split())
-        notes = self._conn.execute("SELECT note_id, topic, text FROM memory_notes").fetchall()
+        notes = self._conn.execute("SELECT note_id, topic, text FROM memory_notes WHERE session_id IS ?",
+                                   (session_id,)).fetchall()
         if replace_id is None:
             for old_id, old_topic, old_text in notes:
                 if words < set(old_topic.split()) and memory.repeats(text, old_text):
@@ -572,25 +586,57 @@ class Store:
                 self._conn.execute("DELETE FROM memory_notes WHERE note_id = ?", (old_id,))
                 self._event("memory.subsumed", str(old_id), {"source": source, "reason": "covered by a newer note"})
         if replace_id is not None:  # an edit: its new topic may now collide with another note
-            self._conn.execute("DELETE FROM memory_notes WHERE topic = ? AND note_id != ?", (t, replace_id))
+            self._conn.execute("DELETE FROM memory_notes WHERE topic = ? AND session_id IS ? AND note_id != ?",
+                               (t, session_id, replace_id))
             self._conn.execute("UPDATE memory_notes SET text = ?, topic = ?, source = ?, updated_at = ?, "
                                "retired_by = NULL, retired_at = NULL WHERE note_id = ?", (text, t, source, now, replace_id))
             note_id = replace_id
         else:
             note_id = self._conn.execute(
-                "INSERT INTO memory_notes(text, topic, source, call_id, created_at, updated_at) VALUES (?,?,?,?,?,?) "
-                "ON CONFLICT(topic) DO UPDATE SET text = excluded.text, source = excluded.source, "
-                "call_id = excluded.call_id, updated_at = excluded.updated_at, retired_by = NULL, retired_at = NULL "
+                "INSERT INTO memory_notes(text, topic, source, call_id, session_id, event_id, created_at, updated_at) "
+                "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(topic, coalesce(session_id, '')) DO UPDATE SET "
+                "text = excluded.text, source = excluded.source, call_id = excluded.call_id, "
+                "event_id = excluded.event_id, updated_at = excluded.updated_at, retired_by = NULL, retired_at = NULL "
                 "RETURNING note_id",
-                (text, t, source, call_id, now, now)).fetchone()[0]
+                (text, t, source, call_id, session_id, event_id, now, now)).fetchone()[0]
         self._event("memory.noted", str(note_id), {"source": source, "call_id": call_id})
         return note_id
 
     def _write_note_edit(self, note_id: int, text: str) -> bool:
-        if self._conn.execute("SELECT 1 FROM memory_notes WHERE note_id = ?", (note_id,)).fetchone() is None:
+        row = self._conn.execute("SELECT session_id FROM memory_notes WHERE note_id = ?", (note_id,)).fetchone()
+        if row is None:
             return False
-        self._put_note(" ".join(text.split())[: memory.MAX_NOTE_CHARS], "edit", None, time.time(), note_id)
+        self._put_note(" ".join(text.split())[: memory.MAX_NOTE_CHARS], "edit", None, time.time(), row[0],
+                       replace_id=note_id)
         return True
+
+    def _write_note_scope(self, note_id: int, scope: str, session_id: str | None) -> str | None:
+        c = self._conn
+        row = c.execute("SELECT n.topic, c.session_id FROM memory_notes n LEFT JOIN calls c USING (call_id) "
+                        "WHERE n.note_id = ?", (note_id,)).fetchone()
+        if row is None:
+            return f"no memory note {note_id}"
+        sources = [r[0] for r in c.execute("SELECT session_id FROM note_sources WHERE note_id = ?", (note_id,))]
+        if scope == "general":
+            session_id = None
+        elif session_id is None:  # the session it was learnt from, when that is one session
+            session_id = row[1] or (sources[0] if len(sources) == 1 else None)
+            if session_id is None:
+                return f"memory note {note_id} was asked for in {len(sources)} sessions: name one"
+        elif session_id not in sources and not self._session_known(session_id):
+            return f"no session {session_id!r}"
+        # The person just acted on it: it takes its topic's place in its new scope and counts as
+        # confirmed now, as an edit does (else a widened note could be the first the bound drops).
+        for (other,) in c.execute("SELECT note_id FROM memory_notes WHERE topic = ? AND session_id IS ? AND note_id != ?",
+                                  (row[0], session_id, note_id)).fetchall():  # whoever asked for that one asks for this
+            c.execute("INSERT OR IGNORE INTO note_sources SELECT ?, session_id FROM note_sources WHERE note_id = ?",
+                      (note_id, other))
+            c.execute("DELETE FROM memory_notes WHERE note_id = ?", (other,))
+        c.execute("UPDATE memory_notes SET session_id = ?, updated_at = ? WHERE note_id = ?",
+                  (session_id, time.time(), note_id))
+        self._bound_notes()
+        self._event("memory.scoped", str(note_id), {"scope": scope})  # never the session: events outlive a forget
+        return None
 
     def _write_retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, Any]) -> bool:
         done = self._conn.execute(
@@ -609,24 +655,31 @@ class Store:
         self._event("memory.forgotten", None if note_id is None else str(note_id), {"notes": n})
         return n
 
-    async def note_texts(self, live: int | None) -> list[str]:
-        """The texts of the preference notes active under version `live`, in `memory_notes` order:
-        read off the event loop once, then kept until a commit may have changed them or another
-        version serves (every main call gets them; most find them unchanged)."""
+    async def note_texts(self, live: int | None, session_id: str) -> list[str]:
+        """The texts of the preference notes a main call of `session_id` gets under version `live`
+        (the general ones and those of its conversation, active), in `memory_notes` order: read
+        off the event loop once, then kept until a commit may have changed them or another version
+        serves (every main call gets them; most find them unchanged)."""
         version, cached = self._notes_version, self._note_texts
-        if cached is not None and cached[:2] == (version, live):
-            return cached[2]
-        texts = [n["text"] for n in await asyncio.to_thread(self.memory_notes, live) if n["active"]]
-        self._note_texts = (version, live, texts)  # read after `version`: a later change bumps it again
-        return texts
+        if cached is None or cached[:2] != (version, live):
+            notes = [(n["text"], n["session_id"]) for n in await asyncio.to_thread(self.memory_notes, live) if n["active"]]
+            cached = self._note_texts = (version, live, notes)  # read after `version`: a later change bumps it again
+        notes = cached[2]
+        if any(s not in (None, session_id) for _, s in notes):  # another conversation's, or one this continues
+            ours = set(await asyncio.to_thread(self.read, lambda c: linked_sessions(c, session_id)))
+        else:
+            ours = {session_id}
+        return [text for text, s in notes if s is None or s in ours]
 
     def memory_notes(self, live: int | None = None) -> list[dict[str, Any]]:
         """The person's preference notes, least recently confirmed first (the order they are injected
-        in: what the person asked for last sits nearest their message), each with
-        `active`: whether main calls served by version `live` (None = the base model) get it. A
+        in: what the person asked for last sits nearest their message), each with `scope`
+        ("general", or "session": only the conversation of `session_id` gets it) and `active`:
+        whether main calls served by version `live` (None = the base model) get it. A
         retired note is inactive while `live` is the version that retired it or descends from it
         (the adapters' parent links); a rollback to anything else brings it back."""
-        return self.read(lambda c: [{**dict(r), "active": bool(r["active"])} for r in c.execute(
+        return self.read(lambda c: [{**dict(r), "scope": "general" if r["session_id"] is None else "session",
+                                     "active": bool(r["active"])} for r in c.execute(
             "WITH RECURSIVE lineage(version) AS (SELECT ? WHERE ? IS NOT NULL UNION "
             "SELECT a.parent FROM adapters a JOIN lineage l ON a.version = l.version WHERE a.parent IS NOT NULL) "
             f"SELECT {', '.join(MEMORY_NOTE_COLUMNS)}, "
@@ -654,21 +707,45 @@ class Store:
         return row[0] if row else None
 
     def _resolve_orphans(self, c: Call) -> None:
-        """Feedback that arrived before the call it names was stored is applied now."""
+        """Feedback that arrived before the call it names was stored is applied now, and the notes
+        it made are linked to the call. The reply reaches the person before its call is stored, so
+        feedback on "last" in a session with no stored call yet names the first call made before
+        it was received; one received before any call of its session was made names none, and
+        says so."""
         targets = [t for t in (c.turn_id, c.request_id) if t]
+        kinds = SIGNAL_KINDS + ("comment",)
         rows = self._conn.execute(
-            f"SELECT event_id, kind FROM feedback_events WHERE state = 'orphan' AND session_id = ? "
-            f"AND target IN ({_marks(targets)}) AND kind IN ({_marks(SIGNAL_KINDS + ('comment',))})",
-            (c.session_id, *targets, *SIGNAL_KINDS, "comment"),
+            f"SELECT event_id, kind, target = 'last' AND received_at < ? FROM feedback_events WHERE state = 'orphan' "
+            f"AND session_id = ? AND (target IN ({_marks(targets)}) OR (target = 'last' AND reason = 'unknown_session')) "
+            f"AND kind IN ({_marks(kinds)})",
+            (c.created_at, c.session_id, *targets, *kinds),
         ).fetchall()
-        for event_id, kind in rows:
+        for event_id, kind, before_the_call in rows:
+            if before_the_call:
+                self._conn.execute("UPDATE feedback_events SET reason = 'before_first_call' WHERE event_id = ?",
+                                   (event_id,))
+                self._link_notes(event_id, None, "before_first_call")
+                continue
             self._conn.execute(
                 "UPDATE feedback_events SET state = 'applied', call_id = ?, reason = NULL WHERE event_id = ?",
                 (c.call_id, event_id),
             )
             self._event("feedback.applied", event_id, {"kind": kind, "call_id": c.call_id, "resolved_orphan": True})
+            self._link_notes(event_id, c.call_id)
             if kind in SIGNAL_KINDS:
                 self._want_sample(c.call_id, kind)
+
+    def _link_notes(self, event_id: str, call_id: str | None, reason: str | None = None) -> None:
+        """The notes an orphan event made get its call now (`call_id`), or stay without one (`reason`)."""
+        if call_id is not None:
+            n = self._conn.execute("UPDATE memory_notes SET call_id = ? WHERE event_id = ? AND call_id IS NULL",
+                                   (call_id, event_id)).rowcount
+        else:
+            n = self._conn.execute("SELECT count(*) FROM memory_notes WHERE event_id = ? AND call_id IS NULL",
+                                   (event_id,)).fetchone()[0]
+        if n:
+            self._event("memory.linked" if call_id else "memory.unlinked", None,
+                        {"notes": n, "call_id": call_id, "reason": reason})
 
     def _want_sample(self, call_id: str, why: str) -> None:
         """A new signal for this call: (re)queue its sample for judging, in the same transaction."""
@@ -676,6 +753,9 @@ class Store:
         row = self._conn.execute("SELECT state FROM samples WHERE call_id = ?", (call_id,)).fetchone()
         if row is not None and row[0] == "consumed":
             self._event("sample.signal_after_consumed", call_id, {"signal": why})
+            return
+        if self._conn.execute("SELECT length(prompt_ids) FROM calls WHERE call_id = ?", (call_id,)).fetchone()[0] == 0:
+            self._event("sample.not_queued", call_id, {"signal": why, "reason": "forgotten_note"})  # see _scrub_notes
             return
         self._conn.execute(
             "INSERT INTO samples(call_id, state, created_at, updated_at) VALUES (?, 'pending_judge', ?, ?) "
@@ -740,7 +820,8 @@ class Store:
             f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_c}")
             if (v := parse_version(name)) is not None)
         deleted: dict[str, int] = {}
-        if scope.everything:
+        scrubbed = {"calls": 0, "samples_dropped": 0}
+        if scope.everything:  # every call goes too: no copy of a note is left anywhere
             notes = c.execute("DELETE FROM memory_notes").rowcount
             c.execute("DELETE FROM note_sources")
         else:  # the forgotten sessions no longer ask for their notes; a note no session asks for goes
@@ -748,8 +829,17 @@ class Store:
                                                f"UNION SELECT note_id FROM memory_notes WHERE call_id {in_c}")]
             c.execute(f"DELETE FROM note_sources WHERE session_id {in_s}")
             c.execute(f"UPDATE memory_notes SET call_id = NULL WHERE call_id {in_c}")
-            notes = c.execute(f"DELETE FROM memory_notes WHERE note_id IN ({_marks(touched)}) "
-                              "AND note_id NOT IN (SELECT note_id FROM note_sources)", touched).rowcount
+            gone = {r[0] for r in c.execute(f"DELETE FROM memory_notes WHERE note_id IN ({_marks(touched)}) "
+                                            "AND note_id NOT IN (SELECT note_id FROM note_sources) RETURNING text", touched)}
+            notes = len(gone)
+            # What the forgotten sessions asked for, also in a wording a later note replaced, leaves
+            # the calls of other sessions it was injected into, unless a note still asks for it.
+            for (text,) in c.execute(f"SELECT text FROM feedback_events WHERE (session_id {in_s} OR call_id {in_c}) "
+                                     "AND kind IN ('correction', 'thumbs_down') AND text IS NOT NULL").fetchall():
+                gone.update(memory.notes_from(text)[0])
+            gone -= {r[0] for r in c.execute("SELECT text FROM memory_notes")}
+            scrubbed, tainted = self._scrub_notes(sorted(gone), in_s)
+            trained = sorted(set(trained) | set(tainted))
         if notes:
             deleted["memory_notes"] = notes
         for table, where, args in (
@@ -770,9 +860,41 @@ class Store:
         c.execute("DELETE FROM temp.forget")
         if deleted:  # the tombstone: what kind of forget and how much, never what
             self._event("forgotten", None, {"scope": scope.kind, "before": scope.before, "deleted": deleted,
-                                            "trained_versions": trained})
+                                            "scrubbed": scrubbed, "trained_versions": trained})
             self._scrub_wanted = True
-        return {"deleted": deleted, "sessions": sessions, "trained_versions": trained}
+        return {"deleted": deleted, "scrubbed": scrubbed, "sessions": sessions, "trained_versions": trained}
+
+    def _scrub_notes(self, texts: list[str], forgotten: str) -> tuple[dict[str, int], list[int]]:
+        """Take the notes `texts` out of the stored main calls outside the `forgotten` sessions that
+        were served with them: the request (messages and `memory_notes`) and the rendered prompt are
+        rewritten as if the rest had been served. The prompt's token ids cannot be re-tokenised
+        here, so they are emptied, and a sample of such a call that is not trained yet is dropped
+        (`forgotten_note`; `_want_sample` queues none again); the teacher's prompt goes from every
+        sample. Returns the counts and the versions trained on such a call."""
+        c = self._conn
+        rows = c.execute(
+            "SELECT DISTINCT c.call_id, c.request_json, c.prompt_text FROM calls c, json_each(c.request_json, '$.memory_notes') j "
+            f"WHERE c.session_id NOT {forgotten} AND j.value IN ({_marks(texts)})", texts).fetchall()
+        for call_id, request_json, prompt_text in rows:
+            body = json.loads(request_json)
+            old = body.pop("memory_notes")
+            new = [n for n in old if n not in texts]
+            body["messages"] = memory.renote(body["messages"], old, new)
+            if new:
+                body["memory_notes"] = new
+            block, new_block = "\n".join(old), "\n".join(new)
+            prompt_text = prompt_text.replace("\n\n" + block, "\n\n" + new_block if new else "").replace(block, new_block)
+            c.execute("UPDATE calls SET request_json = ?, prompt_text = ?, prompt_ids = ? WHERE call_id = ?",
+                      (json.dumps(body, ensure_ascii=False), prompt_text, ids_blob([]), call_id))
+        calls = [r[0] for r in rows]
+        in_calls = f"IN ({_marks(calls)})"
+        tainted = [v for (name,) in c.execute(
+            f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_calls}",
+            calls) if (v := parse_version(name)) is not None]
+        dropped = c.execute(f"UPDATE samples SET state = 'dropped', reason = 'forgotten_note', updated_at = ? "
+                            f"WHERE state != 'consumed' AND call_id {in_calls}", (time.time(), *calls)).rowcount
+        c.execute(f"UPDATE samples SET teacher_messages = NULL, teacher_prompt_ids = NULL WHERE call_id {in_calls}", calls)
+        return {"calls": len(calls), "samples_dropped": dropped}, tainted
 
     def _scrub(self) -> None:
         """Rewrite the database and empty the WAL, so deleted text is in neither file (old WAL

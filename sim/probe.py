@@ -25,11 +25,13 @@ TOP = 20
 
 
 async def active_notes(state: Any, live: str | None = None) -> list[str]:
-    """The preference notes a main call to the live version gets now (none with memory off)."""
+    """The preference notes a main call to the live version gets now in a new conversation (none
+    with memory off): the general ones."""
     if not state.settings.memory:
         return []
     version = parse_version(live if live is not None else state.engine.active_version())
-    return [n["text"] for n in await asyncio.to_thread(state.store.memory_notes, version) if n["active"]]
+    return [n["text"] for n in await asyncio.to_thread(state.store.memory_notes, version)
+            if n["active"] and n["scope"] == "general"]
 
 
 async def opener_mass(state: Any, scen: Scenario, tasks: tuple[Task, ...]) -> float | None:

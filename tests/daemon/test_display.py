@@ -36,6 +36,10 @@ def test_forget_and_adapters_in_words():
                         "affected_versions": [1, 2], "rollback_to": None})
     assert said.splitlines()[0] == "forgot 1 session: 2 calls, 1 feedback events"
     assert said.endswith("clawback adapters rollback base")
+    said = forget_text({"scope": "session", "sessions": 1, "deleted": {"calls": 1}, "affected_versions": [],
+                        "rollback_to": None, "scrubbed": {"calls": 3, "samples_dropped": 1}})
+    assert said.splitlines()[1] == ("took the forgotten notes out of 3 calls of other sessions that were served with "
+                                    "them; 1 sample not yet trained on went with them")
     listing = adapters_text({"live": 1, "data": [
         {"version": 1, "state": "live", "pinned": False, "parent": None, "samples": 16,
          "metrics": {"loss": 0.5, "reward_mean": 0.25}, "gate": None, "reason": None},

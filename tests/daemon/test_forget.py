@@ -6,6 +6,7 @@ trained on it are named with the rollback that removes them."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from clawback.daemon.adapters import tainted_versions
 from clawback.daemon.capture import Capture
 from clawback.daemon.forget import forget
+from clawback.daemon.memory import inject
 from clawback.daemon.store import ForgetScope, Store
 from clawback.records import Call, JudgedSample, StepRecord
 from tests.conftest import query
@@ -172,6 +174,61 @@ def test_a_note_other_sessions_asked_for_survives_forgetting_one_of_them(store: 
         asyncio.run(forget(store, ForgetScope(session_id=s)))
     assert store.memory_notes() == []
     assert not query(store.db_path, "SELECT * FROM note_sources")
+
+
+def served_with_notes(store: Store, session: str, notes: list[str]) -> str:
+    """A main call served with `notes` injected, stored as the daemon stores it (request as served
+    with its `memory_notes`, the rendered prompt), with a ready sample."""
+    call_id, t = f"chatcmpl-{uuid.uuid4().hex}", time.time()
+    messages = inject([{"role": "user", "content": "What is 2 + 2?"}], notes)
+    store.add_call(Call(
+        call_id=call_id, session_id=session, turn_id="t1", request_id=call_id, turn_type="main",
+        state="awaiting_next_state", created_at=t, finished_at=t, model="tiny", adapter_version=None,
+        request={"messages": messages, "memory_notes": notes}, prompt_text=f"<user>{messages[0]['content']}</user>",
+        prompt_ids=[1, 2, 3], response_ids=[4, 5], behaviour_logprobs=[-1.0, -1.0], response_text="4",
+        tool_calls=None, finish_reason="stop"))
+    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
+                                      "target": call_id, "source": "cli"}, t))
+    asyncio.run(store.write_sample(JudgedSample(call_id=call_id, revision=0, state="ready", reward=1.0,
+                                                teacher_messages=messages, teacher_prompt_ids=[1, 2, 3])))
+    return call_id
+
+
+def test_forget_takes_a_forgotten_note_out_of_every_request_it_was_injected_into(store: Store):
+    """A note goes with the last session that asked for it, and so does its text in the calls of
+    other sessions that were served with it: their requests and rendered prompts are rewritten
+    without it; their prompt tokens, which the store cannot re-tokenise, are emptied, so a sample
+    not yet trained is dropped (a later signal does not queue it again) and the version that
+    trained on one is named like one trained on the session itself."""
+    converse(store, "asker", "ASKER-MARKER-2", time.time())
+    correct(store, "asker", "Please say SCRUB-MARKER-6.")
+    converse(store, "other", "OTHER-MARKER-3", time.time())
+    correct(store, "other", "Keep it short.")
+    notes = ["Please say SCRUB-MARKER-6.", "Keep it short."]
+    trained, queued = served_with_notes(store, "other", notes), served_with_notes(store, "other", notes)
+    step(store, 1, None, (trained,))
+    store.flush()
+
+    report = asyncio.run(forget(store, ForgetScope(session_id="asker")))
+
+    raw = raw_bytes(store.db_path)
+    assert b"SCRUB-MARKER-6" not in raw, "the forgotten note's text is still in the database files"
+    assert b"OTHER-MARKER-3" in raw and b"Keep it short." in raw  # the other conversation keeps the rest
+    for call_id in (trained, queued):
+        (row,) = query(store.db_path, "SELECT request_json, prompt_text, prompt_ids FROM calls WHERE call_id = ?", call_id)
+        request = json.loads(row["request_json"])
+        assert request["messages"] == inject([{"role": "user", "content": "What is 2 + 2?"}], ["Keep it short."])
+        assert request["memory_notes"] == ["Keep it short."]
+        assert row["prompt_text"] == "<user>What is 2 + 2?\n\nKeep it short.</user>" and row["prompt_ids"] == b""
+    states = dict(tuple(r) for r in query(store.db_path, "SELECT call_id, state || ':' || coalesce(reason, '') "
+                                                         "FROM samples WHERE call_id IN (?, ?)", trained, queued))
+    assert states == {trained: "consumed:", queued: "dropped:forgotten_note"}
+    assert report["affected_versions"] == [1] and report["rollback_to"] is None
+    assert report["scrubbed"] == {"calls": 2, "samples_dropped": 1}
+    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_down", "session_id": "other",
+                                      "target": queued, "source": "cli"}, time.time()))
+    assert query(store.db_path, "SELECT state FROM samples WHERE call_id = ?", queued)[0][0] == "dropped"
+    assert [n["text"] for n in store.memory_notes()] == ["say OTHER-MARKER-3", "Keep it short."]
 
 
 def test_an_older_store_loses_the_session_names_in_its_event_log(tmp_path: Path):

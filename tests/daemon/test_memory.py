@@ -17,11 +17,11 @@ import pytest
 
 from clawback.chat import ChatRequest
 from clawback.daemon.display import note_retirement
-from clawback.daemon.memory import inject, notes_from, repeats, strip, topic
+from clawback.daemon.memory import inject, notes_from, renote, repeats, scope, strip, topic
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.store import Store, blob_ids
 from clawback.engine import EngineError
-from clawback.records import JudgedSample, StepRecord
+from clawback.records import Call, JudgedSample, StepRecord
 from tests.conftest import DaemonProcess, query, wait_for
 
 
@@ -140,7 +140,121 @@ def test_notes_are_injected_least_recently_confirmed_first_in_the_persons_senten
         _feedback(store, "correction", "Don't use headers.")
         _feedback(store, "correction", "Hmm. Please answer in under 20 words.")  # confirms the brief note
         assert [n["text"] for n in store.memory_notes()] == ["No bold.", "Don't use headers.", brief]
-        assert asyncio.run(store.note_texts(None)) == [n["text"] for n in store.memory_notes()]
+        assert asyncio.run(store.note_texts(None, "nobody")) == [n["text"] for n in store.memory_notes()]
+    finally:
+        store.close()
+
+
+def test_a_note_about_the_task_is_scoped_to_its_conversation_by_its_wording():
+    """The rule of `memory.scope`, one case per clause; its accuracy on the simulator's corrections
+    and on hand-written cases is measured by bench/note_scope.py."""
+    general = ["Please start your reply with 'Sure!'.", "Don't use markdown.", "Keep answers short.",
+               "Please answer in under 20 words and give the number you get.", "Could you please not use headers?",
+               "Don't end with answer labels like 'Final answer:', 'The answer is:' or '#### 7'.",
+               "Always answer with just the number, like: 4.", "Keep it between 15 and 80 words."]
+    session = ["Answer with just the number, like: 4.", "The answer is 12, not 4.", "Use pandas for this one.",
+               "And a string?", "Skip the intro for now.", "In this chat, call me Captain.", "Use the table above."]
+    assert [s for s in general if scope(s) != "general"] == []
+    assert [s for s in session if scope(s) != "session"] == []
+
+
+def _say(store: Store, session: str, text: str) -> dict:
+    ev = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": session, "target": "last", "text": text}
+    return asyncio.run(store.apply_feedback(ev, time.time()))
+
+
+def test_a_session_note_reaches_its_own_conversation_only_until_the_person_widens_it(tmp_path: Path):
+    store = Store(tmp_path / "db.sqlite", memory_max_notes=2)
+    try:
+        _say(store, "A", "Hmm. Don't use bold. Answer with just the number, like: 4.")
+        _say(store, "B", "Use pandas for this one.")
+        _say(store, "C", "Use pandas for this one.")  # the same words in another conversation: its own note
+        notes = {n["text"] + "@" + str(n["session_id"]): n for n in store.memory_notes()}
+        assert sorted(notes) == ["Answer with just the number, like: 4.@A", "Don't use bold.@None",
+                                 "Use pandas for this one.@B", "Use pandas for this one.@C"]
+        assert [n["scope"] for n in store.memory_notes()] == ["general", "session", "session", "session"]
+        assert asyncio.run(store.note_texts(None, "A")) == ["Don't use bold.", "Answer with just the number, like: 4."]
+        assert asyncio.run(store.note_texts(None, "B")) == ["Don't use bold.", "Use pandas for this one."]
+        assert asyncio.run(store.note_texts(None, "new")) == ["Don't use bold."]
+        # A conversation that continues A (a new session id after compaction) keeps A's notes.
+        asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "session_link", "session_id": "A-2",
+                                          "from": "A", "to": "A-2"}, time.time()))
+        assert "Answer with just the number, like: 4." in asyncio.run(store.note_texts(None, "A-2"))
+
+        # Bounded per scope: two general notes and two per conversation.
+        for text in ("Keep answers short.", "Use metric units."):
+            _say(store, "B", text)
+        assert [n["text"] for n in store.memory_notes() if n["scope"] == "general"] == [
+            "Keep answers short.", "Use metric units."]
+        assert len([n for n in store.memory_notes() if n["session_id"] == "B"]) == 1
+
+        four = notes["Answer with just the number, like: 4.@A"]["note_id"]
+        pandas_c = notes["Use pandas for this one.@C"]["note_id"]
+        assert asyncio.run(store.scope_note(4242, "general")) == "no memory note 4242"
+        assert asyncio.run(store.scope_note(four, "session", "never-seen")) == "no session 'never-seen'"
+        assert asyncio.run(store.scope_note(pandas_c, "general")) is None  # the person widens it: confirmed
+        assert asyncio.run(store.note_texts(None, "new")) == ["Use metric units.", "Use pandas for this one."]
+        pandas_b = notes["Use pandas for this one.@B"]["note_id"]
+        assert asyncio.run(store.scope_note(pandas_b, "general")) is None  # same topic, same scope: it takes the place
+        assert [n["note_id"] for n in store.memory_notes() if n["text"] == "Use pandas for this one."] == [pandas_b]
+        assert asyncio.run(store.scope_note(pandas_b, "session")) == (  # asked for in B and C: which?
+            f"memory note {pandas_b} was asked for in 2 sessions: name one")
+        assert asyncio.run(store.scope_note(pandas_b, "session", "B")) is None
+        assert asyncio.run(store.note_texts(None, "new")) == ["Use metric units."]
+        scoped = store._conn.execute("SELECT payload FROM events WHERE kind = 'memory.scoped'").fetchall()
+        assert len(scoped) == 3 and all('"B"' not in r[0] and '"C"' not in r[0] for r in scoped)  # no session names
+    finally:
+        store.close()
+
+
+def _stored_call(store: Store, session: str, created_at: float, turn_id: str = "turn-1") -> str:
+    call_id = f"chatcmpl-{uuid.uuid4().hex}"
+    store.add_call(Call(
+        call_id=call_id, session_id=session, turn_id=turn_id, request_id=call_id, turn_type="main",
+        state="awaiting_next_state", created_at=created_at, finished_at=created_at, model="tiny", adapter_version=None,
+        request={"messages": [{"role": "user", "content": "What is 12 - 4?"}]}, prompt_text="What is 12 - 4?",
+        prompt_ids=[1, 2], response_ids=[3], behaviour_logprobs=[-1.0], response_text="4", tool_calls=None,
+        finish_reason="stop"))
+    store.flush()
+    return call_id
+
+
+def test_a_note_from_a_correction_stored_before_its_call_is_linked_when_the_call_arrives(tmp_path: Path):
+    """The reply reaches the person before its call is stored, so a quick correction can find no
+    call: it waits as an orphan, and so does its note's link to the reply it was about (which the
+    note's retirement check needs). When the call arrives the note is linked to it; a correction
+    sent before any call of its session was made names none, and its note stays unlinked with the
+    reason recorded."""
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        sent = time.time()
+        early = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "fresh", "target": "last",
+                 "text": "Hmm. Don't use bold."}
+        assert asyncio.run(store.apply_feedback(early, sent))["status"] == "orphan"
+        assert [n["call_id"] for n in store.memory_notes()] == [None]
+        call_id = _stored_call(store, "fresh", sent - 1)  # served before the correction was sent
+        assert [n["call_id"] for n in store.memory_notes()] == [call_id]
+        assert query(store.db_path, "SELECT state, call_id FROM feedback_events")[0][:] == ("applied", call_id)
+        assert query(store.db_path, "SELECT state FROM samples WHERE call_id = ?", call_id)[0][0] == "pending_judge"
+
+        # A correction naming a turn that is not stored yet is linked when that turn's call is.
+        turn = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "fresh", "target": "turn-2",
+                "text": "Keep answers short."}
+        assert asyncio.run(store.apply_feedback(turn, time.time()))["status"] == "orphan"
+        second = _stored_call(store, "fresh", time.time(), "turn-2")
+        assert {n["text"]: n["call_id"] for n in store.memory_notes()}["Keep answers short."] == second
+
+        before = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "later", "target": "last",
+                  "text": "Use metric units."}
+        asyncio.run(store.apply_feedback(before, time.time()))
+        _stored_call(store, "later", time.time() + 1)  # made after the correction: not what it was about
+        assert {n["text"]: n["call_id"] for n in store.memory_notes()}["Use metric units."] is None
+        assert query(store.db_path, "SELECT state, reason FROM feedback_events WHERE session_id = 'later'")[0][:] == (
+            "orphan", "before_first_call")
+        linked = query(store.db_path, "SELECT kind, json_extract(payload, '$.notes'), json_extract(payload, '$.reason') "
+                                      "FROM events WHERE kind IN ('memory.linked', 'memory.unlinked') ORDER BY id")
+        assert [tuple(r) for r in linked] == [("memory.linked", 1, None), ("memory.linked", 1, None),
+                                              ("memory.unlinked", 1, "before_first_call")]
     finally:
         store.close()
 
@@ -198,10 +312,30 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
         assert c.put("/v1/memory/9999", json={"text": "x y"}).status_code == 404
         assert c.delete("/v1/memory/9999").status_code == 404
 
+        # A correction about the task stays in its conversation until the person widens it.
+        ask("t1")
+        r = c.post("/v1/feedback", json={"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "t1",
+                                         "target": "last", "text": "Answer with just the number, like: 4."})
+        assert r.status_code == 200, r.text
+        task = c.get("/v1/memory").json()["data"][-1]
+        assert (task["text"], task["scope"], task["session_id"]) == (
+            "Answer with just the number, like: 4.", "session", "t1")
+        assert served_user(ask("t1")) == "hi\n\nAnswer in German.\nAnswer with just the number, like: 4."
+        assert served_user(ask("t2")) == "hi\n\nAnswer in German."
+        for bad in ({"scope": "everywhere"}, {"scope": "general", "session_id": "t1"}, {"scope": "session", "x": 1},
+                    {"scope": "session", "session_id": "nobody-said-this"}):
+            assert c.patch(f"/v1/memory/{task['note_id']}", json=bad).status_code == 400, bad
+        assert c.patch("/v1/memory/9999", json={"scope": "general"}).status_code == 404
+
         cli = [sys.executable, "-m", "clawback.cli", "memory", "--data-dir", str(daemon.data_dir),
                "--url", daemon.url]
         out = subprocess.run([*cli, "list"], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0 and "Answer in German." in out.stdout and "1 of at most 8" in out.stdout
+        assert out.returncode == 0 and "Answer in German." in out.stdout and "2 of at most 8" in out.stdout
+        assert "(edit, general)" in out.stdout and "session t1 only" in out.stdout
+        out = subprocess.run([*cli, "scope", str(task["note_id"]), "general"], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert served_user(ask("t2")) == "hi\n\nAnswer in German.\nAnswer with just the number, like: 4."
         bad = subprocess.run([*cli, "forget"], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and "needs a note id" in bad.stderr
         out = subprocess.run([*cli, "forget", "all"], capture_output=True, text=True, timeout=120)
@@ -210,7 +344,7 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
 
 
 @pytest.mark.parametrize("placement", ["user", "system"])
-def test_strip_takes_out_exactly_what_inject_put_in(placement: str):
+def test_strip_and_renote_take_out_exactly_what_inject_put_in(placement: str):
     msgs = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"}]
     assert strip(inject(msgs, ["Be brief.", "No bold."], placement), ["Be brief.", "No bold."]) == msgs
     bare = [{"role": "user", "content": "hi"}]
@@ -223,6 +357,10 @@ def test_strip_takes_out_exactly_what_inject_put_in(placement: str):
     said = [{"role": "user", "content": "Be brief."}, {"role": "assistant", "content": "OK."},
             {"role": "user", "content": "hi"}]
     assert strip(inject(said, ["Be brief."], placement), ["Be brief."]) == said
+    # Renoting (a forgotten note taken out of a stored request) leaves what inject of the rest gives.
+    for m in (msgs, bare, parts):
+        assert renote(inject(m, ["Be brief.", "No bold."], placement), ["Be brief.", "No bold."], ["No bold."]) == \
+            inject(m, ["No bold."], placement)
 
 
 def _adapter_row(store: Store, version: int, parent: int | None) -> None:

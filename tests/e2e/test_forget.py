@@ -18,13 +18,14 @@ def raw_bytes(db: Path) -> bytes:
     return b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))
 
 
-def talk(d: DaemonProcess, session: str, secret: str) -> None:
+def talk(d: DaemonProcess, session: str, secret: str, note: str = "Please be brief.") -> None:
+    """A main call carrying `secret`, then a correction whose request becomes a general note."""
     with httpx.Client(base_url=d.url, timeout=120) as c:
         c.post("/v1/chat/completions", json={"model": "clawback", "max_tokens": 4, "messages": [
             {"role": "user", "content": f"remember {secret}"}]},
             headers={"x-session-id": session, "x-turn-type": "main"}).raise_for_status()
         ack = c.post("/v1/feedback", json={"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": session,
-                                           "text": f"you forgot {secret}"}).json()
+                                           "text": f"You forgot {secret}. {note}"}).json()
         assert ack["type"] == "ack", ack
 
 
@@ -36,19 +37,24 @@ def forget_cli(d: DaemonProcess, *args: str) -> str:
 
 
 def test_forget_through_the_daemon_then_on_the_stopped_store(tiny_model_dir: Path, tmp_path: Path):
-    """Preference notes are off here: a note learned from one session's correction joins the other
-    sessions' prompts, which a session's forget does not rewrite."""
-    d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth",
-                      env={"CLAWBACK_TRAIN": "false", "CLAWBACK_MEMORY": "false"}).start()
+    """The note learnt from the forgotten session's correction was injected into the other
+    session's call: the forget takes it out of that call too."""
+    d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth", env={"CLAWBACK_TRAIN": "false"}).start()
     db = d.data_dir / "clawback.db"
     try:
-        talk(d, "private", "PRIVATE-MARKER-1")
+        talk(d, "private", "PRIVATE-MARKER-1", "Please sign as PRIVATE-NOTE-MARKER.")
         talk(d, "other", "OTHER-MARKER-2")
         wait_for(lambda: len(query(db, "SELECT * FROM samples")) == 2, what="samples stored")
+        (served,) = query(db, "SELECT request_json, prompt_text FROM calls WHERE session_id = 'other'")
+        assert "PRIVATE-NOTE-MARKER" in served["request_json"] and "PRIVATE-NOTE-MARKER" in served["prompt_text"]
         report = json.loads(forget_cli(d, "--session", "private", "--json"))
         assert report["sessions"] == 1 and report["deleted"]["calls"] == 1 and report["affected_versions"] == []
+        assert report["scrubbed"] == {"calls": 1, "samples_dropped": 1}
+        (served,) = query(db, "SELECT request_json, prompt_text FROM calls WHERE session_id = 'other'")
+        assert json.loads(served["request_json"])["messages"] == [{"role": "user", "content": "remember OTHER-MARKER-2"}]
+        assert "remember OTHER-MARKER-2" in served["prompt_text"]
         raw = raw_bytes(db)
-        assert b"PRIVATE-MARKER-1" not in raw and b"OTHER-MARKER-2" in raw
+        assert b"PRIVATE-MARKER-1" not in raw and b"PRIVATE-NOTE-MARKER" not in raw and b"OTHER-MARKER-2" in raw
         talk(d, "private", "AFTER-MARKER-3")  # the daemon carries on with the session as a new one
     finally:
         d.stop()
