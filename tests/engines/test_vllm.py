@@ -136,6 +136,30 @@ def test_constraints_and_top_logprobs_pass_through(loop, engine, embedded, hd64_
     assert max_diff(ours[0].top_logprobs, ref[0].top_logprobs) < TOLERANCE
 
 
+def test_candidate_scoring_covers_ids_inside_and_outside_the_prompt_top_logprobs(loop, engine, embedded, adapters):
+    """Candidates among the teacher's top 20 at a position come from one `prompt_logprobs`
+    request; the others from one `logprob_token_ids` request per position. Even positions here
+    ask for the 4 most likely ids, odd ones for ids ranked 30-33: both ways, and both agree with
+    the embedded engine."""
+    import torch
+
+    from clawback.daemon.engines.vllm import PROMPT_TOP_LOGPROBS
+
+    loop.run(engine.load_adapter("v1", str(adapters["v1"])))
+    try:
+        response = [10, 20, 30, 40, 50, 60]
+        vocab = embedded.model.config.vocab_size
+        every = asyncio.run(embedded.score_candidates(PROMPT, response, [list(range(vocab))] * len(response), "v1"))
+        ranked = [torch.tensor(row).argsort(descending=True).tolist() for row in every]
+        candidates = [r[:4] if t % 2 == 0 else r[PROMPT_TOP_LOGPROBS + 10:PROMPT_TOP_LOGPROBS + 14]
+                      for t, r in enumerate(ranked)]
+        ours = loop.run(engine.score_candidates(PROMPT, response, candidates, "v1"))
+        ref = [[every[t][c] for c in row] for t, row in enumerate(candidates)]
+        assert max_diff([x for r in ours for x in r], [x for r in ref for x in r]) < TOLERANCE
+    finally:
+        loop.run(engine.unload("v1"))
+
+
 def test_a_rated_call_served_by_vllm_trains_top_k_opd(loop, engine, embedded, adapters, hd64_model_dir: Path,
                                                      tmp_path: Path):
     """The default recipe on vLLM: a call served by v1 records the policy's top-4 from vLLM itself
