@@ -1052,7 +1052,7 @@ def counts(conn: sqlite3.Connection) -> dict[str, Any]:
 def opd_counts(conn: sqlite3.Connection) -> dict[str, Any]:
     """Of the samples with a teacher that train or trained (ready or consumed), how many distil
     the policy's top-K and how many only the sampled token, with the reasons of the latter."""
-    top_k, reasons = 0, {}
+    top_k, reasons = 0, dict[str, int]()
     for reason, n in conn.execute(
             "SELECT token_level_reason, count(*) FROM samples WHERE state IN ('ready', 'consumed') "
             "AND teacher_logprobs IS NOT NULL GROUP BY token_level_reason"):
