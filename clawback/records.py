@@ -124,6 +124,8 @@ class JudgedSample:
     teacher_prompt_ids: list[int] | None = None
     teacher_logprobs: list[float] | None = None
     teacher_top_logprobs: list[list[float]] | None = None  # T x K: the teacher's logprobs of calls.top_ids
+    # Why a sample with a teacher trains token-level OPD rather than top-K (None: top-K, or no teacher).
+    token_level_reason: str | None = None
     # Positive evidence: the teacher's own reply under the hint, and the policy's logprobs of it
     # in the original context (the sample's prompt, no hint).
     evidence_ids: list[int] | None = None

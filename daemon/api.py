@@ -313,6 +313,8 @@ def create_app(state: AppState, lifespan: Any = None) -> Any:
                 "enabled": state.trainer is not None,
                 "batch_size": state.settings.train_config().batch_size,
                 "samples_ready": counts["samples"].get("ready", 0),
+                # Samples with a teacher: top-K OPD, or token-level and why (store.opd_counts).
+                "opd": counts["opd"],
                 "training_now": bool(state.trainer and state.trainer.busy),
                 "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step
                 "last_step": last_step,

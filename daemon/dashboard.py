@@ -367,6 +367,7 @@ class DashboardData:
             "untagged_only": untagged_only(s.capture.last_untagged_at, last_main, time.time()),
             "samples": counts["samples"],
             "dropped_samples": counts["dropped_samples"],
+            "opd": counts["opd"],
             "ready": counts["samples"].get("ready", 0),
             "batch_size": s.settings.train_config().batch_size,
             "training": s.trainer is not None,

@@ -23,6 +23,9 @@ SAMPLE_REASONS = {
     "teacher_version_unloaded": "the version that served it is no longer loaded",
     "stale": "too many versions trained since it was served",
     "no_teacher_for_opd": "on-policy distillation needs a hint or correction, and it has none",
+    # Why a sample with a teacher trains token-level OPD (samples.token_level_reason)
+    "no_top_k_recorded": "the call was served without the policy's top-K (opd_top_k = 0, or the engine sent none)",
+    "candidate_scoring_failed": "the engine could not score the teacher's view of the top-K",
 }
 SAMPLE_STATES = {"pending_judge": "waiting for the judge", "ready": "ready to train on"}
 

@@ -11,7 +11,9 @@ This pipeline turns it into `ready` or `dropped(reason)`:
   else from the next state.
 - teacher logprobs: the stored response ids scored (never re-tokenised) under the teacher
   context, which is the request with the hint appended to the last user message (HINT_FORMAT);
-  teacher `self` = the current policy (active adapter), `base` = the frozen base model.
+  teacher `self` = the version that served the call, `base` = the frozen base model. Top-K OPD
+  also scores the policy's top-K recorded at serve time (every engine can); a sample with a
+  teacher that trains token-level records why (`token_level_reason`).
 - the student context (`consolidate_notes`): a reply served with preference notes trains in its
   request without them, against the serving version's logprobs there (`_consolidate`).
 
@@ -277,14 +279,18 @@ class SamplePipeline:
         if adapter is not None and adapter not in self.engine.loaded_versions():
             return replace(sample, reason="teacher_version_unloaded")
         logprobs = await self.engine.score(prompt_ids, inp.response_ids, adapter)
-        top = None
-        if inp.top_ids:
+        top, token_level = None, None
+        if not inp.top_ids:
+            token_level = "no_top_k_recorded"
+        else:
             try:
                 top = await self.engine.score_candidates(prompt_ids, inp.response_ids, inp.top_ids, adapter)
-            except EngineError as e:  # e.g. a model server: the sample trains token-level OPD
-                log.debug("no top-K teacher for %s: %s", inp.call_id, e)
+            except EngineError as e:
+                log.warning("the teacher's top-K for %s could not be scored: %s", inp.call_id, e)
+                token_level = f"candidate_scoring_failed: {e}"[:500]
         sample = replace(sample, teacher_adapter=inp.adapter_version if adapter else None, teacher_messages=msgs,
-                         teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top)
+                         teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top,
+                         token_level_reason=token_level)
         return await self._evidence(inp, prompt_ids, adapter, sample) if self.cfg.positive_evidence else sample
 
     async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], adapter: str | None,
@@ -319,15 +325,17 @@ class SamplePipeline:
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         if prompt_ids == inp.prompt_ids:  # the notes are not where inject put them
             return sample
-        top = None
+        top, token_level = None, sample.token_level_reason
         if sample.teacher_top_logprobs is not None and inp.top_ids:
             try:
                 top = await self.engine.score_candidates(prompt_ids, inp.response_ids, inp.top_ids, adapter)
             except EngineError as e:
-                log.debug("no top-K baseline for %s: %s", inp.call_id, e)
+                log.warning("the top-K baseline for %s could not be scored: %s", inp.call_id, e)
+                token_level = f"candidate_scoring_failed: {e}"[:500]
         evidence = (await self.engine.score(prompt_ids, sample.evidence_ids, adapter)
                     if sample.evidence_ids else sample.evidence_logprobs)
         return replace(sample, student_prompt_ids=list(prompt_ids), student_top_logprobs=top,
+                       token_level_reason=token_level,
                        student_logprobs=await self.engine.score(prompt_ids, inp.response_ids, adapter),
                        evidence_logprobs=evidence)
 

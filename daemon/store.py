@@ -1168,7 +1168,24 @@ def counts(conn: sqlite3.Connection) -> dict[str, Any]:
         key = (reason or "unknown").split(": ", 1)[0]
         dropped[key] = dropped.get(key, 0) + n
     return {"calls": calls, "sessions": sessions, "events": events, "samples": samples, "feedback": feedback,
-            "dropped_samples": dropped}
+            "dropped_samples": dropped, "opd": opd_counts(conn)}
+
+
+def opd_counts(conn: sqlite3.Connection) -> dict[str, Any]:
+    """Of the samples with a teacher that train or trained (ready or consumed), how many distil
+    the policy's top-K and how many only the sampled token, with the reasons of the latter."""
+    top_k, reasons = 0, dict[str, int]()
+    for reason, n in conn.execute(
+            "SELECT token_level_reason, count(*) FROM samples WHERE state IN ('ready', 'consumed') "
+            "AND teacher_logprobs IS NOT NULL GROUP BY token_level_reason"):
+        if reason is None:
+            top_k += n
+        else:
+            key = reason.split(": ", 1)[0]
+            reasons[key] = reasons.get(key, 0) + n
+    token_level = sum(reasons.values())
+    return {"top_k": top_k, "token_level": token_level, "token_level_reasons": reasons,
+            "token_level_share": token_level / (top_k + token_level) if top_k + token_level else None}
 
 
 def export_jsonl(db_path: Path, out: TextIO, since: float | None = None) -> int:

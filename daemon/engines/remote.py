@@ -28,7 +28,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import httpx
 
@@ -37,6 +37,7 @@ from clawback.engine import EngineError, ModelInfo, Sampling, Token
 from .supervisor import ServerProcess, healthy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,7 +68,7 @@ class Endpoint:
 
 class RemoteEngine(abc.ABC):
     """The Engine protocol over a model server. Subclasses speak its HTTP dialect:
-    `_server_load`, `_server_unload`, `_stream` and `_score`."""
+    `_server_load`, `_server_unload`, `_stream`, `_score` and `_score_candidates`."""
 
 
     def __init__(self, info: ModelInfo, endpoint: Endpoint, server: ServerProcess | None = None,
@@ -136,19 +137,10 @@ class RemoteEngine(abc.ABC):
     async def score(
         self, prompt_ids: Sequence[int], response_ids: Sequence[int], adapter: str | None = None
     ) -> list[float]:
-        if not prompt_ids:
-            raise EngineError("empty prompt")
         if not response_ids:
+            self._check_scoring(prompt_ids, response_ids)
             return []
-        if len(prompt_ids) + len(response_ids) > self.info.context_length:
-            raise EngineError("prompt + response exceed the context length")
-        v = self._acquire(adapter, allow_retiring=True)  # a retiring version is still on the server
-        try:
-            out = await self._score(list(prompt_ids), list(response_ids), v.server_name if v else None)
-        except httpx.HTTPError as e:
-            raise EngineError(f"model server: {type(e).__name__}: {e}") from e
-        finally:
-            self._release(v)
+        out = await self._scored(self._score, prompt_ids, response_ids, adapter)
         if len(out) != len(response_ids):
             raise EngineError(f"server returned {len(out)} logprobs for {len(response_ids)} tokens")
         return out
@@ -157,9 +149,36 @@ class RemoteEngine(abc.ABC):
         self, prompt_ids: Sequence[int], response_ids: Sequence[int], candidates: Sequence[Sequence[int]],
         adapter: str | None = None,
     ) -> list[list[float]]:
-        # Neither server scores arbitrary token ids per position through its public API; a
-        # sample then trains token-level OPD (daemon/samples.py records why).
-        raise EngineError(f"the {type(self).__name__} engine cannot score candidate tokens")
+        if len(candidates) != len(response_ids):
+            raise EngineError(f"{len(candidates)} candidate rows for {len(response_ids)} response tokens")
+        if not response_ids:
+            self._check_scoring(prompt_ids, response_ids)
+            return []
+        rows = [list(map(int, row)) for row in candidates]
+        out = await self._scored(lambda p, r, name: self._score_candidates(p, r, rows, name),
+                                 prompt_ids, response_ids, adapter)
+        if [len(row) for row in out] != [len(row) for row in rows]:
+            raise EngineError("the server's candidate logprobs do not match the candidates asked for")
+        return out
+
+    def _check_scoring(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> None:
+        if not prompt_ids:
+            raise EngineError("empty prompt")
+        if len(prompt_ids) + len(response_ids) > self.info.context_length:
+            raise EngineError("prompt + response exceed the context length")
+
+    async def _scored(self, fn: Callable[[list[int], list[int], str | None], Awaitable[T]],
+                      prompt_ids: Sequence[int], response_ids: Sequence[int], adapter: str | None) -> T:
+        """`fn(prompt, response, server name)` on `adapter`'s version, held for the call (a retiring
+        version is still on the server)."""
+        self._check_scoring(prompt_ids, response_ids)
+        v = self._acquire(adapter, allow_retiring=True)
+        try:
+            return await fn(list(prompt_ids), list(response_ids), v.server_name if v else None)
+        except httpx.HTTPError as e:
+            raise EngineError(f"model server: {type(e).__name__}: {e}") from e
+        finally:
+            self._release(v)
 
     async def load_adapter(self, version: str, path: str) -> None:
         v = self._versions.get(version)
@@ -295,6 +314,11 @@ class RemoteEngine(abc.ABC):
 
     @abc.abstractmethod
     async def _score(self, prompt_ids: list[int], response_ids: list[int], server_name: str | None) -> list[float]:
+        """Implemented by each server's engine (sglang.py, vllm.py)."""
+
+    @abc.abstractmethod
+    async def _score_candidates(self, prompt_ids: list[int], response_ids: list[int], candidates: list[list[int]],
+                                server_name: str | None) -> list[list[float]]:
         """Implemented by each server's engine (sglang.py, vllm.py)."""
 
     # ---- HTTP helpers ----

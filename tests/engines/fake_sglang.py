@@ -5,9 +5,13 @@ It takes SGLang's launch flags (rejecting unknown ones) and answers the routes t
 uses with SGLang's request and response shapes (reference §2, §3, §5):
 
 - `/generate`: `input_ids`, `sampling_params`, `return_logprob`, `logprob_start_len`, `lora_path`,
-  `stream` (SSE, cumulative chunks as SGLang sends by default, then `data: [DONE]`);
-  `meta_info.input_token_logprobs` starts with a None entry, `output_token_logprobs` are
-  temperature-scaled unless SGLANG_RETURN_ORIGINAL_LOGPROB=1 (as in SGLang).
+  `top_logprobs_num`, `token_ids_logprob`, `stream` (SSE, cumulative chunks as SGLang sends by
+  default, then `data: [DONE]`); `meta_info.input_token_logprobs` starts with a None entry,
+  `output_token_logprobs` (and `output_top_logprobs`) are temperature-scaled unless
+  SGLANG_RETURN_ORIGINAL_LOGPROB=1 (as in SGLang). `token_ids_logprob` (one id list for the
+  request) gives `input_token_ids_logprobs`: shifted like `input_token_logprobs` (entry 0 None,
+  entry i the logprobs at position logprob_start_len + i, which SGLang builds by prepending None
+  and dropping the last row), each row `[logprob, id, None]` per listed id in the listed order.
 - `/load_lora_adapter` (400 "already loaded" for a loaded name; rank and target modules
   checked against the launch flags), `/unload_lora_adapter` (unregisters at once, returns when
   the adapter's in-flight requests are done), `/health`, `/model_info`, `/server_info`,
@@ -113,6 +117,7 @@ class Registry:
         self.usage: dict[str, int] = {}
         self.resurrected: list[str] = []
         self.requests_by_name: dict[str, int] = {}
+        self.token_ids_logprob_widths: list[int] = []  # per request with token_ids_logprob: the ids asked for
         self.lock = asyncio.Lock()  # lora_update_lock
 
 
@@ -189,7 +194,7 @@ def make_app(args: argparse.Namespace) -> FastAPI:
     @app.get("/fake/stats")
     async def stats() -> Any:
         return {"resurrected": reg.resurrected, "loaded": reg.loaded, "usage": reg.usage,
-                "requests_by_name": reg.requests_by_name}
+                "requests_by_name": reg.requests_by_name, "token_ids_logprob_widths": reg.token_ids_logprob_widths}
 
     @app.post("/load_lora_adapter")
     async def load_lora(request: Request) -> Any:
@@ -251,6 +256,13 @@ def make_app(args: argparse.Namespace) -> FastAPI:
         stops = set(sp.get("stop_token_ids") or [])
         return_logprob = bool(body.get("return_logprob", False))
         start = int(body.get("logprob_start_len", -1))
+        top_n = int(body.get("top_logprobs_num") or 0)
+        token_ids = body.get("token_ids_logprob")
+        if token_ids is not None:
+            if not all(isinstance(t, int) for t in token_ids):  # one flat id list per request
+                return JSONResponse({"error": {"message": "token_ids_logprob: expected a list of ints"}},
+                                    status_code=400)
+            reg.token_ids_logprob_widths.append(len(token_ids))
         if start >= len(ids):
             return JSONResponse({"error": {"message": f"logprob_start_len={start} is higher than the number "
                                                       "of input tokens"}}, status_code=400)
@@ -260,7 +272,7 @@ def make_app(args: argparse.Namespace) -> FastAPI:
             return JSONResponse({"error": {"message": error}}, status_code=400)
         rid = uuid.uuid4().hex
         rng = torch.Generator().manual_seed(int(sp["sampling_seed"])) if "sampling_seed" in sp else None
-        state: dict[str, Any] = {"output": [], "input_lp": None, "finish": None}
+        state: dict[str, Any] = {"output": [], "input_lp": None, "input_ids_lp": None, "finish": None}
 
         def step(cache: Any, feed: list[int]) -> tuple[Any, torch.Tensor]:
             out = model.forward(feed, name, cache)
@@ -277,6 +289,9 @@ def make_app(args: argparse.Namespace) -> FastAPI:
                 # SGLang: [None] + computed[:-1] over input_ids[start:]; entry i = position start+i
                 state["input_lp"] = [entry(None, ids[start])] + [
                     entry(computed[p - 1], ids[p]) for p in range(start + 1, len(ids))]
+                if token_ids is not None:
+                    state["input_ids_lp"] = [None] + [[entry(float(lp[p - 1, t]), t) for t in token_ids]
+                                                      for p in range(start + 1, len(ids))]
             last = logits[-1]
             if max_new == 0:
                 state["finish"] = {"type": "length", "length": 0}
@@ -293,8 +308,10 @@ def make_app(args: argparse.Namespace) -> FastAPI:
                         probs = torch.zeros_like(probs).scatter(0, order[keep], sp_[keep])
                     tid = int(torch.multinomial(probs, 1, generator=rng))
                 scale = 1.0 if (greedy or original_logprobs) else temperature
-                lp = float(torch.log_softmax(last / scale, dim=-1)[tid])
-                state["output"].append((lp, tid))
+                dist = torch.log_softmax(last / scale, dim=-1)
+                top = torch.topk(dist, top_n) if top_n else None
+                state["output"].append((float(dist[tid]), tid, [] if top is None else [
+                    entry(float(v), int(i)) for v, i in zip(top.values, top.indices)]))
                 if tid in stops:
                     state["finish"] = {"type": "stop", "matched": tid}
                 elif len(state["output"]) >= max_new:
@@ -311,8 +328,12 @@ def make_app(args: argparse.Namespace) -> FastAPI:
                                     "weight_version": "default"}
             if return_logprob:
                 meta["input_token_logprobs"] = state["input_lp"] or []
-                meta["output_token_logprobs"] = [entry(lp, t) for lp, t in state["output"]]
-            return {"text": "", "output_ids": [t for _, t in state["output"]], "meta_info": meta}
+                meta["output_token_logprobs"] = [entry(lp, t) for lp, t, _ in state["output"]]
+                if top_n:
+                    meta["output_top_logprobs"] = [top for _, _, top in state["output"]]
+                if token_ids is not None:
+                    meta["input_token_ids_logprobs"] = state["input_ids_lp"] or []
+            return {"text": "", "output_ids": [t for _, t, _ in state["output"]], "meta_info": meta}
 
         if not body.get("stream"):
             try:

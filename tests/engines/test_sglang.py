@@ -116,6 +116,39 @@ def test_scoring_with_an_adapter_matches_the_embedded_engine(loop, engine, embed
         loop.run(engine.unload("v1"))
 
 
+def test_top_k_at_serve_time_and_the_teachers_view_of_it_match_the_embedded_engine(loop, engine, embedded, adapters):
+    """Top-K OPD on SGLang: the policy's top-4 comes with the served tokens (`top_logprobs_num`),
+    and the teacher's logprobs of those ids at every position come from `token_ids_logprob` on a
+    scoring request (one id list per request, so the engine asks for each window's union). The
+    reply is longer than one window, so two requests cover it."""
+    from clawback.daemon.engines.sglang import CANDIDATE_WINDOW
+
+    loop.run(engine.load_adapter("v1", str(adapters["v1"])))
+    try:
+        sampling = Sampling(temperature=1.0, max_tokens=CANDIDATE_WINDOW + 6, seed=5, top_logprobs=4)
+        toks = loop.run(collect(engine, sampling, "v1"))
+        ids, top_ids = [t.id for t in toks], [list(t.top_ids) for t in toks]
+        ref = asyncio.run(embedded.score_candidates(PROMPT, ids, top_ids, "v1"))
+        assert all(len(row) == 4 for row in top_ids)
+        assert max(abs(a - b) for t, row in zip(toks, ref) for a, b in zip(t.top_logprobs, row)) < 1e-4
+        assert all(list(row) == sorted(row, reverse=True) for row in ref), "served most likely first"
+
+        teacher_prompt = PROMPT + [198, 77, 520]  # another context: the hinted request
+        before = len(fake_stats(engine)["token_ids_logprob_widths"])
+        ours = loop.run(engine.score_candidates(teacher_prompt, ids, top_ids, "v1"))
+        ref = asyncio.run(embedded.score_candidates(teacher_prompt, ids, top_ids, "v1"))
+        base = asyncio.run(embedded.score_candidates(teacher_prompt, ids, top_ids))
+        assert max(abs(a - b) for x, y in zip(ours, ref) for a, b in zip(x, y)) < 1e-4
+        assert max(abs(a - b) for x, y in zip(ours, base) for a, b in zip(x, y)) > 1e-3, "the adapter was applied"
+        widths = fake_stats(engine)["token_ids_logprob_widths"][before:]
+        assert len(widths) == 2
+        assert widths[0] == len({t for row in top_ids[:CANDIDATE_WINDOW] for t in row})
+        with pytest.raises(EngineError, match="candidate rows"):
+            loop.run(engine.score_candidates(teacher_prompt, ids, top_ids[:-1], "v1"))
+    finally:
+        loop.run(engine.unload("v1"))
+
+
 def test_hot_swap_with_streams_in_flight(loop, engine, embedded, adapters):
     """v1 serves four long streams when v2 goes live: the swap returns at once, the streams
     finish on v1, new requests get v2, v1 is unloaded on the server only after its last stream,

