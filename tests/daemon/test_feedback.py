@@ -247,6 +247,14 @@ PYTEST_FAILED = ((Path(__file__).parent / "tool_results" / "pytest_fail.txt").re
                  + "\n\n(Command exited with code 1)")  # as OpenClaw's exec tool returns it
 
 
+@contextlib.contextmanager
+def dashboard(daemon: DaemonProcess):
+    """A client logged in to the dashboard (its pages without a browser)."""
+    with httpx.Client(base_url=daemon.url, timeout=60) as ui:
+        assert ui.post("/ui/login", data={"key": daemon.api_key}).status_code == 303
+        yield ui
+
+
 def sample_of(daemon: DaemonProcess, call_id: str) -> tuple:
     return wait_for(lambda: db_query(
         daemon, "SELECT state, reward, reward_source, outcome, hint_source, hint, length(teacher_logprobs) > 0 "
@@ -269,6 +277,8 @@ def test_a_failing_tool_result_rewards_the_call_that_ran_it(client: httpx.Client
     assert (state, reward, source, outcome, hint_source, teacher) == ("ready", -1.0, "outcome_rule", "test_summary",
                                                                       "outcome", 1)
     assert hint.endswith("FAILED test_calc.py::test_add - assert 0 == 4\n1 failed, 1 passed in 6.69s")
+    with dashboard(daemon) as ui:
+        assert "reward -1 from outcome rule test_summary" in ui.get("/ui/session/oc-1").text
 
 
 def outcome(session: str, reward: float, **kw) -> dict:
@@ -286,6 +296,11 @@ def test_outcome_event_is_credited_once_and_reaches_the_samples(client: httpx.Cl
     for body in bodies:
         assert sample_of(daemon, body["id"]) == ("ready", -1.0, "outcome_event", "ci", "outcome",
                                                  "2 of 5 tests failed: test_parse, test_dump", 1)
+    # The dashboard's conversation and feedback views say where each reward came from.
+    with dashboard(daemon) as ui:
+        page = ui.get("/ui/session/oc-2").text
+        assert page.count("reward -1 from outcome event from ci") == 2, page
+        assert "reward -1 from outcome event from ci" in ui.get("/ui/part/feedback").text
     # A person's 👍 still decides the reward; the environment's words stay the hint.
     client.post("/v1/feedback", json=event("thumbs_up", "oc-2", target="oc-2-t1"))
     wait_for(lambda: db_query(daemon, "SELECT 1 FROM samples WHERE call_id = ? AND reward_source = 'explicit' "
