@@ -23,6 +23,7 @@ from clawback.daemon.feedback import FeedbackEvent
 from clawback.daemon.outcomes import RULES, evidence, read_result, tool_outcome
 from clawback.daemon.store import Store
 from clawback.records import Outcome
+from tests.daemon.test_samples import engine, renderer  # noqa: F401, F811  (fixtures)
 from tests.daemon.test_store import record
 
 SHAPES = Path(__file__).parent / "tool_results"
@@ -283,3 +284,34 @@ def test_forgetting_a_session_forgets_its_outcome_rewards(store: Store):
     asyncio.run(store.forget(ForgetScope(session_id="s1")))
     left = store.read(lambda c: c.execute("SELECT call_id FROM outcome_rewards").fetchall())
     assert [r[0] for r in left] == keep
+
+
+# ---------------------------------------------------------------- in the sample pipeline
+
+
+@pytest.mark.parametrize("rules, signals, expected", [
+    (ALL, (), ("ready", -1.0, "outcome_rule", "traceback", "outcome")),
+    ((), (), ("dropped", 0.0, "none", None, None)),  # rules off, no judge: nothing to learn from
+    (ALL, ("thumbs_up",), ("ready", 1.0, "explicit", None, "outcome")),  # the person decides; the error is the hint
+    (ALL, ("outcome",), ("ready", 0.5, "outcome_event", "ci", None)),  # an environment's verdict beats a rule
+])
+def test_where_the_reward_comes_from(tmp_path, engine, renderer, rules, signals, expected):  # noqa: F811
+    """With the pipeline on a real engine (tiny random Llama) and store: a call whose exec tool
+    result is a Python traceback, and the signals a person or an environment add."""
+    from tests.daemon.test_samples import drain, feedback, pipe, sample_row, served_call
+
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        call_id = served_call(store, renderer, engine, [tool(exec_result(shape("python_traceback.txt"), 1))])
+        for kind in signals:
+            if kind == "outcome":
+                apply(store, outcome_event("s", 0.5, target=call_id, text=None))
+            else:
+                feedback(store, kind)
+        drain(pipe(store, engine, renderer, None, method="combined", outcome_rules=rules))
+        row = sample_row(store, call_id)
+        assert (row["state"], row["reward"], row["reward_source"], row["outcome"], row["hint_source"]) == expected
+        if row["hint_source"] == "outcome":
+            assert row["hint"].endswith("No such file or directory: 'config.json'") and row["teacher_logprobs"]
+    finally:
+        store.close()
