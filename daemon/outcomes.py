@@ -47,7 +47,7 @@ class Verdict:
 
 _PYTEST = re.compile(r"^=*\s*((?:\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|warnings?|deselected)"
                      r"(?:, )?)+) in [\d.]+s\b.*$", re.M)
-_UNITTEST = re.compile(r"^Ran \d+ tests? in [\d.]+s\s*\n\s*\n(OK|FAILED \(.*\))", re.M)
+_UNITTEST = re.compile(r"^Ran (\d+) tests? in [\d.]+s\s*\n\s*\n(OK|FAILED \(.*\))", re.M)
 _CARGO = re.compile(r"^test result: (ok|FAILED)\. (\d+) passed; (\d+) failed;.*$", re.M)
 _JEST = re.compile(r"^Tests:\s+(.*\d+ total)$", re.M)
 _VITEST = re.compile(r"^\s*Tests\s+(.*\(\d+\))\s*$", re.M)
@@ -64,8 +64,8 @@ def _test_summary(text: str) -> Verdict | None:
     for m in _PYTEST.finditer(text):
         found.append((m.end(), _count(m[1], "passed"), _count(m[1], "failed") + _count(m[1], "errors?")))
     for m in _UNITTEST.finditer(text):
-        failed = 1 if m[1].startswith("FAILED") else 0
-        found.append((m.end(), 1 - failed, failed))
+        failed = int(m[2].startswith("FAILED"))
+        found.append((m.end(), int(m[1]) - failed, failed))
     for m in _CARGO.finditer(text):
         found.append((m.end(), int(m[2]), int(m[3]) or int(m[1] == "FAILED")))
     for m in list(_JEST.finditer(text)) + list(_VITEST.finditer(text)):

@@ -58,6 +58,8 @@ def test_test_summaries_decide_through_openclaws_exec(name: str, passed: bool):
 
 def test_a_run_without_tests_says_nothing():
     assert read_result("no tests ran in 0.01s", ALL) is None
+    assert read_result("\n----------------------------------------------------------------------\n"
+                       "Ran 0 tests in 0.000s\n\nOK\n", ALL) is None
     assert read_result("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out", ALL) is None
 
 
