@@ -68,6 +68,16 @@ class Feedback:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """A reward that the result of a call's actions states, without a judge: read by an outcome
+    rule from its tool results, or credited to it by an outcome event (docs/protocol.md)."""
+
+    reward: float
+    origin: str  # the rule's name, or the outcome event's source
+    text: str | None = None  # what went wrong, for a failure: the hint for the OPD teacher
+
+
+@dataclass(frozen=True)
 class SampleInputs:
     """Everything the judge and the teacher need for one call's sample, read from the store."""
 
@@ -86,6 +96,7 @@ class SampleInputs:
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str = "stop"
     top_ids: list[list[int]] | None = None  # recorded at serve time, for the teacher to score (top-K OPD)
+    outcome: Outcome | None = None  # the newest outcome event's credit to this call
 
 
 @dataclass(frozen=True)
@@ -113,10 +124,11 @@ class JudgedSample:
     reason: str | None = None
     method: str | None = None
     reward: float | None = None
-    reward_source: str | None = None  # explicit | judge | none
+    reward_source: str | None = None  # explicit | outcome_event | outcome_rule | judge | none
+    outcome: str | None = None  # the outcome rule's name, or the outcome event's source
     judge_score: int | None = None
     hint: str | None = None
-    hint_source: str | None = None  # correction | next_state | correction_raw
+    hint_source: str | None = None  # correction | next_state | correction_raw | outcome
     correction: str | None = None
     teacher: str | None = None  # self | base
     teacher_adapter: int | None = None
@@ -162,7 +174,7 @@ class ReadySample:
     teacher_top_logprobs: list[list[float]] | None = None
     evidence_ids: list[int] | None = None  # see JudgedSample
     evidence_logprobs: list[float] | None = None
-    reward_source: str | None = None  # explicit | judge | none
+    reward_source: str | None = None  # see JudgedSample
     correction: str | None = None  # the person's correction, if any
     # The prompt as it was served, where `prompt_ids` is another one (note consolidation): the
     # call's identity, e.g. for the gate's held-out share.

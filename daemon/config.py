@@ -24,6 +24,7 @@ from pydantic_settings import (
 from clawback.trainer.config import PRESETS, TrainConfig
 
 from .layout import Layout
+from .outcomes import RULES
 
 # The catalogue's smallest model (daemon/models.py): the fast test tier and tiny machines.
 EMBEDDED_MODEL = "smollm2-135m-instruct"
@@ -76,6 +77,38 @@ class GateConfig(BaseModel):
     guard_replies: int = Field(default=20, ge=0)  # main replies watched per version, 0 = off
     guard_alpha: float = Field(default=0.05, gt=0, lt=1)  # significance of Fisher's one-sided exact test
     guard_baseline: int = Field(default=200, ge=1)  # newest replies of the previous version compared against
+
+
+class OutcomeSettings(BaseModel):
+    """`[signals.outcomes]`: rewards that tool results and scripted environments state, without
+    a judge (daemon/outcomes.py; docs/protocol.md, "Outcomes")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True  # read the rules' outcomes off tool results (outcome events count either way)
+    # The rules, in the order they are tried on each tool result; the first that recognises it decides.
+    rules: tuple[str, ...] = tuple(RULES)
+    success_reward: float = Field(default=1.0, ge=-1.0, le=1.0)
+    failure_reward: float = Field(default=-1.0, ge=-1.0, le=1.0)
+    # How an outcome event that does not say is credited across its trajectory's main calls:
+    # last = the final call, every = each call, step = per step index within the event's group.
+    credit: Literal["last", "every", "step"] = "last"
+
+    @field_validator("rules")
+    @classmethod
+    def _known_rules(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [r for r in v if r not in RULES]
+        if unknown:
+            raise ValueError(f"no outcome rule {', '.join(unknown)}; the rules are {', '.join(RULES)}")
+        return v
+
+
+class SignalsSettings(BaseModel):
+    """`[signals]`: where rewards come from besides a person and the judge."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    outcomes: OutcomeSettings = Field(default_factory=lambda: OutcomeSettings())
 
 
 def default_data_dir() -> Path:
@@ -199,6 +232,10 @@ class SignalConfig:
     correction_reward: float = 0.0  # see TrainSettings
     # A reply served with preference notes trains in its request without them (see Settings.memory_consolidate).
     consolidate_notes: bool = False
+    # Outcome rules tried on each tool result, in order (outcomes.py; empty = off), and their rewards.
+    outcome_rules: tuple[str, ...] = tuple(RULES)
+    outcome_success: float = 1.0
+    outcome_failure: float = -1.0
 
 
 # The flat keys of earlier versions and where each lives in the tree; they load as before (toml,
@@ -337,6 +374,7 @@ class Settings(BaseSettings):
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
     layout: Layout = Field(default_factory=lambda: Layout())  # [layout]: where engine, judge and trainer run (daemon/layout.py)
     gate: GateConfig = Field(default_factory=lambda: GateConfig())  # [gate]: checks before and after a version goes live
+    signals: SignalsSettings = Field(default_factory=lambda: SignalsSettings())  # [signals]: outcome rewards
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -392,7 +430,9 @@ class Settings(BaseSettings):
             positive_evidence=self.train_config().evidence_weight > 0,
             train_loops=self.train_config().loop_penalty > 0,
             judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,
-            judge_timeout_s=j.timeout_s, judge_retries=j.retries, concurrency=j.concurrency)
+            judge_timeout_s=j.timeout_s, judge_retries=j.retries, concurrency=j.concurrency,
+            outcome_rules=self.signals.outcomes.rules if self.signals.outcomes.enabled else (),
+            outcome_success=self.signals.outcomes.success_reward, outcome_failure=self.signals.outcomes.failure_reward)
 
     @property
     def db_path(self) -> Path:

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clawback.records import parse_version
 
-from .display import ago, sample_reason, sample_state
+from .display import ago, reward_origin, sample_reason, sample_state
 from .forget import forget
 from .store import ForgetScope
 
@@ -134,6 +134,7 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
     templates.env.filters["ago"] = ago
     templates.env.filters["sample_state"] = sample_state
     templates.env.filters["sample_reason"] = sample_reason
+    templates.env.globals["reward_origin"] = reward_origin
     templates.env.filters["pct"] = lambda x: "–" if x is None else f"{100 * x:.0f}%"
     templates.env.filters["num"] = lambda x, d=3: "–" if x is None else f"{x:.{d}g}"
     ui.mount("/static", StaticFiles(directory=str(pkg.joinpath("static", "ui"))), name="static")
@@ -466,7 +467,7 @@ def _pager(name: str, page: int, total: int) -> dict[str, Any]:
             "first": (page - 1) * PAGE_SIZE + 1, "last": min(total, page * PAGE_SIZE)}
 
 
-RATED = "('thumbs_up', 'thumbs_down', 'correction', 'comment')"
+RATED = "('thumbs_up', 'thumbs_down', 'correction', 'comment', 'outcome')"
 
 
 def _feedback(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
@@ -476,7 +477,7 @@ def _feedback(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
         f"ORDER BY received_at DESC LIMIT {PAGE_SIZE} OFFSET ?) "
         "SELECT f.event_id, f.kind, f.text, f.source, f.received_at, f.state, f.reason AS orphan_reason, "
         "f.session_id, c.response_text, s.state AS sample_state, s.reason AS sample_reason, s.hint, s.correction, "
-        "s.reward, s.consumed_version, t.step AS consumed_step FROM recent f "
+        "s.reward, s.reward_source, s.outcome, s.consumed_version, t.step AS consumed_step FROM recent f "
         "LEFT JOIN calls c ON c.call_id = f.call_id LEFT JOIN samples s ON s.call_id = f.call_id "
         "LEFT JOIN train_steps t ON s.consumed_version = 'v' || t.version AND t.outcome = 'committed' "
         "ORDER BY f.received_at DESC", (offset,)).fetchall()
@@ -524,7 +525,8 @@ def _session_calls(c: sqlite3.Connection, session_id: str) -> list[dict[str, Any
     out = []
     for r in c.execute(
             "SELECT c.call_id, c.created_at, c.adapter_version, c.state, c.request_json, c.response_text, "
-            "n.messages_json, s.state AS sample_state, s.reason AS sample_reason FROM calls c "
+            "n.messages_json, s.state AS sample_state, s.reason AS sample_reason, s.reward, s.reward_source, "
+            "s.outcome FROM calls c "
             "LEFT JOIN next_states n USING (call_id) LEFT JOIN samples s USING (call_id) "
             "WHERE c.session_id = ? AND c.turn_type = 'main' ORDER BY c.created_at", (session_id,)):
         messages = json.loads(r["request_json"]).get("messages", [])
@@ -532,7 +534,7 @@ def _session_calls(c: sqlite3.Connection, session_id: str) -> list[dict[str, Any
         feedback = c.execute("SELECT kind, text, received_at FROM feedback_events WHERE call_id = ? "
                              "ORDER BY received_at", (r["call_id"],)).fetchall()
         out.append({**{k: r[k] for k in ("call_id", "created_at", "adapter_version", "state", "response_text",
-                                         "sample_state", "sample_reason")},
+                                         "sample_state", "sample_reason", "reward", "reward_source", "outcome")},
                     "request": _text(last_user.get("content")) if last_user else "",
                     "next_state": [f"{m.get('role')}: {_text(m.get('content'))}"
                                    for m in json.loads(r["messages_json"] or "[]")],

@@ -52,6 +52,15 @@ def sample_state(state: str | None, reason: str | None = None, consumed_version:
     return SAMPLE_STATES.get(state, state.replace("_", " "))
 
 
+def reward_origin(reward: float | None, source: str | None, outcome: str | None = None) -> str:
+    """A sample's reward and where it came from: 'reward -1 from outcome rule test_summary'."""
+    if reward is None or source in (None, "none"):
+        return "no reward"
+    origin = {"explicit": f"the person's {'👍' if reward > 0 else '👎'}", "judge": "the judge",
+              "outcome_rule": f"outcome rule {outcome}", "outcome_event": f"outcome event from {outcome}"}
+    return f"reward {reward:+.2g} from {origin.get(source, source)}"
+
+
 def ago(ts: float | None, now: float | None = None) -> str:
     if ts is None:
         return "never"

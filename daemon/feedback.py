@@ -1,4 +1,4 @@
-"""Feedback events (👍/👎, corrections, comments, session end and links) over WebSocket and HTTP.
+"""Feedback events (👍/👎, corrections, comments, outcomes, session end and links) over WebSocket and HTTP.
 
 An event is acknowledged only after it is committed to the store; its `event_id` makes resending
 safe (applied once, acked every time). An event whose session or target call is not known is
@@ -15,7 +15,7 @@ import hmac
 import logging
 import time
 import uuid
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
@@ -31,7 +31,9 @@ MAX_TEXT = 16_000
 AUTH_TIMEOUT_S = 10.0
 MAX_EVENT_BYTES = 64 * 1024
 
-Kind = Literal["thumbs_up", "thumbs_down", "correction", "comment", "session_end", "session_link"]
+Kind = Literal["thumbs_up", "thumbs_down", "correction", "comment", "session_end", "session_link", "outcome"]
+Credit = Literal["last", "every", "step"]
+OUTCOME_FIELDS = ("reward", "credit", "group", "turns")
 
 
 class FeedbackEvent(BaseModel):
@@ -41,12 +43,18 @@ class FeedbackEvent(BaseModel):
     event_id: str = Field(json_schema_extra={"format": "uuid"})
     kind: Kind
     session_id: str | None = Field(None, min_length=1, max_length=256)
-    target: str = Field("last", min_length=1, max_length=256)  # turn id | request id | "last"
+    target: str | None = Field(None, min_length=1, max_length=256)  # turn id | request id | "last" (the default but for outcome)
     text: str | None = Field(None, max_length=MAX_TEXT)
     source: str = Field("unknown", min_length=1, max_length=64)  # channel: telegram, discord, webchat, cli...
     ts: float | None = None  # client time, unix seconds
     from_: str | None = Field(None, alias="from", min_length=1, max_length=256)
     to: str | None = Field(None, min_length=1, max_length=256)
+    # outcome events: the reward, how it is credited across the calls it rates, the group of
+    # trajectories normalised together (credit "step"), and a range of turns (first, last)
+    reward: float | None = Field(None, ge=-1.0, le=1.0)
+    credit: Credit | None = None
+    group: str | None = Field(None, min_length=1, max_length=256)
+    turns: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, min_length=2, max_length=2)
 
     @field_validator("event_id")
     @classmethod
@@ -68,6 +76,15 @@ class FeedbackEvent(BaseModel):
             raise ValueError(f"{self.kind} needs session_id")
         if self.kind in ("correction", "comment") and not (self.text and self.text.strip()):
             raise ValueError(f"{self.kind} needs non-empty text")
+        if self.kind == "outcome":
+            if self.reward is None:
+                raise ValueError("outcome needs reward, a number from -1 to 1")
+            if self.target is not None and self.turns is not None:
+                raise ValueError("outcome takes target or turns, not both")
+        else:
+            given = [f for f in OUTCOME_FIELDS if getattr(self, f) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only outcome events take {'it' if len(given) == 1 else 'them'}")
         return self
 
     def record(self) -> dict[str, Any]:
@@ -122,6 +139,8 @@ async def apply_event(state: Any, raw: Any) -> tuple[int, dict[str, Any]]:
         state.capture.end_session(event.session_id)
     elif event.kind == "session_link":
         state.capture.link(event.from_, event.to)
+    if event.kind == "outcome" and event.credit is None:  # stored as credited: a later config change leaves it be
+        event = event.model_copy(update={"credit": state.settings.signals.outcomes.credit})
     try:
         result = await state.store.apply_feedback(event.record(), time.time())
     except StoreBusy as e:

@@ -4,11 +4,13 @@ For every main call that got a next state or explicit feedback the store queues 
 state `pending_judge` (in the same transaction as the signal, so no signal is lost to a crash).
 This pipeline turns it into `ready` or `dropped(reason)`:
 
-- reward: the person's last 👍/👎 (+1/−1) is ground truth; otherwise the PRM judge's majority
-  vote on the next state; otherwise 0.
+- reward: the person's last 👍/👎 (+1/−1) is ground truth; otherwise the newest outcome event's
+  credit to the call; otherwise what its tool results state (outcome rules, outcomes.py);
+  otherwise the PRM judge's majority vote on the next state; otherwise 0.
 - hint (methods opd/combined): distilled by the judge from the person's correction (the raw
   correction is kept, and used as the hint when no judge runs or none of its votes gives one),
-  else from the next state.
+  else a failed outcome's text (the tool's error, the environment's words), else distilled
+  from the next state.
 - teacher logprobs: the stored response ids scored (never re-tokenised) under the teacher
   context, which is the request with the hint appended to the last user message (HINT_FORMAT);
   teacher `self` = the version that served the call, `base` = the frozen base model. Top-K OPD
@@ -36,6 +38,7 @@ from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, v
 
 from .config import SignalConfig
 from .memory import strip
+from .outcomes import tool_outcome
 from .probes import ends_in_loop
 from .store import Store
 
@@ -203,7 +206,16 @@ class SamplePipeline:
                                  "max_tokens": cfg.judge_max_tokens, "timeout_s": cfg.judge_timeout_s,
                                  "retries": cfg.judge_retries, "context": cfg.judge_context}
 
+        # An outcome event's credit, else what the tool results state (outcomes.py); a person's
+        # 👍/👎 still decides the reward, and a failure's text is the hint all the same.
+        outcome, outcome_source = inp.outcome, "outcome_event"
+        if outcome is None and cfg.outcome_rules:
+            outcome, outcome_source = tool_outcome(next_state, cfg.outcome_rules, cfg.outcome_success,
+                                                   cfg.outcome_failure), "outcome_rule"
         reward_source = "explicit" if reward is not None else "none"
+        if reward is None and outcome is not None:
+            reward, reward_source = outcome.reward, outcome_source
+            sample = replace(sample, outcome=outcome.origin)
         if reward is None and next_state and backend is not None:
             verdict = await judge_prm(backend, messages, response, next_state, **judge_kw)
             votes += _vote_records("prm", backend.name, verdict.votes)
@@ -220,7 +232,9 @@ class SamplePipeline:
         if cfg.method in ("opd", "combined"):
             hint, source = None, None
             hint_evidence = [{"role": "user", "content": correction}] if correction else next_state
-            if hint_evidence and backend is not None:
+            if outcome is not None and outcome.text and not correction:  # what went wrong, as it was said
+                hint, source = outcome.text[:MAX_RAW_HINT_CHARS], "outcome"
+            elif hint_evidence and backend is not None:
                 hv = await judge_hint(backend, messages, response, hint_evidence, **judge_kw)
                 votes += _vote_records("hint", backend.name, hv.votes)
                 hint, source = hv.hint, ("correction" if correction else "next_state")
@@ -241,7 +255,8 @@ class SamplePipeline:
             sample = await self._consolidate(inp, sample)
         if await self._write(sample, votes) and keep:
             self.on_ready({"call_id": call_id, "session_id": inp.session_id, "reward": reward,
-                           "reward_source": reward_source, "hint": sample.hint is not None})
+                           "reward_source": reward_source, "hint": sample.hint is not None,
+                           **({"outcome": sample.outcome} if sample.outcome else {})})
 
     async def _closest_hint(self, inp: SampleInputs, candidates: list[str], default: str | None) -> str | None:
         """Of several judge hints, the one under which the teacher puts the most probability on

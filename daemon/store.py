@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 
 import numpy as np
 
-from clawback.records import Call, Feedback, JudgedSample, ReadySample, SampleInputs, StepRecord, parse_version, version_name
+from clawback.records import (Call, Feedback, JudgedSample, Outcome, ReadySample, SampleInputs, StepRecord, parse_version,
+                              version_name)
 
 from . import memory
 
@@ -43,6 +44,7 @@ class StoreBusy(RuntimeError):
 
 
 SIGNAL_KINDS = ("thumbs_up", "thumbs_down", "correction")  # feedback that changes a sample
+STEP_EPS = 1e-6  # step credit: the z-score's (v - mean) / (std + STEP_EPS), as upstream's step-wise normalisation
 
 
 def _marks(values: Any) -> str:
@@ -148,6 +150,7 @@ CALL_COLUMNS = (
 NEXT_STATE_COLUMNS = ("call_id", "next_call_id", "messages_json", "roles", "reply_matched", "created_at")
 FEEDBACK_COLUMNS = ("event_id", "kind", "session_id", "target", "text", "source", "ts", "received_at", "state",
                     "call_id", "reason", "payload")
+OUTCOME_REWARD_COLUMNS = ("event_id", "call_id", "group_id", "step", "raw_reward", "reward")
 VOTE_COLUMNS = ("call_id", "kind", "backend", "prompt_version", "score", "hint", "raw", "error", "created_at")
 # What the sample pipeline sets on its sample: the verdict's fields, by name.
 SAMPLE_VERDICT_COLUMNS = tuple(f.name for f in fields(JudgedSample) if f.name not in ("call_id", "revision", "votes"))
@@ -523,6 +526,8 @@ class Store:
             reason = "unknown_session"
         elif kind == "session_end":
             self._write_close_session(sid, "session_end", received_at)
+        elif kind == "outcome":
+            call_id, reason = self._write_outcome(ev, sessions)
         else:
             call_id = self._resolve_target(sessions, ev.get("target") or "last")
             if call_id is None:
@@ -539,6 +544,74 @@ class Store:
         if call_id is not None and kind in SIGNAL_KINDS:
             self._want_sample(call_id, kind)
         return {"status": state, "call_id": call_id, "reason": reason}
+
+    def _trajectory(self, sessions: list[str], ev: dict[str, Any]) -> list[str]:
+        """The main calls an outcome event rates, oldest first: one call (`target`, a request id
+        or "last"), one turn (`target`, a turn id), the turns from `turns[0]` to `turns[1]`, or the whole
+        session (with the sessions linked to it)."""
+        where = f"session_id IN ({_marks(sessions)}) AND turn_type = 'main'"
+        calls = self._conn.execute(f"SELECT call_id, request_id, turn_id FROM calls WHERE {where} "
+                                   "ORDER BY created_at, rowid", sessions).fetchall()
+        if ev.get("target") == "last":
+            return [c for c, _, _ in calls[-1:]]
+        if ev.get("target"):
+            one = [c for c, request_id, _ in calls if request_id == ev["target"]]
+            return one[-1:] or [c for c, _, turn_id in calls if turn_id == ev["target"]]
+        if ev.get("turns"):
+            first, last = ev["turns"]
+            starts = [i for i, (_, _, turn_id) in enumerate(calls) if turn_id == first]
+            ends = [i for i, (_, _, turn_id) in enumerate(calls) if turn_id == last]
+            if not starts or not ends or ends[-1] < starts[0]:
+                return []
+            return [c for c, _, _ in calls[starts[0]:ends[-1] + 1]]
+        return [c for c, _, _ in calls]
+
+    def _write_outcome(self, ev: dict[str, Any], sessions: list[str]) -> tuple[str | None, str | None]:
+        """Credit an outcome event's reward to the main calls of the trajectory it rates (docs/
+        protocol.md, "Credit assignment"): (the last of them, None), or (None, why not)."""
+        trajectory = self._trajectory(sessions, ev)
+        if not trajectory:
+            return None, "unknown_target"
+        credited = list(enumerate(trajectory))
+        if ev["credit"] == "last":
+            credited = credited[-1:]
+        group = ev.get("group") if ev["credit"] == "step" else None
+        for step, call_id in credited:
+            self._insert("outcome_rewards", OUTCOME_REWARD_COLUMNS, {
+                "event_id": ev["event_id"], "call_id": call_id, "group_id": group, "step": step,
+                "raw_reward": ev["reward"], "reward": ev["reward"]})
+        changed = {call_id for _, call_id in credited}
+        if group is not None:
+            changed |= self._normalise_steps(group)
+        for call_id in sorted(changed):
+            self._want_sample(call_id, "outcome")
+        return trajectory[-1], None
+
+    def _normalise_steps(self, group: str) -> set[str]:
+        """Step credit: each call's reward is its event's reward z-scored among the group's calls
+        at the same step index, clipped to [-1, 1]; a step only one trajectory reached keeps the
+        raw reward, and a step where every trajectory got the same reward gets 0. Returns the
+        calls whose reward changed."""
+        rows = self._conn.execute("SELECT event_id, call_id, step, raw_reward, reward FROM outcome_rewards "
+                                  "WHERE group_id = ?", (group,)).fetchall()
+        by_step: dict[int, list[sqlite3.Row]] = {}
+        for r in rows:
+            by_step.setdefault(r["step"], []).append(r)
+        changed = set()
+        for bucket in by_step.values():
+            raw = np.array([r["raw_reward"] for r in bucket], dtype=np.float64)
+            if len(raw) == 1:
+                new = raw
+            elif raw.var() <= 1e-12:
+                new = np.zeros_like(raw)
+            else:
+                new = np.clip((raw - raw.mean()) / (raw.std() + STEP_EPS), -1.0, 1.0)
+            for r, value in zip(bucket, new.tolist()):
+                if value != r["reward"]:
+                    self._conn.execute("UPDATE outcome_rewards SET reward = ? WHERE event_id = ? AND call_id = ?",
+                                       (value, r["event_id"], r["call_id"]))
+                    changed.add(r["call_id"])
+        return changed
 
     # ---- preference notes (daemon/memory.py) ----
 
@@ -845,6 +918,8 @@ class Store:
         for table, where, args in (
             ("votes", f"call_id {in_c}", ()),
             ("samples", f"call_id {in_c}", ()),
+            ("outcome_rewards", f"call_id {in_c} OR event_id IN (SELECT event_id FROM feedback_events "
+                                f"WHERE session_id {in_s})", ()),
             ("next_states", f"call_id {in_c} OR next_call_id {in_c}", ()),
             ("feedback_events", f"session_id {in_s} OR call_id {in_c}", ()),
             # feedback for sessions that never appeared, received before the cut
@@ -1091,6 +1166,10 @@ class Store:
             feedback = c.execute(
                 "SELECT kind, text, received_at FROM feedback_events WHERE call_id = ? AND state = 'applied' "
                 "ORDER BY received_at, rowid", (call_id,)).fetchall()
+            outcome = c.execute(
+                "SELECT o.reward, o.raw_reward, f.source, f.text FROM outcome_rewards o JOIN feedback_events f "
+                "USING (event_id) WHERE o.call_id = ? ORDER BY f.received_at DESC, f.rowid DESC LIMIT 1",
+                (call_id,)).fetchone()
             return SampleInputs(
                 call_id=call_id,
                 revision=sample["revision"],
@@ -1108,6 +1187,9 @@ class Store:
                     blob_ids, call["top_ids"], len(call["response_ids"]) // 4),
                 next_state=json.loads(nxt[0]) if nxt else None,
                 feedback=tuple(Feedback(f["kind"], f["text"], f["received_at"]) for f in feedback),
+                # A failure's text is the hint; a success's says nothing the teacher could use.
+                outcome=None if outcome is None else Outcome(
+                    outcome["reward"], outcome["source"], outcome["text"] if outcome["raw_reward"] < 0 else None),
             )
 
         return self.read(q)

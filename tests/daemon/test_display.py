@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clawback.daemon.display import adapters_text, forget_text, sample_state, status_text, table
+from clawback.daemon.display import adapters_text, forget_text, reward_origin, sample_state, status_text, table
 
 STATUS = {
     "daemon": "running", "version": "0.1.0", "model": "SmolLM2-135M-Instruct", "served_model_name": "clawback",
@@ -62,3 +62,12 @@ def test_a_sample_state_says_why():
 
 def test_table_pads_columns():
     assert table(["a", "bb"], [["xxx", "y"]]) == "a    bb\nxxx  y"
+
+
+def test_a_reward_says_where_it_came_from():
+    assert reward_origin(1.0, "explicit") == "reward +1 from the person's 👍"
+    assert reward_origin(-1.0, "explicit") == "reward -1 from the person's 👎"
+    assert reward_origin(-1.0, "outcome_rule", "traceback") == "reward -1 from outcome rule traceback"
+    assert reward_origin(0.71, "outcome_event", "ci") == "reward +0.71 from outcome event from ci"
+    assert reward_origin(1.0, "judge") == "reward +1 from the judge"
+    assert reward_origin(0.0, "none") == reward_origin(None, None) == "no reward"

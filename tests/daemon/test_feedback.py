@@ -16,6 +16,7 @@ from websockets.sync.client import connect
 
 from clawback.daemon.samples import HINT_TEMPLATES
 from tests.conftest import DaemonProcess, query, wait_for
+from tests.daemon.test_protocol import check
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +239,115 @@ def test_disconnect_before_ack_then_resend_applies_exactly_once(client: httpx.Cl
     assert db_query(daemon, "SELECT count(*) FROM feedback_events WHERE event_id = ?", ev["event_id"]) == [(1,)]
     assert db_query(daemon, "SELECT count(*) FROM events WHERE kind = 'feedback.applied' AND subject_id = ?",
                  ev["event_id"]) == [(1,)]
+
+
+# ---------------------------------------------------------------- outcomes
+
+PYTEST_FAILED = ((Path(__file__).parent / "tool_results" / "pytest_fail.txt").read_text()
+                 + "\n\n(Command exited with code 1)")  # as OpenClaw's exec tool returns it
+
+
+@contextlib.contextmanager
+def dashboard(daemon: DaemonProcess):
+    """A client logged in to the dashboard (its pages without a browser)."""
+    with httpx.Client(base_url=daemon.url, timeout=60) as ui:
+        assert ui.post("/ui/login", data={"key": daemon.api_key}).status_code == 303
+        yield ui
+
+
+def sample_of(daemon: DaemonProcess, call_id: str) -> tuple:
+    return wait_for(lambda: db_query(
+        daemon, "SELECT state, reward, reward_source, outcome, hint_source, hint, length(teacher_logprobs) > 0 "
+                "FROM samples WHERE call_id = ? AND state != 'pending_judge'", call_id))[0]
+
+
+def test_a_failing_tool_result_rewards_the_call_that_ran_it(client: httpx.Client, daemon: DaemonProcess):
+    """The call that asked for the tool gets the outcome rule's reward, and the failing part of the
+    output is its hint; no judge runs (it is off here)."""
+    first, = converse(client, "oc-1", 1)
+    reply = first["choices"][0]["message"]["content"]
+    messages = [{"role": "user", "content": "hello"},
+                {"role": "assistant", "content": reply, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": '{"command": "pytest -q"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": PYTEST_FAILED}]
+    r = client.post("/v1/chat/completions", json={"model": "clawback", "messages": messages, "max_tokens": 4},
+                    headers={"x-session-id": "oc-1", "x-turn-type": "main"})
+    assert r.status_code == 200, r.text
+    state, reward, source, outcome, hint_source, hint, teacher = sample_of(daemon, first["id"])
+    assert (state, reward, source, outcome, hint_source, teacher) == ("ready", -1.0, "outcome_rule", "test_summary",
+                                                                      "outcome", 1)
+    assert hint.endswith("FAILED test_calc.py::test_add - assert 0 == 4\n1 failed, 1 passed in 6.69s")
+    with dashboard(daemon) as ui:
+        assert "reward -1 from outcome rule test_summary" in ui.get("/ui/session/oc-1").text
+
+
+def outcome(session: str, reward: float, **kw) -> dict:
+    return event("outcome", session, reward=reward, **{"source": "ci", **kw})
+
+
+def test_outcome_event_is_credited_once_and_reaches_the_samples(client: httpx.Client, daemon: DaemonProcess):
+    bodies = converse(client, "oc-2", 2)
+    ev = outcome("oc-2", -1.0, credit="every", text="2 of 5 tests failed: test_parse, test_dump")
+    first, again = client.post("/v1/feedback", json=ev), client.post("/v1/feedback", json=ev)
+    assert first.status_code == again.status_code == 200
+    assert first.json() == {"type": "ack", "event_id": ev["event_id"], "status": "applied", "call_id": bodies[-1]["id"]}
+    assert again.json()["status"] == "duplicate"
+    assert db_query(daemon, "SELECT count(*) FROM outcome_rewards WHERE event_id = ?", ev["event_id"]) == [(2,)]
+    for body in bodies:
+        assert sample_of(daemon, body["id"]) == ("ready", -1.0, "outcome_event", "ci", "outcome",
+                                                 "2 of 5 tests failed: test_parse, test_dump", 1)
+    # The dashboard's conversation and feedback views say where each reward came from.
+    with dashboard(daemon) as ui:
+        page = ui.get("/ui/session/oc-2").text
+        assert page.count("reward -1 from outcome event from ci") == 2, page
+        assert "reward -1 from outcome event from ci" in ui.get("/ui/part/feedback").text
+    # A person's 👍 still decides the reward; the environment's words stay the hint.
+    client.post("/v1/feedback", json=event("thumbs_up", "oc-2", target="oc-2-t1"))
+    wait_for(lambda: db_query(daemon, "SELECT 1 FROM samples WHERE call_id = ? AND reward_source = 'explicit' "
+                                      "AND state = 'ready'", bodies[-1]["id"]))
+    assert sample_of(daemon, bodies[-1]["id"])[1:5] == (1.0, "explicit", None, "outcome")
+
+
+def test_outcome_default_credit_is_the_last_call(client: httpx.Client, daemon: DaemonProcess):
+    bodies = converse(client, "oc-3", 2)
+    ev = outcome("oc-3", 0.5)
+    assert client.post("/v1/feedback", json=ev).json()["call_id"] == bodies[-1]["id"]
+    assert db_query(daemon, "SELECT call_id, reward FROM outcome_rewards WHERE event_id = ?",
+                    ev["event_id"]) == [(bodies[-1]["id"], 0.5)]
+    assert json.loads(db_query(daemon, "SELECT payload FROM feedback_events WHERE event_id = ?",
+                               ev["event_id"])[0][0])["credit"] == "last"
+
+
+@pytest.mark.parametrize("bad", [
+    {"reward": None},
+    {"reward": 1.5},
+    {"reward": "1"},
+    {"reward": True},
+    {"credit": "all"},
+    {"turns": ["oc-4-t0"]},
+    {"turns": ["oc-4-t0", "oc-4-t1"], "target": "oc-4-t1"},
+    {"kind": "thumbs_up"},  # reward on another kind
+    {"group": "", "credit": "step"},
+], ids=["no reward", "over 1", "string", "bool", "unknown credit", "one turn", "turns and target",
+        "reward on thumbs", "empty group"])
+def test_bad_outcome_events_are_400_and_change_nothing(client: httpx.Client, daemon: DaemonProcess, bad: dict):
+    converse(client, "oc-4", 2)
+    ev = {k: v for k, v in {**outcome("oc-4", -1.0), **bad}.items() if v is not None}
+    before = db_query(daemon, "SELECT (SELECT count(*) FROM feedback_events), (SELECT count(*) FROM outcome_rewards)")
+    r = client.post("/v1/feedback", json=ev)
+    assert r.status_code == 400 and r.json()["code"] == "malformed" and r.json()["message"], r.text
+    assert db_query(daemon, "SELECT (SELECT count(*) FROM feedback_events), (SELECT count(*) FROM outcome_rewards)") \
+        == before
+
+
+def test_outcome_over_the_websocket(client: httpx.Client, daemon: DaemonProcess):
+    bodies = converse(client, "oc-5", 1)
+    ev = outcome("oc-5", 1.0, target="oc-5-t0", source="eval")
+    with ws(daemon) as sock:
+        sock.send(json.dumps(ev))
+        ack = recv_type(sock, "ack")
+        ready = recv_type(sock, "sample_ready")
+    assert (ack["status"], ack["call_id"]) == ("applied", bodies[0]["id"])
+    check(ev), check(ack), check(ready)  # the frames docs/protocol.md specifies
+    assert (ready["call_id"], ready["reward"], ready["reward_source"], ready["outcome"]) == \
+        (bodies[0]["id"], 1.0, "outcome_event", "eval")

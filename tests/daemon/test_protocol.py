@@ -49,6 +49,12 @@ GOOD = [
      "text": "shorter", "source": "telegram", "ts": 1.5},
     {"event_id": str(uuid.uuid4()), "kind": "session_link", "from": "a", "to": "b"},
     {"event_id": str(uuid.uuid4()), "kind": "session_end", "session_id": "s"},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s", "reward": -1, "source": "ci",
+     "text": "2 failed"},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s", "reward": 0.25, "credit": "step",
+     "group": "task-3", "turns": ["run-1", "run-4"]},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s", "reward": 1.0, "target": "run-2",
+     "credit": "every"},
 ]
 BAD = [
     {"event_id": str(uuid.uuid4()), "kind": "thumbs_up"},
@@ -58,6 +64,16 @@ BAD = [
     {"event_id": str(uuid.uuid4()), "kind": "meh", "session_id": "s"},
     {"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": "s", "extra": 1},
     {"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": "s", "source": "x" * 65},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s"},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s", "reward": -1.01},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s", "reward": "1"},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s", "reward": 1, "credit": "first"},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s", "reward": 1, "turns": ["a", "b", "c"]},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": "s", "reward": 1, "turns": ["a", "b"],
+     "target": "a"},
+    {"event_id": str(uuid.uuid4()), "kind": "outcome", "reward": 1},
+    {"event_id": str(uuid.uuid4()), "kind": "thumbs_down", "session_id": "s", "reward": -1},
+    {"event_id": str(uuid.uuid4()), "kind": "comment", "session_id": "s", "text": "x", "group": "g"},
 ]
 
 

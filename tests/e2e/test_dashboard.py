@@ -202,6 +202,8 @@ def test_dashboard_in_chromium(daemon: DaemonProcess, browser, shots: Path, tmp_
     expect(page.locator("#conversation")).to_contain_text("What is a LoRA?")
     expect(page.locator("#conversation")).to_contain_text("Next user: And what is a hot swap?")
     expect(page.locator("#conversation .said")).to_have_count(2)  # both replies rated
+    expect(page.locator("#conversation .origin")).to_have_text(["reward +1 from the person's 👍",
+                                                                "reward -1 from the person's 👎"])
 
     # Forget it from its page (`forget()`, as `clawback forget`): what was deleted, the versions
     # trained on it and the rollback that stops serving them, which a click does.
