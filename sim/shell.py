@@ -36,7 +36,7 @@ import httpx
 from .config import SimConfig
 from .harness import (Cell, SimError, _request_seed, _settle, _tally, cell_record, cell_settings, daemon_outcome,
                       eval_marks, in_process_daemon)
-from .sandbox import ExecResult, Sandbox, task_directory
+from .sandbox import Sandbox, task_directory
 from .shell_tasks import EVAL, SHELL, TRAIN, ShellTask, Verdict
 from .stamp import code_stamp
 
@@ -89,7 +89,7 @@ async def run_episode(client: httpx.AsyncClient, sandbox: Sandbox, task: ShellTa
     """The policy works on the task in a fresh directory until it replies without a tool call or has
     run MAX_CALLS commands (and replied once more); then the checker decides. `headers(k)` gives the
     k-th call's capture headers."""
-    episode, last = Episode(task.key), None
+    episode, last = Episode(task.key), None  # last: the newest command's result
     workdir = task_directory()
     try:
         await asyncio.to_thread(task.make, workdir)
