@@ -16,13 +16,16 @@ from clawback.daemon.config import DEFAULT_MODEL
 
 from .config import METHODS, SimConfig, parse_methods
 from .scenarios import SCENARIOS
+from .shell_tasks import SHELL
+
+SCENARIO_NAMES = [*SCENARIOS, SHELL]
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("simulate", help="measure personalization: the real loop against a simulated user",
                        description=__doc__)
     p.add_argument("--scenario", default="student",
-                   help=f"{', '.join(SCENARIOS)}, a comma list, or all (default student)")
+                   help=f"{', '.join(SCENARIO_NAMES)}, a comma list, or all (default student)")
     p.add_argument("--method", default="all", help=f"{', '.join(METHODS)}, a comma list, or all (default all)")
     p.add_argument("--interactions", type=int, default=48, help="tasks per cell (default 48)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 1..K per scenario and method (default 3)")
@@ -47,7 +50,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(fn=cmd_simulate)
 
 
-def _names(text: str, known: dict[str, Any], what: str) -> list[str]:
+def _names(text: str, known: Any, what: str) -> list[str]:
     names = list(known) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in known]
     if bad or not names:
@@ -83,7 +86,10 @@ async def _run(cell: Any, cfg: SimConfig, model_dir: Path, data_dir: Path, on_pr
     from .harness import run_cell
     from .raters import LLMRater
     from .scenarios import scenario
+    from .shell import run_shell_cell
 
+    if cell.scenario == SHELL:
+        return await run_shell_cell(cell, cfg, model_dir, data_dir, on_progress)
     if not args.user_llm:
         return await run_cell(cell, cfg, model_dir, data_dir, on_progress)
     rater = LLMRater(scenario(cell.scenario), args.user_llm, args.user_llm_model,
@@ -150,7 +156,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     if bool(args.user_llm) != bool(args.user_llm_model):
         raise ValueError("--user-llm and --user-llm-model go together")
-    scenarios = _names(args.scenario, SCENARIOS, "scenario")
+    scenarios = _names(args.scenario, SCENARIO_NAMES, "scenario")
+    if args.user_llm and SHELL in scenarios:
+        raise ValueError("the shell scenario is decided by its checker, not a user: leave out --user-llm")
     methods = parse_methods(args.method)
     if args.seeds < 1:
         raise ValueError("--seeds must be at least 1")

@@ -22,12 +22,13 @@ preference notes like any main call and are never trained) before the first inte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import httpx
 
@@ -171,6 +172,45 @@ def _sample_counts(store: Any) -> dict[str, Any]:
     return counts
 
 
+def cell_settings(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path) -> Settings:
+    return Settings(data_dir=data_dir, model=str(model_dir), device="cpu", no_auth=True, log_level="warning",
+                    session_idle_timeout_s=24 * 3600.0, **cfg.settings_for(METHODS[cell.method], cell.seed))
+
+
+@contextlib.asynccontextmanager
+async def in_process_daemon(settings: Settings, model_dir: Path, threads: int) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """The daemon's state, its app with its lifespan running, and a client that calls it in process."""
+    state = build_state(settings, in_thread_trainer(str(model_dir), settings.train_config(), threads))
+    app = daemon_app(settings, state)
+    transport = httpx.ASGITransport(app=app)
+    fastapi_app = getattr(app, "app", app)  # daemon_app wraps FastAPI in its auth/counting gate
+    async with fastapi_app.router.lifespan_context(fastapi_app), httpx.AsyncClient(
+            transport=transport, base_url="http://clawback.sim", timeout=3600) as client:
+        yield state, client
+
+
+async def daemon_outcome(state: Any) -> dict[str, Any]:
+    """What the daemon did in the cell: training steps, samples, notes and their checks, versions."""
+    notes = await asyncio.to_thread(state.store.memory_notes, state.adapters.live())
+    return {"steps": await asyncio.to_thread(_train_steps, state.store),
+            "samples": await asyncio.to_thread(_sample_counts, state.store),
+            "versions": _versions(await asyncio.to_thread(state.store.adapters)),
+            "memory_notes": [{k: n[k] for k in ("note_id", "text", "created_at", "retired_by", "retired_at", "active")}
+                             for n in notes],
+            "memory_checks": await asyncio.to_thread(_note_checks, state.store)}
+
+
+def cell_record(cell: Cell, cfg: SimConfig, model_dir: Path, settings: Settings, code: dict[str, Any],
+                started: float, user: str) -> dict[str, Any]:
+    """The fields every cell file has, whatever its scenario."""
+    train_cfg = settings.train_config() if METHODS[cell.method].trains else None
+    return {"cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": user,
+            "code": code, "clawback_version": __version__,
+            "settings": settings.model_dump(mode="json", exclude={"data_dir", "model", "config_file"}),
+            "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
+            "wall_s": time.time() - started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
                    on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
                    rater: Any = None) -> dict[str, Any]:
@@ -178,23 +218,16 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
 
     `rater` judges replies for the user and for the score (default: the scenario's rules)."""
     started, code = time.time(), code_stamp()  # the code this process imported, before anything runs
-    scen, method = scenario(cell.scenario), METHODS[cell.method]
+    scen = scenario(cell.scenario)
     rater = rater or RuleRater(scen)
     eval_tasks = scen.eval[: cfg.eval_tasks] if cfg.eval_tasks else scen.eval
-    settings = Settings(data_dir=data_dir, model=str(model_dir), device="cpu", no_auth=True, log_level="warning",
-                        session_idle_timeout_s=24 * 3600.0, **cfg.settings_for(method, cell.seed))
-    train_cfg = settings.train_config() if method.trains else None
-    state = build_state(settings, in_thread_trainer(str(model_dir), settings.train_config(), cfg.threads))
-    app = daemon_app(settings, state)
+    settings = cell_settings(cell, cfg, model_dir, data_dir)
     curve: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
     interactions: list[dict[str, Any]] = []
     evals: dict[str, Any] = {}
-    marks = sorted({round(cfg.interactions * (k + 1) / cfg.eval_points) for k in range(cfg.eval_points)})
-    transport = httpx.ASGITransport(app=app)
-    fastapi_app = getattr(app, "app", app)  # daemon_app wraps FastAPI in its auth/counting gate
-    async with fastapi_app.router.lifespan_context(fastapi_app), httpx.AsyncClient(
-            transport=transport, base_url="http://clawback.sim", timeout=3600) as client:
+    marks = eval_marks(cfg)
+    async with in_process_daemon(settings, model_dir, cfg.threads) as (state, client):
 
         probed_notes: list[list[str]] = []  # the notes the newest probe saw
 
@@ -247,26 +280,20 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
                 await score_now(i + 1)
         await _feedback(client, session, "last", "session_end")
         await _settle(state, cfg.batch_size)
-        steps = await asyncio.to_thread(_train_steps, state.store)
-        samples = await asyncio.to_thread(_sample_counts, state.store)
-        notes = await asyncio.to_thread(state.store.memory_notes, state.adapters.live())
-        checks = await asyncio.to_thread(_note_checks, state.store)
-        versions = _versions(await asyncio.to_thread(state.store.adapters))
+        daemon = await daemon_outcome(state)
     if curve[-1]["interaction"] != cfg.interactions:  # the curve runs to the end of the cell
         curve.append({**curve[-1], "interaction": cfg.interactions, "carried": True})
     return {
-        "cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": rater.name,
-        "code": code, "clawback_version": __version__,
-        "settings": settings.model_dump(mode="json", exclude={"data_dir", "model", "config_file"}),
-        "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
+        **cell_record(cell, cfg, model_dir, settings, code, started, rater.name),
         "eval_tasks": len(eval_tasks), "curve": curve, "probe": probes, "final_score": curve[-1]["score"],
         "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),
-        "steps": steps, "samples": samples, "versions": versions, "memory_notes": [
-            {k: n[k] for k in ("note_id", "text", "created_at", "retired_by", "retired_at", "active")} for n in notes],
-        "memory_checks": checks,
-        "eval_replies": evals,
-        "wall_s": time.time() - started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **daemon, "eval_replies": evals,
     }
+
+
+def eval_marks(cfg: SimConfig) -> list[int]:
+    """The interactions after which the held-out tasks are evaluated (the last at the end)."""
+    return sorted({round(cfg.interactions * (k + 1) / cfg.eval_points) for k in range(cfg.eval_points)})
 
 
 def _versions(adapters: list[dict[str, Any]]) -> dict[str, Any]:

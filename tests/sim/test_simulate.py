@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 
 from clawback.cli import main
 
@@ -109,3 +110,39 @@ def test_changed_settings_do_not_mix_with_finished_cells(tiny_model_dir: Path, t
     assert simulate(tiny_model_dir, tmp_path, "--method", "none") == 2  # not skipped as if it were this code's
     assert f"was run by other code (stamp {'0' * 12}, now {ran['code']['stamp']})" in capsys.readouterr().err
     assert cell.read_bytes() == before
+
+
+def _daemon_takes_outcome_events() -> bool:
+    from pydantic import ValidationError
+
+    from clawback.daemon.feedback import FeedbackEvent
+
+    try:
+        FeedbackEvent.model_validate({"event_id": "00000000-0000-4000-8000-000000000000", "kind": "outcome",
+                                      "session_id": "s", "reward": 1.0, "source": "simulator", "text": "solved"})
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _daemon_takes_outcome_events(), reason="the daemon's feedback route has no outcome event")
+def test_simulate_shell_runs_end_to_end(embedded_model_dir: Path, tmp_path: Path):
+    """The shell scenario on SmolLM2 (it rarely calls a tool: the run, not the success, is under test)."""
+    from clawback.sim.shell import task_order
+    from clawback.sim.shell_tasks import EVAL, TRAIN
+
+    out = tmp_path / "sim"
+    assert main(["simulate", "--model", str(embedded_model_dir), "--scenario", "shell", "--method", "none,binary",
+                 "--interactions", "2", "--batch-size", "1", "--seeds", "1", "--max-tokens", "96",
+                 "--eval-tasks", "2", "--eval-points", "1", "--out", str(out)]) == 0
+    for method in ("none", "binary"):
+        cell = json.loads((out / f"cells/shell/{method}/seed1.json").read_text())
+        assert [p["interaction"] for p in cell["curve"]] == [0, 2] and cell["eval_tasks"] == 2
+        assert all(0 <= p["score"] <= 1 for p in cell["curve"])
+        assert [r["task"] for r in cell["interactions"]] == [t.key for t in task_order(1, 2)]
+        assert {r["task"] for r in cell["interactions"]} <= {t.key for t in TRAIN}
+        held_out = cell["eval_replies"]["last"]["episodes"]
+        assert [e["task"] for e in held_out] == [t.key for t in EVAL[:2]] and all(e["why"] for e in held_out)
+        assert all(r["meets"] == r["solved"] and r["why"] for r in cell["interactions"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["scenarios"]["shell"]) == {"none", "binary"} and summary["missing"] == []
