@@ -241,7 +241,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
             result = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i)
             # Without the notes: what training put into the weights (the same replies where no
             # notes are kept, so they are not asked twice).
-            off = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i, "side") if method.memory else result
+            off = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i, "side") if settings.memory else result
             curve.append({"interaction": i, "version": version, "score": result["score"], "meets": result["meets"],
                           "right": result["right"], "checks": result["checks"], "cut": result["cut"], "meta": result["meta"],
                           "repeat": result["repeat"], "meets_off": off["meets"], "right_off": off["right"]})

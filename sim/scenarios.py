@@ -18,7 +18,7 @@ adaptation count those (sim/results.py).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .answers import answer_right, arithmetic_holds
@@ -280,9 +280,14 @@ CANDIDATE_CHECKS = {
 
 # The third scenario takes the candidate the model follows best when told (bench/README.md,
 # "In-context following": 0.00 untold, 0.88 told), so OPD's teacher really differs from the student.
+# Its second request is worded as a person would follow up the opener; on Qwen2.5-Coder-0.5B the
+# note in this wording is followed 0.80 told (bench/README.md, "Wordings of the notes").
 SURE = Scenario(
     "sure", "homework help that opens with 'Sure!' and shows the work",
-    _student_train, _student_eval, (CANDIDATE_CHECKS["sure"], SHOWS_WORK), "Hmm.",
+    _student_train, _student_eval,
+    (CANDIDATE_CHECKS["sure"],
+     replace(SHOWS_WORK, ask="then work the problem out in full sentences, showing each calculation "
+                                         "and the result")), "Hmm.",
     good_opener=lambda tok: tok.strip().lower().startswith("sure"))
 
 # The fourth takes the next best (bench/README.md, "In-context following": 0.00 untold, 0.75 told

@@ -62,7 +62,7 @@ def test_talking_about_the_feedback_fails_every_check(reply):
 @pytest.mark.parametrize("reply, gate", [
     ("Sure!\nSure!\nA box holds 24 pencils, so 7 boxes hold 24 * 7 = 168 pencils in all of them.", "repeat"),
     ("Sure! 7 boxes of 24 pencils. So 7 * 24 = 168 pencils.\n\nSure! 7 boxes of 24 pencils.", "repeat"),
-    ("Sure! I will write the work out in plain sentences with the numbers. 7 * 24 = 168 pencils.", "meta"),
+    ("Sure! I will work the problem out in full sentences, showing each calculation. 7 * 24 = 168 pencils.", "meta"),
     ("Sure! I'll just add the numbers to the end of the sentence. Mia has 12 - 5 + 8 = 15 apples.", "meta"),
     ("Sure! I'll make it more concise: Mia has 12 - 5 + 8 = 15 apples now, after all of it.", "meta"),
     ("Sure! I'll do that for you. Mia has 12 - 5 + 8 = 15 apples now, after all of it.", "meta"),

@@ -44,7 +44,8 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     assert {"drift", "entropy", "loss", "topk_adv"} <= set(committed[0]["metrics"])  # top-K OPD trained
     assert cell["train_config"]["method"] == "combined" and cell["train_config"]["opd_top_k"] == 4
     assert cell["settings"]["memory"] and [n["text"] for n in cell["memory_notes"]] == [
-        "Please start your reply with 'Sure!' and write the work out in plain sentences with the numbers."]
+        "Please start your reply with 'Sure!' and then work the problem out in full sentences, showing each "
+        "calculation and the result."]
     # Retirement is checked on every version that went live; whichever way it went, the cell says.
     assert all(n["retired_by"] in (None, 1, 2) and n["active"] == (n["retired_by"] is None) for n in cell["memory_notes"])
     checks = cell["memory_checks"]  # the first note's correction trained v1: it was checked against it
