@@ -113,20 +113,6 @@ def test_changed_settings_do_not_mix_with_finished_cells(tiny_model_dir: Path, t
     assert cell.read_bytes() == before
 
 
-def _daemon_takes_outcome_events() -> bool:
-    from pydantic import ValidationError
-
-    from clawback.daemon.feedback import FeedbackEvent
-
-    try:
-        FeedbackEvent.model_validate({"event_id": "00000000-0000-4000-8000-000000000000", "kind": "outcome",
-                                      "session_id": "s", "reward": 1.0, "source": "simulator", "text": "solved"})
-    except ValidationError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _daemon_takes_outcome_events(), reason="the daemon's feedback route has no outcome event")
 def test_simulate_shell_runs_end_to_end(embedded_model_dir: Path, tmp_path: Path):
     """The shell scenario on SmolLM2 (it rarely calls a tool: the run, not the success, is under test)."""
     from clawback.sim.shell import task_order
