@@ -2,7 +2,7 @@
 
 Starts `--burners` CPU burners (each a `python -c "while True: pass"` process at nice 0), then the
 real daemon with training on (method binary, judge off, `--batch` samples per step, the gate on
-with its whole probe set, threads from the daemon's CPU budget). `--streams` clients send
+with its whole probe set or `--probes` of them, threads from the daemon's CPU budget). `--streams` clients send
 streamed requests of `--max-tokens` tokens back to back for the whole run; each request is
 labelled by what the daemon was doing when it started:
 
@@ -15,7 +15,8 @@ labelled by what the daemon was doing when it started:
 A round is: idle, then rating calls (alternately 👍 and 👎, so the gate holds some out for its
 replay) until a step starts, then the step and the review. The first round is a warm-up (Ray
 start, model load, the base model's probe pass) and is not measured. Per round: TTFT p50 and p99
-per label and their ratios to idle in the same round; the summary is the median over rounds.
+per label and their ratios to idle in the same round; the summary is the median over rounds. The
+result file also holds every request (start, TTFT, tokens).
 
     nice -n 10 .venv/bin/python bench/serve_while_training.py --rounds 4
     nice -n 10 .venv/bin/python bench/serve_while_training.py --rounds 4 --model DIR   # another model
@@ -173,12 +174,13 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--idle-s", type=float, default=20.0)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--probes", type=int, default=0, help="gate probes used (0: the whole set)")
     ap.add_argument("--micro-batch-tokens", type=int, default=0, help="the trainer's budget (0: the daemon's default)")
     args = ap.parse_args()
 
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
     env = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": str(args.batch),
-           "CLAWBACK_MAX_STALENESS": "1000", "CLAWBACK_GATE": '{"guard_replies": 0}'}
+           "CLAWBACK_MAX_STALENESS": "1000", "CLAWBACK_GATE": json.dumps({"guard_replies": 0, "probes": args.probes})}
     if args.micro_batch_tokens:
         env["CLAWBACK_MICRO_BATCH_TOKENS"] = str(args.micro_batch_tokens)
     d = Daemon(args.model, Path(tempfile.mkdtemp(prefix="clawback-bench-")), 0, "cpu", "warning", env=env)
@@ -207,7 +209,7 @@ def main() -> None:
                                                         if row[name][q] and row["idle"][q] else None)
                     rounds.append(row)
                     print(json.dumps({k: v for k, v in row.items() if k != "step"}), flush=True)
-            errors = load.errors
+            errors, requests = load.errors, list(load.done)
     finally:
         d.stop()
         for b in burners:
@@ -228,7 +230,7 @@ def main() -> None:
                    steps_failed=sum(r["step"]["outcome"] != "committed" for r in rounds), request_errors=len(errors))
     print(json.dumps(summary, indent=1))
     write_result("serve_while_training", {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
-                                          "rounds": rounds})
+                                          "rounds": rounds, "requests": requests})
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ Serving first: background work (the judge, the gate's probes, every `score()`: r
 retirement, teacher logprobs) runs in slices of at most BACKGROUND_TOKENS tokens per forward: a
 background prompt is prefilled alone, BACKGROUND_TOKENS columns at a time; background streams
 decode in batches of at most BACKGROUND_TOKENS rows; a scoring pass runs its sequence in chunks
-of that many tokens over a KV cache. One slice runs between serving steps only when nothing is
-served and no command (a new request) is waiting, plus one slice in BACKGROUND_EVERY rounds while
-requests are served so that background work cannot starve. A request that arrives during
-background work therefore waits for at most one slice, about as long as its own prefill
+of that many tokens over a KV cache. A forward cannot be interrupted, so the rule that admits
+requests first is about when a slice starts (`background_turn`): never while a command (a new
+request) is waiting; while requests are served, one slice in BACKGROUND_EVERY rounds, so that
+background work cannot starve; otherwise only once no request has been served for
+BACKGROUND_HOLD_S. An agent's next call usually follows its last reply within that hold and
+finds the engine free; a request that arrives later, during background work, waits for at most
+one slice, which on CPU costs about half to three quarters of a short request's own prefill
 (bench/README.md, "Serving first"). The asyncio loop never waits on torch; tokens reach it
 through `call_soon_threadsafe`. Because only the worker touches the model, adapter changes need
 no locks: they happen between steps.
@@ -35,6 +38,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
@@ -55,7 +59,24 @@ BACKGROUND_EVERY = 8
 # SmolLM2-135M, 1 thread, a forward of 1, 16, 32 and 48 tokens took 174, 285, 412 and 427 ms on a
 # loaded machine, so a 16-token slice costs well under a short request's own prefill.
 BACKGROUND_TOKENS = 16
+# After the last request leaves, background work waits this long: an agent's next call follows
+# its last reply within a fraction of a second (parse the reply, run a quick tool, send), and a
+# call that arrives behind a slice waits for all of it (a forward cannot be interrupted).
+BACKGROUND_HOLD_S = 0.5
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily, as vLLM and SGLang do
+
+
+def background_turn(serving: bool, request_waiting: bool, rounds: int, since_served_s: float) -> bool:
+    """Whether the worker runs one slice of background work now (some is waiting). Never while a
+    command (a new request) waits; while requests are served, in one round of BACKGROUND_EVERY,
+    so that background work cannot starve; otherwise once no request has been served for
+    BACKGROUND_HOLD_S, so that a client's next call, which usually follows its last reply within
+    that time, does not arrive behind a slice."""
+    if request_waiting:
+        return False
+    if serving:
+        return rounds % BACKGROUND_EVERY == 0
+    return since_served_s >= BACKGROUND_HOLD_S
 
 
 def pick_device(device: str) -> torch.device:
@@ -374,14 +395,18 @@ class EmbeddedEngine:
     # ---- worker thread ----
 
     def _work(self) -> None:
-        rounds = 0
+        rounds, served_at = 0, -BACKGROUND_HOLD_S
         with torch.inference_mode():
             while True:
                 rounds += 1
                 try:
-                    block = not self._serving and not self._jobs
+                    # Wait for a command: not while serving, forever when there is nothing to do,
+                    # until the hold after the last request ends when background work waits.
+                    hold = served_at + BACKGROUND_HOLD_S - time.monotonic()
+                    block = not self._serving and (not self._jobs or hold > 0)
+                    timeout = hold if self._jobs and hold > 0 else None
                     while True:
-                        cmd = self._commands.get(block=block)
+                        cmd = self._commands.get(block=block, timeout=timeout)
                         block = False
                         if cmd[0] == "stop":
                             stopped = EngineError("engine stopped")
@@ -395,7 +420,9 @@ class EmbeddedEngine:
                     pass
                 if self._serving:
                     self._step(self._serving)
-                if self._jobs and self._commands.empty() and (not self._serving or rounds % BACKGROUND_EVERY == 0):
+                    served_at = time.monotonic()
+                if self._jobs and background_turn(bool(self._serving), not self._commands.empty(), rounds,
+                                                  time.monotonic() - served_at):
                     self._background_slice()
 
     def _background_slice(self) -> None:

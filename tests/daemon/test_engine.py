@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from clawback.engine import EngineError, Sampling
-from clawback.daemon.engines.embedded import BACKGROUND_TOKENS, EmbeddedEngine
+from clawback.daemon.engines import embedded
+from clawback.daemon.engines.embedded import (BACKGROUND_EVERY, BACKGROUND_HOLD_S, BACKGROUND_TOKENS, EmbeddedEngine,
+                                              background_turn)
 
 PROMPT = [1, 520, 33, 4481, 28, 2, 198, 77, 9000]
 
@@ -349,3 +351,59 @@ def test_background_work_runs_in_slices_and_a_request_waits_for_one_at_most(tiny
             logits = engine.model(input_ids=torch.tensor([prompt + prompt[:30]])).logits[0, len(prompt) - 1 : -1]
             want = logits.float().log_softmax(-1).gather(1, torch.tensor(prompt[:30])[:, None]).squeeze(1)
             torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=0)
+
+
+def test_background_turn_prefers_requests():
+    """The rule that decides whether a background slice runs now."""
+    assert not background_turn(False, True, BACKGROUND_EVERY, 60.0), "a waiting request goes first"
+    assert not background_turn(True, True, BACKGROUND_EVERY, 60.0)
+    assert background_turn(True, False, BACKGROUND_EVERY, 0.0), "background work cannot starve while serving"
+    assert not background_turn(True, False, BACKGROUND_EVERY + 1, 60.0)
+    assert not background_turn(False, False, 1, BACKGROUND_HOLD_S / 2), "a client's next call may be coming"
+    assert background_turn(False, False, 1, BACKGROUND_HOLD_S)
+
+
+def test_a_call_right_after_a_reply_does_not_wait_behind_background_work(tiny_model_dir: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    """Back-to-back requests (an agent's calls) while background work waits: no background slice
+    runs between one request's last step and the next one's prefill, and the background work
+    goes on by itself once the hold after the last request has passed."""
+    monkeypatch.setattr(embedded, "BACKGROUND_HOLD_S", 3.0)  # far longer than a client's turnaround here
+    engine = EmbeddedEngine(tiny_model_dir)
+    events: list[str] = []  # appended by the engine's worker thread, in order
+    background_slice, step = engine._background_slice, engine._step
+
+    def logged_slice() -> None:
+        events.append("background")
+        background_slice()
+
+    def logged_step(batch) -> None:
+        prefill = bool(batch.pending)
+        step(batch)
+        if batch is engine._serving:
+            events.append("prefill" if prefill else "done" if not batch.gens else "decode")
+
+    engine._background_slice, engine._step = logged_slice, logged_step  # type: ignore[method-assign]
+
+    async def go():
+        background = [asyncio.create_task(_drain(engine.generate(PROMPT * (i + 2), Sampling(max_tokens=40),
+                                                                 background=True))) for i in range(12)]
+        while "background" not in events:
+            await asyncio.sleep(0.01)
+        for i in range(4):
+            await collect(engine, Sampling(temperature=1.0, max_tokens=3, seed=i))
+        last = len(events)
+        while "background" not in events[last:]:  # the hold passes with nothing served
+            await asyncio.sleep(0.05)
+        await engine.close()
+        await asyncio.gather(*background, return_exceptions=True)
+
+    run(asyncio.wait_for(go(), 300))
+    served = [i for i, e in enumerate(events) if e != "background"]
+    gaps = [events[a + 1 : b] for a, b in zip(served, served[1:]) if events[a] == "done"]
+    assert len(gaps) == 3 and all(gap == [] for gap in gaps), gaps
+
+
+async def _drain(stream) -> None:
+    async for _ in stream:
+        pass
