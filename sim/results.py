@@ -135,7 +135,7 @@ def _gain(members: list[dict[str, Any]], key: str) -> dict[int, float]:
             if key in m["curve"][0] and key in m["curve"][-1]}
 
 
-def _before_after(members: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]] | None:
+def _before_after(members: list[dict[str, Any]], key: str) -> tuple[tuple[float, float, float], tuple[float, float, float]] | None:
     """The held-out `key` at the first and at the last evaluation, mean and 95% CI over seeds."""
     have = [m["curve"] for m in members if key in m["curve"][0] and key in m["curve"][-1]]
     return (mean_ci([c[0][key] for c in have]), mean_ci([c[-1][key] for c in have])) if have else None
@@ -383,7 +383,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
               "| scenario | method | meets, notes on | right, notes on | meets, notes off | right, notes off "
               "| gain meets off | gain right off |", "|---|---|---|---|---|---|---|---|"]
 
-    def before_after(t: tuple[list[float], list[float]] | None) -> str:
+    def before_after(t: tuple[tuple[float, float, float], tuple[float, float, float]] | None) -> str:
         return "–" if t is None else f"{t[0][0]:.2f} → {t[1][0]:.2f}"
 
     for scen, methods in summary["scenarios"].items():

@@ -217,7 +217,7 @@ class Sandbox:
         def read() -> None:
             nonlocal total
             assert proc.stdout is not None
-            while chunk := proc.stdout.read1(65536):
+            while chunk := os.read(proc.stdout.fileno(), 65536):
                 total += len(chunk)
                 tail.extend(chunk)
                 del tail[:-4 * RESULT_CHARS]
