@@ -21,7 +21,7 @@ EXAMPLES = {
     ("/v1/chat/completions", "POST"): 60, ("/v1/feedback", "POST"): 60, ("/v1/forget", "POST"): 30,
     ("/v1/adapters/rollback", "POST"): 15, ("/v1/adapters/pin", "POST"): 15, ("/v1/adapters/promote", "POST"): 15,
     ("/v1/adapters/prune", "POST"): 3, ("/v1/adapters", "GET"): 3, ("/v1/memory/{note_id}", "PUT"): 20,
-    ("/v1/memory/{note_id}", "DELETE"): 15, ("/v1/memory", "GET"): 3, ("/v1/memory", "DELETE"): 3,
+    ("/v1/memory/{note_id}", "PATCH"): 20, ("/v1/memory/{note_id}", "DELETE"): 15, ("/v1/memory", "GET"): 3, ("/v1/memory", "DELETE"): 3,
     ("/v1/dashboard/link", "POST"): 3, ("/v1/models", "GET"): 3, ("/v1/status", "GET"): 3, ("/metrics", "GET"): 3,
     ("/healthz", "GET"): 3,
 }
