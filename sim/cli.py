@@ -6,8 +6,8 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from .scenarios import SCENARIOS
 from .shell_tasks import SHELL
 
 SCENARIO_NAMES = [*SCENARIOS, SHELL]
+WORK = ".work"  # under --out: unfinished cells and the shared base evaluations (not results)
 
 
 def add_parser(sub: Any) -> None:
@@ -79,7 +80,7 @@ class Progress:
             print(file=sys.stderr)
 
 
-async def _run(cell: Any, cfg: SimConfig, model_dir: Path, data_dir: Path, on_progress: Any,
+async def _run(cell: Any, cfg: SimConfig, model_dir: Path, work_dir: Path, base_cache: Path, on_progress: Any,
                args: argparse.Namespace) -> dict[str, Any]:
     import os
 
@@ -89,13 +90,13 @@ async def _run(cell: Any, cfg: SimConfig, model_dir: Path, data_dir: Path, on_pr
     from .shell import run_shell_cell
 
     if cell.scenario == SHELL:
-        return await run_shell_cell(cell, cfg, model_dir, data_dir, on_progress)
+        return await run_shell_cell(cell, cfg, model_dir, work_dir, on_progress, base_cache)
     if not args.user_llm:
-        return await run_cell(cell, cfg, model_dir, data_dir, on_progress)
+        return await run_cell(cell, cfg, model_dir, work_dir, on_progress, base_cache=base_cache)
     rater = LLMRater(scenario(cell.scenario), args.user_llm, args.user_llm_model,
                      os.environ.get("CLAWBACK_USER_LLM_KEY"))
     try:
-        return await run_cell(cell, cfg, model_dir, data_dir, on_progress, rater)
+        return await run_cell(cell, cfg, model_dir, work_dir, on_progress, rater, base_cache)
     finally:
         await rater.close()
 
@@ -124,9 +125,12 @@ def _cell_process(cell: Any, cfg: SimConfig, model_dir: Path, out: Path, args: a
             progress.done += 1
         progress.show(ev["interaction"], n)
 
-    with tempfile.TemporaryDirectory(prefix="clawback-sim-") as tmp:
-        record = asyncio.run(_run(cell, cfg, model_dir, Path(tmp), on_progress, args))
+    # The cell's data dir and checkpoint (checkpoint.py): a stopped run goes on from there.
+    work_dir = out / WORK / cell.scenario / cell.method / f"seed{cell.seed}"
+    record = asyncio.run(_run(cell, cfg, model_dir, work_dir, out / WORK / f"base-{cell.scenario}.json", on_progress,
+                              args))
     write_cell(out, cell, record)
+    shutil.rmtree(work_dir, ignore_errors=True)
     progress.end_cell()
 
 

@@ -36,6 +36,7 @@ from clawback import __version__
 from clawback.daemon.config import Settings
 from clawback.daemon.server import build_state, daemon_app
 
+from .checkpoint import Checkpoint, cached_base, fingerprint, new_progress
 from .config import METHODS, SimConfig
 from .local_worker import in_thread_trainer
 from .probe import active_notes, opener_mass
@@ -201,47 +202,62 @@ async def daemon_outcome(state: Any) -> dict[str, Any]:
 
 
 def cell_record(cell: Cell, cfg: SimConfig, model_dir: Path, settings: Settings, code: dict[str, Any],
-                started: float, user: str) -> dict[str, Any]:
-    """The fields every cell file has, whatever its scenario."""
+                started: float, user: str, run: dict[str, Any]) -> dict[str, Any]:
+    """The fields every cell file has, whatever its scenario. `run`: the cell's progress
+    (checkpoint.new_progress), for the time spent before a resume and where it resumed."""
     train_cfg = settings.train_config() if METHODS[cell.method].trains else None
     return {"cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": user,
             "code": code, "clawback_version": __version__,
             "settings": settings.model_dump(mode="json", exclude={"data_dir", "model", "config_file"}),
             "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
-            "wall_s": time.time() - started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "wall_s": run["wall_s"] + time.time() - started, "resumed_at": run["resumed_at"],
+            "base_eval_from": run["base_eval_from"], "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
+async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: Path,
                    on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
-                   rater: Any = None) -> dict[str, Any]:
-    """Run one cell in a fresh data dir; returns its result record (see results.py).
+                   rater: Any = None, base_cache: Path | None = None) -> dict[str, Any]:
+    """Run one cell in `work_dir` (its data dir and checkpoint, checkpoint.py), going on from its
+    checkpoint when one was saved by the same code and settings; returns its result record (see
+    results.py).
 
-    `rater` judges replies for the user and for the score (default: the scenario's rules)."""
+    `rater` judges replies for the user and for the score (default: the scenario's rules).
+    `base_cache`: a file where the greedy evaluation before the first interaction is kept for the
+    other cells of the scenario. It is the base model with no notes in every cell (the same
+    prompts, the same batch, greedy), so it is computed once; a cell records where it came from."""
     started, code = time.time(), code_stamp()  # the code this process imported, before anything runs
     scen = scenario(cell.scenario)
     rater = rater or RuleRater(scen)
     eval_tasks = scen.eval[: cfg.eval_tasks] if cfg.eval_tasks else scen.eval
-    settings = cell_settings(cell, cfg, model_dir, data_dir)
-    curve: list[dict[str, Any]] = []
-    probes: list[dict[str, Any]] = []
-    interactions: list[dict[str, Any]] = []
-    evals: dict[str, Any] = {}
+    ckpt = Checkpoint(work_dir, fingerprint(code["stamp"], cfg.as_dict(), cell.key, model_dir.name, rater.name))
+    base_key = fingerprint(code["stamp"], cfg.as_dict(), cell.scenario, model_dir.name, rater.name)
+    # The harness's progress: all that a checkpoint saves besides the daemon's own state.
+    run = ckpt.restore() or new_progress(probes=[], probed_notes=[])
+    settings = cell_settings(cell, cfg, model_dir, ckpt.data_dir)
+    curve, probes, interactions, evals = run["curve"], run["probes"], run["interactions"], run["evals"]
     marks = eval_marks(cfg)
     async with in_process_daemon(settings, model_dir, cfg.threads) as (state, client):
 
-        probed_notes: list[list[str]] = []  # the notes the newest probe saw
-
         async def probe_now(i: int) -> None:
-            probed_notes[:] = [await active_notes(state)]
+            run["probed_notes"] = await active_notes(state)
             mass = await opener_mass(state, scen, scen.eval)  # one forward pass a task: all of them
             probes.append({"interaction": i, "version": state.adapters.live(), "mass": mass})
 
+        async def held_out(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+            """The greedy replies with the notes a main call gets, and without them."""
+            result = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i)
+            # Without the notes: what training put into the weights. Where no notes are injected
+            # the replies are the same, so they are not asked twice.
+            if await active_notes(state):
+                return result, await evaluate(client, rater, eval_tasks, cfg.max_tokens, i, "side")
+            return result, result
+
         async def score_now(i: int) -> None:
             version = state.adapters.live()
-            result = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i)
-            # Without the notes: what training put into the weights (the same replies where no
-            # notes are kept, so they are not asked twice).
-            off = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i, "side") if settings.memory else result
+            if i == 0:
+                (result, off), run["base_eval_from"] = await cached_base(base_cache, base_key, cell.key, held_out)
+            else:
+                result, off = await held_out(i)
             curve.append({"interaction": i, "version": version, "score": result["score"], "meets": result["meets"],
                           "right": result["right"], "checks": result["checks"], "cut": result["cut"], "meta": result["meta"],
                           "repeat": result["repeat"], "meets_off": off["meets"], "right_off": off["right"]})
@@ -249,11 +265,15 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
                                                      "replies_off": off["replies"]}
             on_progress({"interaction": i, "version": version, "score": result["score"]})
 
-        await probe_now(0)
-        await score_now(0)
+        if not curve:
+            await probe_now(0)
+            await score_now(0)
+            await asyncio.to_thread(ckpt.save, state.store, settings.db_path, run, 0, started)
         user = SimulatedUser(scen, cell.seed, cfg.interactions, cfg.thumbs_down_below, cfg.move_on)
         session = f"sim-{cell.scenario}-{cell.seed}"
         for i, task in enumerate(user.tasks):
+            if i < run["next"]:
+                continue
             request_id = f"task-{i}"
             headers = {"x-session-id": session, "x-turn-type": "main", "x-request-id": request_id}
             reply, complete = await _chat(client, [{"role": "user", "content": task.prompt}], headers,
@@ -274,17 +294,18 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
             on_progress({"interaction": i + 1})
             # The probe on every new version or change of the notes (they change the prompt without
             # a new version), and where the greedy evaluation runs.
-            if state.adapters.live() != live_before or await active_notes(state) != probed_notes[0] or i + 1 in marks:
+            if state.adapters.live() != live_before or await active_notes(state) != run["probed_notes"] or i + 1 in marks:
                 await probe_now(i + 1)
             if i + 1 in marks:
                 await score_now(i + 1)
+            await asyncio.to_thread(ckpt.save, state.store, settings.db_path, run, i + 1, started)
         await _feedback(client, session, "last", "session_end")
         await _settle(state, cfg.batch_size)
         daemon = await daemon_outcome(state)
     if curve[-1]["interaction"] != cfg.interactions:  # the curve runs to the end of the cell
         curve.append({**curve[-1], "interaction": cfg.interactions, "carried": True})
     return {
-        **cell_record(cell, cfg, model_dir, settings, code, started, rater.name),
+        **cell_record(cell, cfg, model_dir, settings, code, started, rater.name, run),
         "eval_tasks": len(eval_tasks), "curve": curve, "probe": probes, "final_score": curve[-1]["score"],
         "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),
         **daemon, "eval_replies": evals,

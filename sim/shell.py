@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import httpx
 
+from .checkpoint import Checkpoint, cached_base, fingerprint, new_progress
 from .config import SimConfig
 from .harness import (Cell, SimError, _request_seed, _settle, _tally, cell_record, cell_settings, daemon_outcome,
                       eval_marks, in_process_daemon)
@@ -171,22 +172,32 @@ def task_order(seed: int, interactions: int) -> list[ShellTask]:
     return order[:interactions]
 
 
-async def run_shell_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path,
-                         on_progress: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
-    """Run one shell cell in a fresh data dir; returns its result record (see results.py)."""
+async def run_shell_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: Path,
+                         on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
+                         base_cache: Path | None = None) -> dict[str, Any]:
+    """Run one shell cell in `work_dir`, from its checkpoint where there is one (as
+    harness.run_cell); returns its result record (see results.py)."""
     started, code = time.time(), code_stamp()
     sandbox = await asyncio.to_thread(Sandbox.detect)
+    user = f"checker ({sandbox.backend} sandbox)"
     eval_tasks = EVAL[: cfg.eval_tasks] if cfg.eval_tasks else EVAL
-    settings = cell_settings(cell, cfg, model_dir, data_dir)
-    curve: list[dict[str, Any]] = []
-    interactions: list[dict[str, Any]] = []
-    evals: dict[str, Any] = {}
+    ckpt = Checkpoint(work_dir, fingerprint(code["stamp"], cfg.as_dict(), cell.key, model_dir.name, user))
+    base_key = fingerprint(code["stamp"], cfg.as_dict(), cell.scenario, model_dir.name, user)
+    run = ckpt.restore() or new_progress()
+    settings = cell_settings(cell, cfg, model_dir, ckpt.data_dir)
+    curve, interactions, evals = run["curve"], run["interactions"], run["evals"]
     marks = eval_marks(cfg)
     async with in_process_daemon(settings, model_dir, cfg.threads) as (state, client):
 
+        async def held_out(i: int) -> dict[str, Any]:
+            return await evaluate(client, sandbox, eval_tasks, cfg.max_tokens, i)
+
         async def score_now(i: int) -> None:
             version = state.adapters.live()
-            result = await evaluate(client, sandbox, eval_tasks, cfg.max_tokens, i)
+            if i == 0:  # the base model in every cell: computed once per scenario
+                result, run["base_eval_from"] = await cached_base(base_cache, base_key, cell.key, held_out)
+            else:
+                result = await held_out(i)
             curve.append({"interaction": i, "version": version, "score": result["solved"], "meets": result["solved"],
                           "right": result["solved"], "checks": result["families"], "cut": result["cut"],
                           "meta": 0, "repeat": 0})
@@ -194,8 +205,12 @@ async def run_shell_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: 
                                                      "episodes": result["episodes"]}
             on_progress({"interaction": i, "version": version, "score": result["solved"]})
 
-        await score_now(0)
+        if not curve:
+            await score_now(0)
+            await asyncio.to_thread(ckpt.save, state.store, settings.db_path, run, 0, started)
         for i, task in enumerate(task_order(cell.seed, cfg.interactions)):
+            if i < run["next"]:
+                continue
             session = f"sim-{SHELL}-{cell.seed}-{i}"
             episode = await run_episode(
                 client, sandbox, task, lambda k: {"x-session-id": session, "x-turn-type": "main",
@@ -215,9 +230,10 @@ async def run_shell_cell(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: 
             on_progress({"interaction": i + 1})
             if i + 1 in marks:
                 await score_now(i + 1)
+            await asyncio.to_thread(ckpt.save, state.store, settings.db_path, run, i + 1, started)
         daemon = await daemon_outcome(state)
     return {
-        **cell_record(cell, cfg, model_dir, settings, code, started, f"checker ({sandbox.backend} sandbox)"),
+        **cell_record(cell, cfg, model_dir, settings, code, started, user, run),
         "eval_tasks": len(eval_tasks), "curve": curve, "probe": [], "final_score": curve[-1]["score"],
         "interactions": interactions, "reactions": _tally(r["reaction"] for r in interactions),
         **daemon, "eval_replies": evals,

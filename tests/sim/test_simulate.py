@@ -5,10 +5,15 @@ adaptation, cell JSON with its code stamp, summary and plot; a second run skips 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-
 from clawback.cli import main
+from tests.conftest import scaled
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -52,6 +57,10 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     assert {(c["note_id"], c["version"]) for c in checks if c["retired"]} == {
         (n["note_id"], n["retired_by"]) for n in cell["memory_notes"] if n["retired_by"] is not None}
     assert cell["code"]["stamp"] and cell["clawback_version"] and cell["wall_s"] > 0
+    # The base model's evaluation is the same in every cell of a scenario: computed once.
+    assert none["base_eval_from"] is None and cell["base_eval_from"] == "sure/none/seed1"
+    assert cell["curve"][0] == none["curve"][0] and cell["eval_replies"]["before"] == none["eval_replies"]["before"]
+    assert cell["resumed_at"] == [] and not list((out / ".work").glob("*/*/seed*"))  # finished: no work dir
 
     summary = json.loads((out / "summary.json").read_text())
     default = summary["scenarios"]["sure"]["default"]
@@ -69,6 +78,38 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     assert simulate(ending_model_dir, out, "--method", "default", "--no-gate") == 0
     assert "1 already finished, 0 to run" in capsys.readouterr().err
     assert (out / "cells/sure/default/seed1.json").read_bytes() == before
+
+
+def test_a_stopped_cell_goes_on_from_its_last_interaction(ending_model_dir: Path, tmp_path: Path):
+    """Killed (the whole process group, as a closed terminal does) after its second interaction,
+    the cell goes on from its checkpoint: every interaction once, in order, and the daemon's
+    versions and samples from before the kill are kept."""
+    out = tmp_path / "sim"
+    args = [sys.executable, "-m", "clawback.cli", "simulate", "--model", str(ending_model_dir), "--scenario", "sure",
+            "--interactions", "4", "--batch-size", "1", "--seeds", "1", "--max-tokens", "160", "--eval-tasks", "2",
+            "--eval-points", "1", "--method", "binary", "--no-gate", "--out", str(out)]
+    saved = out / ".work/sure/binary/seed1/checkpoint/progress.json"
+    run = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + scaled(600)
+        while not (saved.exists() and json.loads(saved.read_text())["harness"]["next"] >= 2):
+            assert run.poll() is None, run.stderr.read().decode() if run.stderr else "exited"
+            assert time.monotonic() < deadline, "no checkpoint after the second interaction"
+            time.sleep(0.2)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    before = json.loads(saved.read_text())["harness"]
+    assert before["next"] >= 2 and not (out / "cells").exists()
+    assert main(["simulate", *args[4:]]) == 0
+    cell = json.loads((out / "cells/sure/binary/seed1.json").read_text())
+    assert cell["resumed_at"] == [before["next"]]
+    assert [r["i"] for r in cell["interactions"]] == [0, 1, 2, 3]
+    assert cell["interactions"][: before["next"]] == before["interactions"]
+    assert [p["interaction"] for p in cell["curve"]] == [0, 4] and cell["wall_s"] >= before["wall_s"]
+    committed = [s["version"] for s in cell["steps"] if s["outcome"] == "committed"]
+    assert committed == sorted(set(committed)) and cell["samples"].get("consumed", 0) == len(committed)
+    assert not (out / ".work/sure/binary/seed1").exists()
 
 
 def test_the_gate_is_on_by_default_and_each_cell_reports_its_versions(ending_model_dir: Path, tmp_path: Path, capsys):
