@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from clawback.daemon.engines.supervisor import free_port
+from clawback.engines.supervisor import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = Path.home() / ".cache" / "clawback" / "models" / "smollm2-135m-instruct"

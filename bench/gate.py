@@ -36,7 +36,7 @@ async def main(args: argparse.Namespace) -> dict:
     from clawback.adapter_format import publish
     from clawback.chat import ChatRenderer, ChatRequest
     from clawback.daemon.config import GateConfig
-    from clawback.daemon.engines.embedded import EmbeddedEngine
+    from clawback.engines.embedded import EmbeddedEngine
     from clawback.daemon.gate import CandidateGate
     from clawback.daemon.config import EMBEDDED_MODEL
     from clawback.daemon.models import CATALOGUE, pull

@@ -125,7 +125,7 @@ def wrap_async(obj, name, phase, only=None):
 
 import clawback.adapter_format as files
 from clawback.daemon import adapters, store
-from clawback.daemon.engines import embedded
+from clawback.engines import embedded
 wrap_async(adapters.AdapterManager, "go_live", "go_live (swap_s)")
 wrap_sync(files, "validate", "validate (thread)")
 wrap_async(embedded.EmbeddedEngine, "load_adapter", "load_adapter call")
@@ -474,7 +474,7 @@ def engine_breakdown(model_dir: Path, paths: dict[str, str], threads: int, devic
     load under cProfile, the cost of copying weights into an already-built slot, and a decode step."""
     import torch
 
-    from clawback.daemon.engines.embedded import EmbeddedEngine
+    from clawback.engines.embedded import EmbeddedEngine
     from clawback.adapter_format import validate
 
     torch.set_num_threads(threads)
@@ -504,7 +504,7 @@ def engine_breakdown(model_dir: Path, paths: dict[str, str], threads: int, devic
         # one load under cProfile, called directly (the worker is idle, blocked on its queue)
         other = versions[(versions.index(live) + 1) % len(versions)]
         prof = cProfile.Profile()
-        from clawback.daemon.engines.embedded import read_adapter
+        from clawback.engines.embedded import read_adapter
 
         weights, config = read_adapter(paths[str(other)])
         with torch.inference_mode():

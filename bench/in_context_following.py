@@ -35,7 +35,7 @@ from pathlib import Path
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Sampling
 from clawback.daemon import memory
-from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.samples import teacher_messages
 from clawback.sim.scenarios import CANDIDATE_CHECKS, SCENARIOS, STUDENT, Check, Rating, Scenario
 

@@ -133,7 +133,7 @@ def embedded_backend(args: argparse.Namespace, model: str):
 
     from clawback.chat import ChatRenderer
     from clawback.daemon.config import Settings
-    from clawback.daemon.engines.embedded import EmbeddedEngine
+    from clawback.engines.embedded import EmbeddedEngine
     from clawback.daemon.models import resolve_model
     from clawback.judge.backends import EngineBackend
 

@@ -25,7 +25,7 @@ from in_context_following import reply
 
 from clawback.chat import ChatRenderer
 from clawback.daemon import memory
-from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.sim.scenarios import BRIEF, SCENARIOS, SURE, Rating
 
 META = "Just answer, don't talk about my feedback."

@@ -96,7 +96,7 @@ class Direct:
         from transformers import AutoTokenizer
 
         from clawback.chat import ChatRenderer
-        from clawback.daemon.engines.embedded import EmbeddedEngine
+        from clawback.engines.embedded import EmbeddedEngine
 
         torch.set_num_threads(threads)
         self.engine = EmbeddedEngine(model_dir, device=device, name=model_dir.name, torch_threads=threads)

@@ -77,9 +77,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from clawback.adapter_format import lora_target_modules
     from clawback.chat import ChatRenderer, ChatRequest
     from clawback.daemon.config import Settings
-    from clawback.daemon.engines import build_engine
-    from clawback.daemon.engines.embedded import EmbeddedEngine
-    from clawback.daemon.engines.vllm import PROMPT_TOP_LOGPROBS
+    from clawback.engines import build_engine
+    from clawback.engines.embedded import EmbeddedEngine
+    from clawback.engines.vllm import PROMPT_TOP_LOGPROBS
     from clawback.daemon.samples import teacher_messages
     from clawback.engine import Sampling
 

@@ -1,6 +1,6 @@
 """The engine interface: what the daemon serves with and the judge votes with.
 
-Implementations live in `clawback.daemon.engines` (embedded transformers+PEFT; vLLM and SGLang
+Implementations live in `clawback.engines` (embedded transformers+PEFT; vLLM and SGLang
 over HTTP). Every engine generates from exact prompt
 token ids and reports, for each sampled token, its id and its logprob under the *unscaled*
 (temperature 1, no top-p) distribution of the model that served it. Those logprobs are the

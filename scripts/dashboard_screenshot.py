@@ -37,7 +37,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     from clawback.daemon.config import DEFAULT_MODEL
-    from clawback.daemon.engines.supervisor import free_port
+    from clawback.engines.supervisor import free_port
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=DEFAULT_MODEL)

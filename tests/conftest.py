@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawback.daemon.engines.supervisor import free_port
+from clawback.engines.supervisor import free_port
 
 CACHE = Path(os.environ.get("CLAWBACK_TEST_CACHE", Path.home() / ".cache" / "clawback"))
 

@@ -9,15 +9,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"clawback": "clawback", "clawback.daemon": "daemon", "clawback.trainer": "trainer",
-            "clawback.judge": "judge", "clawback.sim": "sim"}
+PACKAGE = ROOT / "clawback"
 
 # What each layer must never import (prefix match on the dotted module name).
 FORBIDDEN = {
     "core": ("clawback.daemon", "clawback.trainer", "clawback.judge", "clawback.sim", "clawback.cli"),
     "clawback.trainer": ("clawback.daemon", "clawback.judge", "clawback.sim", "clawback.cli"),
     "clawback.judge": ("clawback.daemon", "clawback.trainer", "clawback.sim", "clawback.cli"),
-    "clawback.daemon.engines": ("clawback.daemon", "clawback.trainer", "clawback.judge", "clawback.sim", "clawback.cli"),
+    "clawback.engines": ("clawback.daemon", "clawback.trainer", "clawback.judge", "clawback.sim", "clawback.cli"),
     "clawback.daemon": ("clawback.sim", "clawback.cli"),
     "clawback.sim": ("clawback.cli",),
 }
@@ -25,11 +24,9 @@ FORBIDDEN = {
 
 def modules() -> dict[str, Path]:
     out = {}
-    for package, folder in PACKAGES.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            name = ".".join((package, *parts))
-            out[name.removesuffix(".__init__")] = path
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(("clawback", *path.relative_to(PACKAGE).with_suffix("").parts))
+        out[name.removesuffix(".__init__")] = path
     return out
 
 
@@ -75,4 +72,4 @@ def test_the_check_sees_function_local_and_relative_imports(tmp_path):
     path.write_text("def f():\n    from ..daemon import store\n    import clawback.sim.cli\n")
     assert imports("clawback.judge.x", path) >= {"clawback.daemon", "clawback.daemon.store", "clawback.sim.cli"}
     assert layer("clawback.judge.x") == "clawback.judge" and layer("clawback.chat") == "core"
-    assert layer("clawback.daemon.engines.vllm") == "clawback.daemon.engines" and layer("clawback.cli") == "top"
+    assert layer("clawback.engines.vllm") == "clawback.engines" and layer("clawback.cli") == "top"

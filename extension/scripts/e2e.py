@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 from websockets.sync.client import connect
 
-from clawback.daemon.engines.supervisor import free_port
+from clawback.engines.supervisor import free_port
 
 EXT = Path(__file__).resolve().parents[1]
 REPO = EXT.parent

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clawback.daemon.adapters import AdapterError, AdapterManager
-from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import Store
 from clawback.adapter_format import publish
 from clawback.records import StepRecord

@@ -30,15 +30,15 @@ def test_wheel_ships_dashboard_assets(tmp_path: Path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for package in ("clawback", "daemon", "judge", "trainer", "sim"):
-        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "clawback", src / "clawback", ignore=shutil.ignore_patterns("__pycache__"))
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                           "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     (wheel,) = tmp_path.glob("clawback-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
-    wanted = {f"clawback/daemon/{p.relative_to(ROOT / 'daemon').as_posix()}"
-              for folder in ("templates", "static") for p in (ROOT / "daemon" / folder).rglob("*") if p.is_file()}
+    wanted = {p.relative_to(ROOT).as_posix()
+              for folder in ("templates", "static") for p in (ROOT / "clawback" / "daemon" / folder).rglob("*")
+              if p.is_file()}
     assert any(name.endswith("htmx.LICENSE") for name in wanted)  # the vendored libraries' licenses too
     assert wanted <= shipped, sorted(wanted - shipped)
 
@@ -76,7 +76,7 @@ def test_health_shows_how_many_samples_distil_the_top_k_and_why_others_do_not():
 
     from clawback.daemon.display import ago, sample_reason, sample_state
 
-    env = Environment(loader=FileSystemLoader(ROOT / "daemon" / "templates"), autoescape=True)
+    env = Environment(loader=FileSystemLoader(ROOT / "clawback" / "daemon" / "templates"), autoescape=True)
     env.filters.update(ago=ago, sample_reason=sample_reason, sample_state=sample_state,
                        pct=lambda x: "–" if x is None else f"{100 * x:.0f}%")
     health = {"model": "m", "engine": "vllm", "live": None, "extension_connections": 1, "main_calls": 3, "paired": 3,

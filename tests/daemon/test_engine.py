@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from clawback.engine import EngineError, Sampling
-from clawback.daemon.engines import embedded
-from clawback.daemon.engines.embedded import (BACKGROUND_EVERY, BACKGROUND_HOLD_S, BACKGROUND_TOKENS, EmbeddedEngine,
+from clawback.engines import embedded
+from clawback.engines.embedded import (BACKGROUND_EVERY, BACKGROUND_HOLD_S, BACKGROUND_TOKENS, EmbeddedEngine,
                                               background_turn)
 
 PROMPT = [1, 520, 33, 4481, 28, 2, 198, 77, 9000]

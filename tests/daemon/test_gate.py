@@ -15,7 +15,7 @@ import torch
 from clawback.adapter_format import publish
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.config import GateConfig
-from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.gate import CandidateGate
 from clawback.daemon.store import Store
 from clawback.records import Call, JudgedSample, StepRecord

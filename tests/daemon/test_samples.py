@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from clawback.chat import ChatRenderer, ChatRequest
-from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.config import SignalConfig
 from clawback.daemon.memory import inject
 from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, repetition_loop, teacher_messages

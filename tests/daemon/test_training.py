@@ -13,7 +13,7 @@ import pytest
 
 from clawback.chat import ChatRenderer
 from clawback.daemon.adapters import AdapterManager
-from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import Store
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.training import TrainingLoop

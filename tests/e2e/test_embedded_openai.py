@@ -82,7 +82,7 @@ def test_three_turns_stored_paired_and_token_exact(embedded_model_dir: Path, dae
 
     from transformers import AutoTokenizer
 
-    from clawback.daemon.engines.embedded import EmbeddedEngine
+    from clawback.engines.embedded import EmbeddedEngine
 
     tok = AutoTokenizer.from_pretrained(str(embedded_model_dir))
     engine = EmbeddedEngine(embedded_model_dir)

@@ -111,7 +111,7 @@ def _check_served_versions(d: DaemonProcess, tiny_model_dir: Path, results: list
     assert len(rows) == len(results)
     for call_id, fingerprint in results:
         assert (rows[call_id]["adapter_version"] or "base") == fingerprint
-    from clawback.daemon.engines.embedded import EmbeddedEngine
+    from clawback.engines.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(tiny_model_dir)
 

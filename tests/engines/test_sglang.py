@@ -20,10 +20,10 @@ import httpx
 import pytest
 
 from clawback.daemon.config import Settings
-from clawback.daemon.engines import build_engine
+from clawback.engines import build_engine
 from clawback.engine import EngineError, Sampling
-from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.engines.sglang import SGLangEngine
+from clawback.engines.embedded import EmbeddedEngine
+from clawback.engines.sglang import SGLangEngine
 
 from ..conftest import wait_for
 from .conftest import make_adapters
@@ -121,7 +121,7 @@ def test_top_k_at_serve_time_and_the_teachers_view_of_it_match_the_embedded_engi
     and the teacher's logprobs of those ids at every position come from `token_ids_logprob` on a
     scoring request (one id list per request, so the engine asks for each window's union). The
     reply is longer than one window, so two requests cover it."""
-    from clawback.daemon.engines.sglang import CANDIDATE_WINDOW
+    from clawback.engines.sglang import CANDIDATE_WINDOW
 
     loop.run(engine.load_adapter("v1", str(adapters["v1"])))
     try:

@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from clawback.daemon.config import Settings
-from clawback.daemon.engines import build_engine
+from clawback.engines import build_engine
 from clawback.engine import EngineError, Sampling
-from clawback.daemon.engines.embedded import EmbeddedEngine
-from clawback.daemon.engines.vllm import DEFAULT_VLLM_VENV, VLLMEngine
+from clawback.engines.embedded import EmbeddedEngine
+from clawback.engines.vllm import DEFAULT_VLLM_VENV, VLLMEngine
 
 from ..conftest import DaemonProcess, wait_for
 from .conftest import make_adapters
@@ -143,7 +143,7 @@ def test_candidate_scoring_covers_ids_inside_and_outside_the_prompt_top_logprobs
     the embedded engine."""
     import torch
 
-    from clawback.daemon.engines.vllm import PROMPT_TOP_LOGPROBS
+    from clawback.engines.vllm import PROMPT_TOP_LOGPROBS
 
     loop.run(engine.load_adapter("v1", str(adapters["v1"])))
     try:
@@ -320,7 +320,7 @@ def test_clawback_serve_engine_vllm_starts_as_typed(vllm_python: str, hd64_model
 
 
 def test_the_cpu_kv_cache_fits_the_model_and_the_memory_budget(embedded_model_dir: Path):
-    from clawback.daemon.engines.vllm import available_memory_bytes, cpu_kv_cache_gib
+    from clawback.engines.vllm import available_memory_bytes, cpu_kv_cache_gib
 
     # SmolLM2-135M: 30 layers x 3 KV heads x 64 x 4 bytes x 2 = 45 KiB a token; 4 x 8192 tokens = 1.4 GiB
     assert cpu_kv_cache_gib(str(embedded_model_dir), 8192, "float32", 0.99) == 2

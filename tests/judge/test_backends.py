@@ -11,7 +11,7 @@ import torch
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Sampling
-from clawback.daemon.engines.embedded import EmbeddedEngine
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.judge.backends import EngineBackend, JudgeBackendError, OpenAIBackend, PromptTooLongError
 from clawback.judge.prm import judge_prm
 from tests.conftest import DaemonProcess, free_port

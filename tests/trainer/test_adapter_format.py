@@ -92,7 +92,7 @@ def test_publish_writes_a_peft_adapter_that_reproduces_the_model(tiny_model_dir:
 
 
 def test_embedded_engine_serves_the_published_adapter(tiny_model_dir: Path, v1):
-    from clawback.daemon.engines.embedded import EmbeddedEngine
+    from clawback.engines.embedded import EmbeddedEngine
 
     model, _, path = v1
     engine = EmbeddedEngine(tiny_model_dir, device="cpu")

@@ -46,7 +46,7 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     the [layout] table (the simulator passes one that runs in a thread of this process)."""
     from transformers import AutoTokenizer
 
-    from .engines import build_engine
+    from ..engines import build_engine
     from .models import resolve_model
 
     train = settings.train.enabled

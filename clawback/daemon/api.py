@@ -36,7 +36,7 @@ from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta, random_id
 from .config import Settings
 from .dashboard import PREFIX as UI_PREFIX, add_dashboard_routes
-from .engines import grammar
+from ..engines import grammar
 from .feedback import FeedbackEvent, Hub, add_feedback_routes
 from .forget import forget, parse_time
 from .memory import inject
