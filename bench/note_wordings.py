@@ -70,6 +70,40 @@ CANDIDATES = {
         SW, C("closer", lambda r, t: r.rstrip().endswith("Hope this helps!"), "end your reply with 'Hope this helps!'"))),
 }
 
+_SPANISH = frozenset("el la los las de del que y en un una es son tiene tienen hay para por con se su sus lo al "
+                     "cuántos cuántas total entonces ahora más menos cada respuesta".split())
+_ENGLISH = frozenset("the and of to is are has have there for with his her its then now more less each answer "
+                     "how many".split())
+
+
+def in_spanish(text: str) -> bool:
+    """Mostly Spanish words: a Spanish reply, not an English one with a Spanish greeting."""
+    ws = [w.lower() for w in S.words(text)]
+    es, en = sum(w in _SPANISH for w in ws), sum(w in _ENGLISH for w in ws)
+    return len(ws) >= 8 and es >= 0.15 * len(ws) and en <= es / 4
+
+
+def bold_answer(text: str, task: S.Task) -> bool:
+    """The right answer stands in bold ("**15**", "**15 apples**")."""
+    return any(S.answer_right(span, task.answer, task.prompt) for span in re.findall(r"\*\*([^*\n]+)\*\*", text))
+
+
+CANDIDATES |= {
+    "spanish1": replace(S.PLAIN, name="spanish", checks=(
+        C("in_spanish", lambda r, t: in_spanish(r), "reply in Spanish"),
+        replace(SW, ask="show each calculation with its result"))),
+    "spanish2": replace(S.PLAIN, name="spanish", checks=(
+        C("in_spanish", lambda r, t: in_spanish(r), "always answer me in Spanish, I am learning it"),
+        replace(SW, ask="write out each calculation with its result"))),
+    "bold1": replace(S.PLAIN, name="bold", checks=(
+        replace(SW, ask="show each calculation"),
+        C("bold_answer", bold_answer, "put the final answer in bold, like **15**"))),
+    "great1": replace(S.PLAIN, name="great", checks=(
+        C("starts_with_great", lambda r, t: r.lstrip().lower().startswith("great question"),
+          "start your reply with 'Great question!'"),
+        replace(SW, ask="then work it out in full sentences, showing each calculation and the result"))),
+}
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
