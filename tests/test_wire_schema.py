@@ -41,7 +41,14 @@ def test_the_committed_schema_is_what_the_models_emit():
 # docs/protocol.md's schema of each frame -> the model's definition in the wire schema
 DOC_NAMES = {"feedback": "FeedbackEvent", "auth": "Auth", "ping": "Ping", "ack": "Ack", "error": "ErrorFrame",
              "hello": "Hello", "auth_ok": "AuthOk", "pong": "Pong", "sample_ready": "SampleReady",
-             "trained": "Trained", "adapter_live": "AdapterLive"}
+             "trained": "Trained", "adapter_live": "AdapterLive", "adapter_refused": "AdapterRefused",
+             "adapter_rolled_back": "AdapterRolledBack"}
+
+
+def test_every_frame_of_the_wire_is_on_the_protocol_page():
+    frames = [ref["$ref"].split("/")[-1] for union in ("ClientFrame", "DaemonFrame")
+              for ref in SCHEMA["$defs"][union].get("anyOf", SCHEMA["$defs"][union].get("oneOf"))]
+    assert set(DOC_NAMES) == set(DOC_SCHEMAS) and sorted(DOC_NAMES.values()) == sorted(frames)
 
 
 @pytest.mark.parametrize("doc_id", sorted(DOC_NAMES))
