@@ -143,7 +143,7 @@ function registerSessionLifecycle(api: PluginApi, shared: Shared, send: (e: Feed
   };
   api.on("before_reset", (_event, ctx) => sessionEnd(ctx.sessionId, "openclaw"));
   api.on("session_end", (event, ctx) => {
-    const sid = event.sessionId || ctx.sessionId;
+    const sid = event.sessionId ?? ctx.sessionId;
     if (event.nextSessionId && event.reason === "compaction") sessionLink(sid, event.nextSessionId);
     else sessionEnd(sid, "openclaw");
   });
