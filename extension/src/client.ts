@@ -179,7 +179,7 @@ export class FeedbackClient {
         this.ready = true;
         this.attempt = 0;
         this.connects++;
-        this.adapterVersion = f.adapter_version;
+        this.adapterVersion = f.adapter_version ?? null;
         this.opts.logger.info(`clawback: connected to daemon (adapter ${this.adapterVersion ?? "base"}); resending ${this.pending} queued event(s)`);
         this.startPing();
         this.flush();
@@ -194,7 +194,7 @@ export class FeedbackClient {
         this.onError(f);
         return;
       case "adapter_live":
-        this.adapterVersion = f.version;
+        this.adapterVersion = f.version ?? null;
         this.opts.logger.info(`clawback: adapter ${this.adapterVersion ?? "base"} is live`);
         this.remember(f);
         return;
