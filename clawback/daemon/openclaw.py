@@ -24,7 +24,7 @@ from typing import Any, Callable
 import httpx
 
 PLUGIN_ID = "clawback"
-EXTENSION_DIR = Path(__file__).resolve().parents[1] / "extension"  # a checkout's plugin (link mode)
+EXTENSION_DIR = Path(__file__).resolve().parents[2] / "extension"  # a checkout's plugin (link mode)
 SLIM_CONTEXT = 16384  # a default OpenClaw main request is about 13 K tokens
 CHECK_SESSION = "agent:main:clawback-install-check"  # the plugin caps this session's replies (extension/src/tagging.ts)
 CHECK_MESSAGE = "Say hello in five words."

@@ -1,8 +1,10 @@
 // One WebSocket to the daemon's /v1/feedback/ws: auth frame, resend of everything unacked after each
 // (re)connect, reconnect with capped exponential backoff, status pushes kept for /clawback.
+import type { PluginLogger } from "openclaw/plugin-sdk/plugin-entry";
 import type { FeedbackEvent, Outbox } from "./outbox.js";
+import type { Ack, DaemonFrame, ErrorFrame } from "./wire.js";
 
-export type Logger = { info: (m: string) => void; warn: (m: string) => void; error: (m: string) => void; debug?: (m: string) => void };
+export type Logger = PluginLogger;
 
 /** The part of the WHATWG WebSocket the client uses (Node 24's global WebSocket, or a test fake). */
 export interface WsLike {
@@ -16,7 +18,7 @@ export interface WsLike {
 }
 export type WsFactory = (url: string) => WsLike;
 
-export type AckOutcome = { status: "applied" | "duplicate" | "orphan"; callId?: string; reason?: string };
+export type AckOutcome = { status: Ack["status"] | "orphan"; callId?: string; reason?: string };
 
 export type ClientOptions = {
   url: string;
@@ -30,8 +32,6 @@ export type ClientOptions = {
   pingIntervalMs?: number;
   random?: () => number;
 };
-
-export type DaemonPush = { type: string; [k: string]: unknown };
 
 const OPEN = 1;
 
@@ -48,7 +48,7 @@ export class FeedbackClient {
   private waiters = new Map<string, Array<(o: AckOutcome | undefined) => void>>();
   readonly outcomes = new Map<string, AckOutcome>();
   adapterVersion: string | null | undefined = undefined;
-  lastPushes: DaemonPush[] = [];
+  lastPushes: DaemonFrame[] = [];
   connects = 0;
 
   constructor(private readonly opts: ClientOptions) {}
@@ -167,9 +167,9 @@ export class FeedbackClient {
   }
 
   private onFrame(text: string): void {
-    let f: DaemonPush;
+    let f: DaemonFrame;
     try {
-      f = JSON.parse(text) as DaemonPush;
+      f = JSON.parse(text) as DaemonFrame; // as the daemon's models (wire.ts) say; tests/test_wire_schema.py holds it to that
     } catch {
       this.opts.logger.warn(`clawback: unreadable frame from daemon: ${text.slice(0, 200)}`);
       return;
@@ -179,7 +179,7 @@ export class FeedbackClient {
         this.ready = true;
         this.attempt = 0;
         this.connects++;
-        this.adapterVersion = (f.adapter_version as string | null) ?? null;
+        this.adapterVersion = f.adapter_version ?? null;
         this.opts.logger.info(`clawback: connected to daemon (adapter ${this.adapterVersion ?? "base"}); resending ${this.pending} queued event(s)`);
         this.startPing();
         this.flush();
@@ -188,22 +188,22 @@ export class FeedbackClient {
       case "pong":
         return;
       case "ack":
-        this.settle(String(f.event_id), { status: f.status as "applied" | "duplicate", callId: f.call_id as string | undefined });
+        this.settle(f.event_id, { status: f.status, callId: f.call_id });
         return;
       case "error":
         this.onError(f);
         return;
       case "adapter_live":
-        this.adapterVersion = (f.version as string | null) ?? null;
+        this.adapterVersion = f.version ?? null;
         this.opts.logger.info(`clawback: adapter ${this.adapterVersion ?? "base"} is live`);
         this.remember(f);
         return;
       case "trained":
-        this.opts.logger.info(`clawback: trained adapter ${String(f.version)} on ${String(f.samples)} samples (mean reward ${String(f.mean_reward)})`);
+        this.opts.logger.info(`clawback: trained adapter ${f.version} on ${f.samples} samples (mean reward ${f.mean_reward})`);
         this.remember(f);
         return;
       case "sample_ready":
-        this.opts.logger.debug?.(`clawback: sample ready for ${String(f.call_id)} (reward ${String(f.reward)})`);
+        this.opts.logger.debug?.(`clawback: sample ready for ${f.call_id} (reward ${f.reward})`);
         this.remember(f);
         return;
       default:
@@ -211,29 +211,29 @@ export class FeedbackClient {
     }
   }
 
-  private remember(f: DaemonPush): void {
+  private remember(f: DaemonFrame): void {
     this.lastPushes.push(f);
     if (this.lastPushes.length > 20) this.lastPushes.shift();
   }
 
-  private onError(f: DaemonPush): void {
-    const id = typeof f.event_id === "string" ? f.event_id : undefined;
-    const code = String(f.code);
+  private onError(f: ErrorFrame): void {
+    const id = f.event_id;
+    const code = f.code;
     if (code === "orphan" && f.stored === true && id) {
-      this.settle(id, { status: "orphan", reason: f.reason as string | undefined });
+      this.settle(id, { status: "orphan", reason: f.reason });
       return;
     }
     if (code === "unauthorized") {
-      this.opts.logger.error(`clawback: the daemon refused the API key (${String(f.message)}); set plugins.entries.clawback.config.apiKey or apiKeyFile`);
+      this.opts.logger.error(`clawback: the daemon refused the API key (${f.message}); set plugins.entries.clawback.config.apiKey or apiKeyFile`);
       return; // the daemon closes the socket; we retry with backoff (the key file may be fixed meanwhile)
     }
     if (!id) {
-      this.opts.logger.warn(`clawback: daemon error ${code}: ${String(f.message)}`);
+      this.opts.logger.warn(`clawback: daemon error ${code}: ${f.message}`);
       return;
     }
     if (code === "malformed") {
       // Nothing was stored and resending cannot help: drop it rather than block the queue forever.
-      this.opts.logger.error(`clawback: daemon rejected event ${id} as malformed: ${String(f.message)}`);
+      this.opts.logger.error(`clawback: daemon rejected event ${id} as malformed: ${f.message}`);
       this.opts.outbox.done(id, "malformed");
       this.inFlight.delete(id);
       this.wake(id, undefined);

@@ -3,6 +3,15 @@ import type { AckOutcome } from "./client.js";
 import { type CommandDeps, makeCommands } from "./commands.js";
 import type { FeedbackEvent } from "./outbox.js";
 import { RunRegistry } from "./runs.js";
+import type { DaemonStatus } from "./status.js";
+
+const STATUS: DaemonStatus = {
+  adapter_version: "v3",
+  training: { samples_ready: 12, batch_size: 16, last_step: { step: 40, version: 3, outcome: "committed", samples: 16 } },
+  memory: { enabled: true, notes: [{ note_id: 4, text: "Please start your reply with 'Sure!'.", active: true, retired_by: null },
+                                   { note_id: 5, text: "Don't use bold.", active: false, retired_by: 3 }] },
+  gate: { reviewing: null, newest: null },
+};
 
 function deps(over: Partial<CommandDeps> = {}, outcome: AckOutcome | null = { status: "applied", callId: "c1" }) {
   const registry = new RunRegistry();
@@ -13,12 +22,7 @@ function deps(over: Partial<CommandDeps> = {}, outcome: AckOutcome | null = { st
     registry,
     send: (e) => sent.push(e),
     waitForAck: vi.fn(async () => outcome ?? undefined),
-    status: vi.fn(async () => ({
-      adapter_version: "v3",
-      training: { samples_ready: 12, batch_size: 16, last_step: 40 },
-      memory: { enabled: true, notes: [{ note_id: 4, text: "Please start your reply with 'Sure!'.", active: true, retired_by: null },
-                                       { note_id: 5, text: "Don't use bold.", active: false, retired_by: 3 }] },
-    })),
+    status: vi.fn(async () => STATUS),
     connection: () => ({ connected: true, pending: 0, adapterVersion: "v3", lastPushes: [{ type: "adapter_live", version: "v3" }] }),
     daemonUrl: "http://127.0.0.1:30000",
     ...over,
@@ -89,14 +93,14 @@ describe("commands", () => {
   });
 
   it("/clawback says when the gate did not promote the newest version, and why", async () => {
-    const refused = { adapter_version: "v6", gate: { reviewing: null, newest: { version: 7, state: "refused", reason: "retention −5.4 points" } } };
+    const refused = { ...STATUS, adapter_version: "v6", gate: { reviewing: null, newest: { version: 7, state: "refused", reason: "retention −5.4 points" } } };
     const { cmds } = deps({ status: async () => refused });
     const text = (await cmds.clawback!.handler(ctx)).text;
     expect(text).toContain("adapter: v6");
     expect(text).toContain("v7 not promoted: retention −5.4 points");
-    const reviewing = deps({ status: async () => ({ ...refused, gate: { reviewing: 8, newest: { version: 8, state: "candidate" } } }) });
+    const reviewing = deps({ status: async () => ({ ...refused, gate: { reviewing: 8, newest: { version: 8, state: "candidate", reason: null } } }) });
     expect((await reviewing.cmds.clawback!.handler(ctx)).text).toContain("v8 is being checked before it goes live");
-    const live = deps({ status: async () => ({ adapter_version: "v7", gate: { newest: { version: 7, state: "live" } } }) });
+    const live = deps({ status: async () => ({ ...STATUS, adapter_version: "v7", gate: { reviewing: null, newest: { version: 7, state: "live", reason: null } } }) });
     expect((await live.cmds.clawback!.handler(ctx)).text).not.toContain("not promoted");
   });
 });

@@ -1,9 +1,10 @@
 // /good, /bad, /correct <text>, /clawback: explicit feedback on the last reply of this session.
-import type { AckOutcome, DaemonPush } from "./client.js";
+import type { AckOutcome } from "./client.js";
 import { newEventId } from "./ids.js";
 import type { FeedbackEvent, FeedbackKind } from "./outbox.js";
 import type { RunRegistry } from "./runs.js";
 import type { DaemonStatus } from "./status.js";
+import type { AdapterLive, DaemonFrame, Trained } from "./wire.js";
 
 export type CommandCtx = { args?: string; commandBody?: string; sessionKey?: string; sessionId?: string; channel?: string };
 export type CommandReply = { text: string };
@@ -14,7 +15,7 @@ export type CommandDeps = {
   send: (e: FeedbackEvent) => void;
   waitForAck: (eventId: string, timeoutMs: number) => Promise<AckOutcome | undefined>;
   status: () => Promise<DaemonStatus | undefined>;
-  connection: () => { connected: boolean; pending: number; adapterVersion: string | null | undefined; lastPushes: DaemonPush[] };
+  connection: () => { connected: boolean; pending: number; adapterVersion: string | null | undefined; lastPushes: DaemonFrame[] };
   daemonUrl: string;
   ackWaitMs?: number;
 };
@@ -64,7 +65,7 @@ export async function statusText(deps: CommandDeps): Promise<string> {
     lines.push(`clawback: daemon ${deps.daemonUrl} ${c.connected ? "connected" : "up (feedback socket reconnecting)"}`);
     lines.push(`adapter: ${s.adapter_version ?? "base model"}`);
     if (typeof t.samples_ready === "number") lines.push(`samples waiting: ${t.samples_ready}${typeof t.batch_size === "number" ? ` of ${t.batch_size}` : ""}`);
-    lines.push(`last training step: ${t.last_step ?? "none yet"}`);
+    lines.push(`last training step: ${t.last_step?.step ?? "none yet"}`);
     const m = s.memory;
     if (m) {
       const notes = m.notes ?? [];
@@ -76,7 +77,7 @@ export async function statusText(deps: CommandDeps): Promise<string> {
     else if (newest?.state === "refused") lines.push(`v${newest.version} not promoted: ${newest.reason ?? "refused"}`);
   }
   lines.push(`feedback queued here: ${c.pending}`);
-  const last = c.lastPushes.filter((p) => p.type === "adapter_live" || p.type === "trained").at(-1);
+  const last = c.lastPushes.filter((p): p is AdapterLive | Trained => p.type === "adapter_live" || p.type === "trained").at(-1);
   if (last) lines.push(`last update: ${last.type} ${String(last.version ?? "")}`.trim());
   return lines.join("\n");
 }

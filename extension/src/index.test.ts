@@ -33,7 +33,7 @@ class FakeWs implements WsLike {
 }
 
 /** A hand-made OpenClaw api: records hooks, provider, commands and services. */
-function mockApi(pluginConfig: unknown = {}) {
+function mockApi(pluginConfig: Record<string, unknown> = {}) {
   const hooks = new Map<string, (event: any, ctx: any) => unknown>();
   const api = {
     id: "clawback",
@@ -52,7 +52,7 @@ function mockApi(pluginConfig: unknown = {}) {
   return { api, hooks, provider, command, service, fire };
 }
 
-function setup(pluginConfig: unknown = {}, queues: Record<string, SystemEventEntry[]> = {}) {
+function setup(pluginConfig: Record<string, unknown> = {}, queues: Record<string, SystemEventEntry[]> = {}) {
   const m = mockApi(pluginConfig);
   const sockets: FakeWs[] = [];
   const stateDir = mkdtempSync(join(tmpdir(), "cb-index-"));

@@ -26,15 +26,8 @@ export function outboxPath(stateDir: string): string {
   return join(stateDir, "plugins", PLUGIN_ID, "outbox.jsonl");
 }
 
-type Api = {
-  pluginConfig?: unknown;
-  logger: Logger;
-  registrationMode?: string;
-  on: (hook: string, handler: (event: any, ctx: any) => unknown, opts?: Record<string, unknown>) => void;
-  registerProvider: (p: Record<string, unknown>) => void;
-  registerCommand: (c: Record<string, unknown>) => void;
-  registerService: (s: { id: string; start: (ctx: any) => unknown; stop?: (ctx: any) => unknown }) => void;
-};
+/** The part of OpenClaw's plugin API the plugin uses. */
+export type PluginApi = Pick<OpenClawPluginApi, "pluginConfig" | "logger" | "on" | "registerProvider" | "registerCommand" | "registerService">;
 
 /**
  * State shared by every registration in this process. OpenClaw calls `register` several times (and the
@@ -43,13 +36,15 @@ type Api = {
  * is no "current run" value.
  */
 export type Shared = { registry: RunRegistry; clients: Map<string, FeedbackClient>; sentLifecycle: Set<string> };
-const SHARED_KEY = Symbol.for("clawback.openclaw.shared.v1");
+declare global {
+  // On globalThis rather than in this module: OpenClaw may load the module more than once.
+  var clawbackOpenClawShared: Shared | undefined;
+}
 export function newShared(): Shared {
   return { registry: new RunRegistry(), clients: new Map(), sentLifecycle: new Set() };
 }
 export function processShared(): Shared {
-  const g = globalThis as unknown as Record<symbol, Shared | undefined>;
-  return (g[SHARED_KEY] ??= newShared());
+  return (globalThis.clawbackOpenClawShared ??= newShared());
 }
 
 export type Overrides = { wsFactory?: WsFactory; peek?: Peek; stateDir?: string; backoffMs?: number; shared?: Shared };
@@ -84,7 +79,7 @@ function feedbackChannel(raw: RawConfig, cfg: ClawbackConfig, shared: Shared, st
 }
 
 /** The `clawback` provider tags every LLM call with the run it belongs to (main or side). */
-function registerTagging(api: Api, registry: RunRegistry): void {
+function registerTagging(api: PluginApi, registry: RunRegistry): void {
   api.registerProvider({
     id: PROVIDER_ID,
     label: "clawback (self-hosted, learns from feedback)",
@@ -92,46 +87,48 @@ function registerTagging(api: Api, registry: RunRegistry): void {
     wrapStreamFn: makeWrapStreamFn(registry),
     wrapSimpleCompletionStreamFn: makeWrapSimpleCompletionStreamFn(registry),
   });
-  const recordRun = (event: any, ctx: any) => {
-    const runId = ctx?.runId ?? event?.runId;
+  // The context of agent hooks (before_prompt_build, llm_input, agent_end, ...), as `on` declares it.
+  type AgentHookContext = Parameters<Parameters<typeof api.on<"llm_input">>[1]>[1];
+  const recordRun = (ctx: AgentHookContext, event: { runId?: string; sessionId?: string }) => {
+    const runId = ctx.runId ?? event.runId;
     if (!runId) return;
     registry.start({
       runId,
-      trigger: ctx?.trigger,
-      sessionKey: ctx?.sessionKey,
-      sessionId: ctx?.sessionId || event?.sessionId,
-      inputProvenance: ctx?.inputProvenance,
-      channel: ctx?.channel ?? ctx?.messageProvider,
+      trigger: ctx.trigger,
+      sessionKey: ctx.sessionKey,
+      sessionId: ctx.sessionId || event.sessionId,
+      inputProvenance: ctx.inputProvenance,
+      channel: ctx.channel ?? ctx.messageProvider,
     });
   };
-  api.on("before_prompt_build", (event, ctx) => {
-    recordRun(event, ctx);
+  api.on("before_prompt_build", (_event, ctx) => {
+    recordRun(ctx, {});
     return undefined;
   });
-  api.on("llm_input", (event, ctx) => recordRun(event, ctx));
+  api.on("llm_input", (event, ctx) => recordRun(ctx, event));
   api.on("agent_end", (event, ctx) => {
-    registry.end(event?.runId ?? ctx?.runId, event?.success !== false);
+    registry.end(event.runId ?? ctx.runId, event.success !== false);
   });
 }
 
 /** Where replies and reactions live: session keys and sent message ids, so a reaction finds its run. */
-function registerReplyTracking(api: Api, registry: RunRegistry): void {
+function registerReplyTracking(api: PluginApi, registry: RunRegistry): void {
   api.on("message_received", (_event, ctx) => {
-    if (ctx?.sessionKey) registry.noteSessionKey(ctx.sessionKey);
+    if (ctx.sessionKey) registry.noteSessionKey(ctx.sessionKey);
   });
   api.on("reply_payload_sending", (event, ctx) => {
-    const key = event?.sessionKey ?? ctx?.sessionKey;
-    if (key) registry.noteSessionKey(key, registry.sessionIdForRun(event?.runId ?? ctx?.runId));
+    const key = event.sessionKey ?? ctx.sessionKey;
+    if (key) registry.noteSessionKey(key, registry.sessionIdForRun(event.runId ?? ctx.runId));
   });
   api.on("message_sent", (event, ctx) => {
-    const key = event?.sessionKey ?? ctx?.sessionKey;
-    const runId = event?.runId ?? ctx?.runId ?? registry.lastReply(registry.sessionIdForKey(key))?.runId;
-    if (event?.success !== false) registry.noteMessage(ctx?.channelId, event?.messageId, runId);
+    const key = event.sessionKey ?? ctx.sessionKey;
+    const runId = event.runId ?? ctx.runId ?? registry.lastReply(registry.sessionIdForKey(key))?.runId;
+    if (event.success !== false) registry.noteMessage(ctx.channelId, event.messageId, runId);
   });
 }
 
 /** Session ends and compaction links. Idempotent by construction (stable ids), sent once per gateway. */
-function registerSessionLifecycle(api: Api, shared: Shared, send: (e: FeedbackEvent) => void): void {
+function registerSessionLifecycle(api: PluginApi, shared: Shared, send: (e: FeedbackEvent) => void): void {
   const { registry, sentLifecycle } = shared;
   const sessionEnd = (sessionId: string | undefined, source: string) => {
     if (!sessionId || sentLifecycle.has(`end:${sessionId}`)) return;
@@ -144,17 +141,17 @@ function registerSessionLifecycle(api: Api, shared: Shared, send: (e: FeedbackEv
     registry.rotateSession(from, to);
     send({ type: "feedback", event_id: stableEventId(`session_link:${from}:${to}`), kind: "session_link", from, to, source: "openclaw", ts: Date.now() / 1000 });
   };
-  api.on("before_reset", (_event, ctx) => sessionEnd(ctx?.sessionId, "openclaw"));
+  api.on("before_reset", (_event, ctx) => sessionEnd(ctx.sessionId, "openclaw"));
   api.on("session_end", (event, ctx) => {
-    const sid = event?.sessionId ?? ctx?.sessionId;
-    if (event?.nextSessionId && event?.reason === "compaction") sessionLink(sid, event.nextSessionId);
+    const sid = event.sessionId ?? ctx.sessionId;
+    if (event.nextSessionId && event.reason === "compaction") sessionLink(sid, event.nextSessionId);
     else sessionEnd(sid, "openclaw");
   });
-  api.on("after_compaction", (event, ctx) => sessionLink(event?.previousSessionId, ctx?.sessionId));
+  api.on("after_compaction", (event, ctx) => sessionLink(event.previousSessionId, ctx.sessionId));
 }
 
 /** The slash commands (/good, /bad, /correct, /clawback) when the config enables them; their deps. */
-function registerCommands(api: Api, cfg: ClawbackConfig, raw: RawConfig, registry: RunRegistry, channel: ReturnType<typeof feedbackChannel>) {
+function registerCommands(api: PluginApi, cfg: ClawbackConfig, raw: RawConfig, registry: RunRegistry, channel: ReturnType<typeof feedbackChannel>) {
   const commandDeps = {
     registry,
     send: channel.send,
@@ -173,19 +170,19 @@ function registerCommands(api: Api, cfg: ClawbackConfig, raw: RawConfig, registr
 }
 
 /** The gateway service that owns the socket and the reaction poller; returns the poller's `poll`. */
-function registerFeedbackService(api: Api, cfg: ClawbackConfig, registry: RunRegistry, channel: ReturnType<typeof feedbackChannel>,
+function registerFeedbackService(api: PluginApi, cfg: ClawbackConfig, registry: RunRegistry, channel: ReturnType<typeof feedbackChannel>,
                                  stateDir: string, log: Logger, overrides: Overrides): () => number {
   let watcher: ReactionWatcher | undefined;
   api.registerService({
     id: "clawback-feedback",
-    start: async (_ctx: any) => {
+    start: async () => {
       const c = channel.getClient();
       c.start();
       if (cfg.reactions) {
         let peek = overrides.peek;
         if (!peek) {
           try {
-            const mod = (await import("openclaw/plugin-sdk/system-event-runtime")) as { peekSystemEventEntries: Peek };
+            const mod = await import("openclaw/plugin-sdk/system-event-runtime");
             peek = (key) => mod.peekSystemEventEntries(key);
           } catch (err) {
             log.warn(`clawback: reactions off, system events unavailable: ${String(err)}`);
@@ -208,8 +205,8 @@ function registerFeedbackService(api: Api, cfg: ClawbackConfig, registry: RunReg
 }
 
 /** Everything one registration owns; exported for tests. */
-export function createPlugin(api: Api, overrides: Overrides = {}) {
-  const raw = (api.pluginConfig ?? {}) as RawConfig;
+export function createPlugin(api: PluginApi, overrides: Overrides = {}) {
+  const raw = (api.pluginConfig ?? {}) as RawConfig; // OpenClaw checked it against openclaw.plugin.json's configSchema
   const cfg: ClawbackConfig = resolveConfig(raw);
   const shared = overrides.shared ?? processShared();
   const stateDir = overrides.stateDir ?? defaultStateDir();
@@ -227,6 +224,6 @@ export default definePluginEntry({
   name: "clawback",
   description: "Tags main/side LLM calls for the clawback daemon and sends 👍/👎, corrections and session events to it.",
   register(api: OpenClawPluginApi) {
-    createPlugin(api as unknown as Api);
+    createPlugin(api);
   },
 });

@@ -2,21 +2,10 @@
 // only when the daemon acks its event_id (or answers orphan with stored:true). Survives restarts.
 import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, writeSync } from "node:fs";
 import { dirname } from "node:path";
+import type { FeedbackEvent } from "./wire.js";
 
-export type FeedbackKind = "thumbs_up" | "thumbs_down" | "correction" | "comment" | "session_end" | "session_link";
-
-export type FeedbackEvent = {
-  type: "feedback";
-  event_id: string;
-  kind: FeedbackKind;
-  session_id?: string;
-  target?: string;
-  text?: string;
-  source?: string;
-  ts?: number;
-  from?: string;
-  to?: string;
-};
+export type { FeedbackEvent };
+export type FeedbackKind = FeedbackEvent["kind"];
 
 type Line = { op: "add"; event: FeedbackEvent } | { op: "done"; event_id: string; why?: string };
 

@@ -12,12 +12,12 @@ describe("fetchDaemonStatus", () => {
         res.writeHead(401).end();
         return;
       }
-      res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ adapter_version: "v1", training: { samples_ready: 3, batch_size: 16, last_step: 7 } }));
+      res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ adapter_version: "v1", training: { samples_ready: 3, batch_size: 16, last_step: null } }));
     });
     await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
     const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
     try {
-      expect(await fetchDaemonStatus(url, "k")).toEqual({ adapter_version: "v1", training: { samples_ready: 3, batch_size: 16, last_step: 7 } });
+      expect(await fetchDaemonStatus(url, "k")).toEqual({ adapter_version: "v1", training: { samples_ready: 3, batch_size: 16, last_step: null } });
       expect(await fetchDaemonStatus(url, "wrong")).toBeUndefined();
       expect(seen).toEqual(["Bearer k", "Bearer wrong"]);
     } finally {

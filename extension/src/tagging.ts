@@ -1,5 +1,6 @@
 // Provider stream wrappers: add X-Session-Id / X-Turn-Type / X-Turn-Id / X-Request-Id to requests of
 // the clawback provider only (other providers are never wrapped, so nothing leaks to other hosts).
+import type { ProviderWrapStreamFnContext } from "openclaw/plugin-sdk/plugin-entry";
 import { classifyRun, parseRequestId, type RunRegistry, type TurnType } from "./runs.js";
 
 export const PROVIDER_ID = "clawback";
@@ -9,15 +10,10 @@ export const PROVIDER_ID = "clawback";
 export const CHECK_SESSION_KEY = "agent:main:clawback-install-check";
 export const CHECK_MAX_TOKENS = 16;
 
-// Structural stand-ins for OpenClaw's StreamFn: (model, context, options) => stream.
-export type StreamOptions = {
-  sessionId?: string;
-  requestId?: string;
-  headers?: Record<string, string>;
-  [k: string]: unknown;
-};
-export type StreamFn = (model: unknown, context: unknown, options?: StreamOptions) => unknown;
-export type WrapCtx = { provider: string; modelId?: string; streamFn?: StreamFn; [k: string]: unknown };
+export type WrapCtx = ProviderWrapStreamFnContext;
+/** OpenClaw's StreamFn: (model, context, options) => stream. */
+export type StreamFn = NonNullable<WrapCtx["streamFn"]>;
+export type StreamOptions = NonNullable<Parameters<StreamFn>[2]>;
 
 export type Tags = { sessionId?: string; turnType: TurnType; turnId?: string; requestId?: string };
 

@@ -40,7 +40,7 @@ def check(frame: dict) -> dict:
 
 def test_every_message_type_has_a_schema():
     assert set(SCHEMAS) == {"feedback", "auth", "ping", "ack", "error", "hello", "auth_ok", "pong",
-                            "sample_ready", "trained", "adapter_live"}
+                            "sample_ready", "trained", "adapter_live", "adapter_refused", "adapter_rolled_back"}
 
 
 GOOD = [
