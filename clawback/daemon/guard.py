@@ -63,7 +63,7 @@ class LiveGuard:
         parent = rows[live]["parent"]
         if parent is not None and rows.get(parent, {}).get("state") in ("failed", "pruned", "refused"):
             return None  # nothing to go back to
-        counts = await asyncio.to_thread(self.store.read, lambda c: _counts(c, live, parent, self.cfg))
+        counts = await asyncio.to_thread(self._counts, live, parent)
         n = self.cfg.guard_replies
         result: dict[str, Any] = {"version": live, "parent": parent, "window": n, **counts, "tests": {}}
         if counts["baseline"] == 0:
@@ -90,24 +90,10 @@ class LiveGuard:
         return result
 
 
-def _counts(c: Any, live: int, parent: int | None, cfg: GateConfig) -> dict[str, Any]:
-    def window(version: int | None, order: str, limit: int) -> list[str]:
-        where = "adapter_version IS NULL" if version is None else "adapter_version = ?"
-        args = () if version is None else (version_name(version),)
-        return [r[0] for r in c.execute(
-            f"SELECT call_id FROM calls WHERE turn_type = 'main' AND {where} ORDER BY created_at {order} LIMIT ?",
-            (*args, limit))]
-
-    def bad(call_ids: list[str]) -> dict[str, int]:
-        out = {"thumbs_down": 0, "correction": 0}
-        if call_ids:
-            marks = ", ".join("?" for _ in call_ids)
-            for kind, n in c.execute(
-                    f"SELECT kind, count(DISTINCT call_id) FROM feedback_events WHERE state = 'applied' "
-                    f"AND kind IN ('thumbs_down', 'correction') AND call_id IN ({marks}) GROUP BY kind", call_ids):
-                out[kind] = n
-        return out
-
-    new = window(live, "ASC", cfg.guard_replies)
-    old = window(parent, "DESC", cfg.guard_baseline)
-    return {"served": len(new), "baseline": len(old), "new": bad(new), "old": bad(old)}
+    def _counts(self, live: int, parent: int | None) -> dict[str, Any]:
+        """The live version's first replies (its window) and the parent's newest ones (the baseline)."""
+        new = self.store.reply_feedback(live, self.cfg.guard_replies, newest=False)
+        old = self.store.reply_feedback(parent, self.cfg.guard_baseline, newest=True)
+        return {"served": new.replies, "baseline": old.replies,
+                "new": {"thumbs_down": new.thumbs_down, "correction": new.correction},
+                "old": {"thumbs_down": old.thumbs_down, "correction": old.correction}}

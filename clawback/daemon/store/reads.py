@@ -16,6 +16,11 @@ def _opt(decode: Callable[[bytes], list], blob: bytes | None) -> list | None:
     return None if blob is None else decode(blob)
 
 
+def adapter_row(r: sqlite3.Row) -> dict[str, Any]:
+    """An `adapters` row with its JSON decoded, as the HTTP API shows it."""
+    return {**dict(r), "metrics": json.loads(r["metrics"]), "pinned": bool(r["pinned"]), "gate": json.loads(r["gate"])}
+
+
 class Reads:
     db_path: Path
 
@@ -115,17 +120,7 @@ class Reads:
         return self.read(lambda c: c.execute("SELECT count(*) FROM samples WHERE state = 'ready'").fetchone()[0])
 
     def adapters(self) -> list[dict[str, Any]]:
-        def q(c: sqlite3.Connection) -> list[dict[str, Any]]:
-            out = []
-            for r in c.execute("SELECT * FROM adapters ORDER BY version"):
-                row = dict(r)
-                row["metrics"] = json.loads(row["metrics"])
-                row["pinned"] = bool(row["pinned"])
-                row["gate"] = json.loads(row["gate"])
-                out.append(row)
-            return out
-
-        return self.read(q)
+        return self.read(lambda c: [adapter_row(r) for r in c.execute("SELECT * FROM adapters ORDER BY version")])
 
     def base_was_live(self) -> bool:
         """Whether the last version sent live was the base model (a rollback to base)."""

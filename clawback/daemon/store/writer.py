@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from clawback.records import Call, JudgedSample, StepRecord
 
 from .forget import ForgetScope, ForgetWrites
-from .reads import Reads
+from .queries import Queries
 from .schema import ADAPTER_STATES, connect, linked_sessions, migrate
 from .writes import EventWrites
 
@@ -56,7 +56,7 @@ class _Flush:
 
 
 
-class Store(EventWrites, ForgetWrites, Reads):
+class Store(EventWrites, ForgetWrites, Queries):
     def __init__(self, db_path: Path, queue_size: int = 10_000, memory_max_notes: int = 8) -> None:
         self.db_path = Path(db_path)
         self.memory_max_notes = memory_max_notes
