@@ -32,7 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from clawback.records import version_name
+from clawback.records import Version
 
 from .display import ago, reward_origin, sample_reason, sample_state
 from .forget import forget
@@ -384,7 +384,7 @@ def _learning(store: Store) -> dict[str, Any]:
     rates = []
     for f in sorted(store.feedback_per_version(), key=lambda f: f.version or 0):
         counts = {"up": f.thumbs_up, "down": f.thumbs_down, "corrections": f.corrections}
-        rates.append({"version": version_name(f.version) or "base", "order": f.version or 0, "calls": f.calls,
+        rates.append({"version": Version.name_of(f.version) or "base", "order": f.version or 0, "calls": f.calls,
                       **{k: x / f.calls for k, x in counts.items()}, **{f"n_{k}": x for k, x in counts.items()}})
     gate = {}
     for a in store.adapters():
@@ -404,7 +404,7 @@ def _learning(store: Store) -> dict[str, Any]:
                                                             "corrections": [r["corrections"] for r in rates]}))
     if len(gate) > 1:
         for k in GATE_METRICS:
-            charts.append(_chart(f"gate {k.replace('_', ' ')} per version", list(gate), [f"v{v}" for v in gate],
+            charts.append(_chart(f"gate {k.replace('_', ' ')} per version", list(gate), [Version(v).name for v in gate],
                                  {k: [g[k] for g in gate.values()]}, small=True))
     done = [s for s in steps if s["outcome"] == "committed"]
     for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude

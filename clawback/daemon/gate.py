@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine, Sampling
-from clawback.records import ReadySample, version_name
+from clawback.records import ReadySample, Version
 
 from .config import GateConfig
 from .probes import Generation, Probe, collapse_stats, load_probes, passes
@@ -205,10 +205,10 @@ class CandidateGate:
         if verdict.promote:
             self.promoted += 1
             cached = set(self._probe_cache) | {v for v, _ in self._replay_cache}
-            self._forget(cached - {None, version_name(version)})
+            self._forget(cached - {None, Version.name_of(version)})
         else:
             self.refused += 1
-            self._forget({version_name(version)})
+            self._forget({Version.name_of(version)})
         log.info("gate: v%d %s%s", version, "promoted" if verdict.promote else "refused: ", verdict.reason)
         return verdict
 
@@ -220,7 +220,7 @@ class CandidateGate:
                                              "history": len(history)}}
         if reasons:
             return Verdict(False, reasons, report)
-        cand_name, live_name = version_name(version), version_name(live)
+        cand_name, live_name = Version.name_of(version), Version.name_of(live)
         base = await self._probe(None)
         cand = await self._probe(cand_name)
         ref = base if live is None else await self._probe(live_name)

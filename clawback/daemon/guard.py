@@ -17,7 +17,7 @@ import logging
 from math import comb
 from typing import Any, Callable
 
-from clawback.records import version_name
+from clawback.records import Version
 
 from .adapters import AdapterManager
 from .config import GateConfig
@@ -76,7 +76,7 @@ class LiveGuard:
             result["tests"][kind] = round(p, 5)
             if k_new / n > k_old / counts["baseline"] and p < self.cfg.guard_alpha / 2:
                 reasons.append(f"{label} rate {k_new}/{n} vs {k_old}/{counts['baseline']} on "
-                               f"{version_name(parent) or 'base'} (Fisher one-sided p={p:.3g} < "
+                               f"{Version.name_of(parent) or 'base'} (Fisher one-sided p={p:.3g} < "
                                f"{self.cfg.guard_alpha / 2:g})")
         self.last = result
         if reasons and self.adapters.live() == live:

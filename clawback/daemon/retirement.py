@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine
-from clawback.records import version_name
+from clawback.records import Version
 
 from . import memory
 from .gate import score_when_quiet, teacher_gap
@@ -84,7 +84,7 @@ class NoteRetirement:
         body, response, teacher = evidence.request, evidence.response_ids, evidence.teacher_logprobs
         messages = memory.strip(body["messages"], body.get("memory_notes"))
         bare = await self._prompt(body, messages)
-        gap_live = teacher_gap(await score_when_quiet(self.engine, self.busy, bare, response, version_name(version)),
+        gap_live = teacher_gap(await score_when_quiet(self.engine, self.busy, bare, response, Version.name_of(version)),
                                teacher)
         key = (note["note_id"], note["updated_at"])
         if key not in self._note_gaps:  # the base model never changes: once per note

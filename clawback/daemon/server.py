@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from clawback.chat import ChatRenderer
 from clawback.engine import Engine
 from clawback.judge.backends import EngineBackend, JudgeBackend, OpenAIBackend
-from clawback.records import version_name
+from clawback.records import Version
 from clawback.trainer.priority import ServingGauge, available_cores, thread_budget
 
 from .adapters import AdapterManager
@@ -64,11 +64,11 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
                               on_ready=lambda sample: hub.broadcast({"type": "sample_ready", **sample}))
     adapters = AdapterManager(
         engine, store, settings.data_dir / "adapters", settings.train.keep_versions,
-        on_live=lambda v: hub.broadcast({"type": "adapter_live", "version": version_name(v)}))
+        on_live=lambda v: hub.broadcast({"type": "adapter_live", "version": Version.name_of(v)}))
     gate = CandidateGate(engine, renderer, store, settings.gate, busy=lambda: state.running) \
         if settings.gate.enabled else None
     guard = LiveGuard(store, adapters, settings.gate, on_rollback=lambda r: hub.broadcast(
-        {"type": "adapter_rolled_back", "version": version_name(r["version"]), "to": version_name(r["to"]),
+        {"type": "adapter_rolled_back", "version": Version.name_of(r["version"]), "to": Version.name_of(r["to"]),
          "reason": r["reason"]})) if settings.gate.guard_replies else None
     trainer = gauge = None
     if train:

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable, Protocol, Sequence
 
-from clawback.records import ReadySample, StepRecord, TrainResult, version_name
+from clawback.records import ReadySample, StepRecord, TrainResult, Version
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import sample_problem
 
@@ -225,7 +225,7 @@ class TrainingLoop:
                 verdict = await self.gate.review(version, parent, result.metrics)
                 if not verdict.promote:
                     await self.adapters.refuse(version, verdict.reason, verdict.report)
-                    self.on_refused({"version": version_name(version), "reason": verdict.reason})
+                    self.on_refused({"version": Version.name_of(version), "reason": verdict.reason})
                     return None
                 await self.adapters.record_gate(version, verdict.report)
             swap_s = await self.adapters.go_live(version, path)
@@ -238,7 +238,7 @@ class TrainingLoop:
             log.info("pruned adapter versions %s", pruned)
         metrics = {**result.metrics, "swap_s": swap_s}
         self.last_metrics = metrics
-        self.on_trained({"version": version_name(version), "samples": len(batch), "mean_reward": reward_mean,
+        self.on_trained({"version": Version.name_of(version), "samples": len(batch), "mean_reward": reward_mean,
                          "metrics": metrics})
         return metrics
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from clawback.records import parse_version
+from clawback.records import Version
 
 from .. import memory
 from .schema import ids_blob, link_closure, marks
@@ -53,7 +53,7 @@ class ForgetWrites(Tx):
         in_c = f"IN (SELECT call_id FROM calls WHERE session_id {in_s})"
         trained = sorted(v for (name,) in c.execute(
             f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_c}")
-            if (v := parse_version(name)) is not None)
+            if (v := Version.of(name)) is not None)
         deleted: dict[str, int] = {}
         scrubbed = {"calls": 0, "samples_dropped": 0}
         if scope.everything:  # every call goes too: no copy of a note is left anywhere
@@ -101,7 +101,7 @@ class ForgetWrites(Tx):
             self._scrub_wanted = True
         return {"deleted": deleted, "scrubbed": scrubbed, "sessions": sessions, "trained_versions": trained}
 
-    def _scrub_notes(self, texts: list[str], forgotten: str) -> tuple[dict[str, int], list[int]]:
+    def _scrub_notes(self, texts: list[str], forgotten: str) -> tuple[dict[str, int], list[Version]]:
         """Take the notes `texts` out of the stored main calls outside the `forgotten` sessions that
         were served with them: the request (messages and `memory_notes`) and the rendered prompt are
         rewritten as if the rest had been served. The prompt's token ids cannot be re-tokenised
@@ -127,7 +127,7 @@ class ForgetWrites(Tx):
         in_calls = f"IN ({marks(calls)})"
         tainted = [v for (name,) in c.execute(
             f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_calls}",
-            calls) if (v := parse_version(name)) is not None]
+            calls) if (v := Version.of(name)) is not None]
         dropped = c.execute(f"UPDATE samples SET state = 'dropped', reason = 'forgotten_note', updated_at = ? "
                             f"WHERE state != 'consumed' AND call_id {in_calls}", (time.time(), *calls)).rowcount
         c.execute(f"UPDATE samples SET teacher_messages = NULL, teacher_prompt_ids = NULL WHERE call_id {in_calls}", calls)

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from clawback.records import Feedback, parse_version
+from clawback.records import Feedback, Version
 
 from .reads import Reads, adapter_row
 from .schema import blob_ids, blob_logprobs, marks
@@ -186,7 +186,7 @@ class Queries(Reads):
             rated: dict[tuple[str | None, str], int] = {(r[0], r[1]): r[2] for r in c.execute(
                 "SELECT c.adapter_version, f.kind, count(*) FROM feedback_events f JOIN calls c ON c.call_id = f.call_id "
                 "WHERE f.state = 'applied' AND c.turn_type = 'main' GROUP BY c.adapter_version, f.kind")}
-            return [VersionFeedback(parse_version(v), n, rated.get((v, "thumbs_up"), 0), rated.get((v, "thumbs_down"), 0),
+            return [VersionFeedback(Version.of(v), n, rated.get((v, "thumbs_up"), 0), rated.get((v, "thumbs_down"), 0),
                                     rated.get((v, "correction"), 0))
                     for v, n in c.execute("SELECT adapter_version, count(*) FROM calls WHERE turn_type = 'main' "
                                           "GROUP BY adapter_version")]
@@ -277,7 +277,7 @@ class Queries(Reads):
 
         def q(c: Any) -> ReplyFeedback:
             where = "adapter_version IS NULL" if version is None else "adapter_version = ?"
-            args = () if version is None else (f"v{version}",)
+            args = () if version is None else (Version(version).name,)
             call_ids = [r[0] for r in c.execute(
                 f"SELECT call_id FROM calls WHERE turn_type = 'main' AND {where} "
                 f"ORDER BY created_at {'DESC' if newest else 'ASC'} LIMIT ?", (*args, limit))]

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Callable
 
-from clawback.records import Feedback, Outcome, ReadySample, SampleInputs, parse_version
+from clawback.records import Feedback, Outcome, ReadySample, SampleInputs, Version
 
 from .schema import MEMORY_NOTE_COLUMNS, blob_ids, blob_logprobs, blob_rows, connect, linked_sessions, marks
 
@@ -97,7 +97,7 @@ class Reads:
                 if r["teacher_top_logprobs"] is None or r["top_ids"] is None:
                     top_behaviour = None
                 out.append(ReadySample(
-                    call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=parse_version(r["adapter_version"]),
+                    call_id=r["call_id"], reward=r["reward"] or 0.0, adapter_version=Version.of(r["adapter_version"]),
                     reward_source=r["reward_source"], correction=r["correction"],
                     prompt_ids=blob_ids(prompt), response_ids=blob_ids(r["response_ids"])[:end],
                     behaviour_logprobs=blob_logprobs(behaviour)[:end],
@@ -156,7 +156,7 @@ class Reads:
                 revision=sample["revision"],
                 state=sample["state"],
                 session_id=call["session_id"],
-                adapter_version=parse_version(call["adapter_version"]),
+                adapter_version=Version.of(call["adapter_version"]),
                 request=json.loads(call["request_json"]),
                 prompt_ids=blob_ids(call["prompt_ids"]),
                 response_ids=blob_ids(call["response_ids"]),

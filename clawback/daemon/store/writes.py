@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from clawback.records import Call, JudgedSample, StepRecord, version_name
+from clawback.records import Call, JudgedSample, StepRecord, Version
 
 from .notes import NoteWrites
 from .schema import (ADAPTER_COLUMNS, CALL_COLUMNS, FEEDBACK_COLUMNS, NEXT_STATE_COLUMNS, OUTCOME_REWARD_COLUMNS,
@@ -30,7 +30,7 @@ class EventWrites(NoteWrites):
         self._insert("calls", CALL_COLUMNS, {
             "call_id": c.call_id, "session_id": c.session_id, "turn_id": c.turn_id, "request_id": c.request_id,
             "turn_type": c.turn_type, "state": c.state, "created_at": c.created_at, "finished_at": c.finished_at,
-            "model": c.model, "adapter_version": version_name(c.adapter_version),
+            "model": c.model, "adapter_version": Version.name_of(c.adapter_version),
             "request_json": json.dumps(c.request, ensure_ascii=False), "prompt_text": c.prompt_text,
             "prompt_ids": ids_blob(c.prompt_ids), "response_ids": ids_blob(c.response_ids),
             "behaviour_logprobs": logprobs_blob(c.behaviour_logprobs), "response_text": c.response_text,
@@ -247,7 +247,7 @@ class EventWrites(NoteWrites):
                 "call_id": sample.call_id, "kind": v.kind, "backend": v.backend, "prompt_version": v.prompt_version,
                 "score": v.score, "hint": v.hint, "raw": v.raw, "error": v.error, "created_at": now})
         values = {name: getattr(sample, name) for name in SAMPLE_VERDICT_COLUMNS}
-        values["teacher_adapter"] = version_name(sample.teacher_adapter)
+        values["teacher_adapter"] = Version.name_of(sample.teacher_adapter)
         if sample.teacher_messages is not None:
             values["teacher_messages"] = json.dumps(sample.teacher_messages, ensure_ascii=False)
         for name, encode in SAMPLE_BLOBS.items():
@@ -294,7 +294,7 @@ class EventWrites(NoteWrites):
         consumed = self._conn.execute(
             f"UPDATE samples SET state = 'consumed', consumed_version = ?, updated_at = ? "
             f"WHERE state = 'ready' AND call_id IN ({marks(step.call_ids)})",
-            (version_name(step.version), now, *step.call_ids),
+            (Version.name_of(step.version), now, *step.call_ids),
         ).rowcount
         self._event("samples.consumed", str(step.version), {"samples": consumed})
         return consumed
