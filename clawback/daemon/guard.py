@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from math import comb
 from typing import Any, Callable
 
@@ -33,9 +34,18 @@ def fisher_greater(k_new: int, n_new: int, k_old: int, n_old: int) -> float:
     return sum(comb(k, x) * comb(n - k, n_new - x) for x in range(k_new, min(k, n_new) + 1)) / total
 
 
+@dataclass(frozen=True)
+class Rollback:
+    """The guard took `version` back to `to` (None = base)."""
+
+    version: Version
+    to: Version | None
+    reason: str
+
+
 class LiveGuard:
     def __init__(self, store: Store, adapters: AdapterManager, cfg: GateConfig,
-                 on_rollback: Callable[[dict[str, Any]], None] = lambda _: None, poll_s: float = 2.0) -> None:
+                 on_rollback: Callable[[Rollback], None] = lambda _: None, poll_s: float = 2.0) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
         self.on_rollback = on_rollback
         self.poll_s = poll_s
@@ -86,7 +96,7 @@ class LiveGuard:
             self.rollbacks += 1
             result["rolled_back"] = reason
             log.warning("live guard: v%d %s", live, reason)
-            self.on_rollback({"version": live, "to": parent, "reason": reason})
+            self.on_rollback(Rollback(Version(live), Version.of(parent), reason))
         return result
 
 

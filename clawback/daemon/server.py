@@ -34,7 +34,7 @@ from .gate import CandidateGate
 from .guard import LiveGuard
 from .retirement import NoteRetirement
 from .store import ForgetScope, Store
-from .training import RayTrainer, TrainerStarter, TrainingLoop
+from .training import RayTrainer, Trained, TrainerStarter, TrainingLoop
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +68,22 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     gate = CandidateGate(engine, renderer, store, settings.gate, busy=lambda: state.running) \
         if settings.gate.enabled else None
     guard = LiveGuard(store, adapters, settings.gate, on_rollback=lambda r: hub.broadcast(
-        {"type": "adapter_rolled_back", "version": Version.name_of(r["version"]), "to": Version.name_of(r["to"]),
-         "reason": r["reason"]})) if settings.gate.guard_replies else None
+        {"type": "adapter_rolled_back", "version": r.version.name, "to": Version.name_of(r.to),
+         "reason": r.reason})) if settings.gate.guard_replies else None
     trainer = gauge = None
     if train:
         gauge = ServingGauge(settings.data_dir / "serving")
         start = start_trainer or _ray_trainer(settings, model_dir, placement, trainer_threads, gauge)
 
-        def on_trained(step: dict[str, Any]) -> None:
-            hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
-                           "mean_reward": step["mean_reward"]})
+        def on_trained(step: Trained) -> None:
+            hub.broadcast({"type": "trained", "version": step.version.name, "samples": step.samples,
+                           "mean_reward": step.mean_reward})
 
         retirement = NoteRetirement(engine, renderer, store, settings.memory_retire_margin,
                                     busy=lambda: state.running, placement=settings.memory_placement) if settings.memory and settings.memory_retire else None
         trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained, gate=gate,
-                               on_refused=lambda r: hub.broadcast({"type": "adapter_refused", **r}),
+                               on_refused=lambda r: hub.broadcast({"type": "adapter_refused", "version": r.version.name,
+                                                                   "reason": r.reason}),
                                retirement=retirement)
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
     state = AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,
