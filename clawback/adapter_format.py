@@ -24,12 +24,13 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .records import Version
 
 if TYPE_CHECKING:  # torch loads with the first function that needs it: TrainConfig imports ALL_LINEAR
     import torch
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 
 CONFIG, WEIGHTS, OPTIMIZER, META = "adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "clawback.json"
 FILES = (CONFIG, WEIGHTS, OPTIMIZER, META)  # a version is exactly these (PEFT's README.md is not needed)
-_VERSION_DIR = re.compile(r"v(\d+)")
 # Every linear projection except the output head; resolved by `lora_targets` to short names.
 ALL_LINEAR = "all-linear"
 
@@ -79,7 +79,7 @@ def lora_target_modules(model_dir: str | Path, targets: str | Sequence[str] = AL
 
 
 def version_dir(root: str | Path, version: int) -> Path:
-    return Path(root) / f"v{int(version)}"
+    return Path(root) / Version(version).name
 
 
 def list_versions(root: str | Path) -> list[int]:
@@ -87,8 +87,7 @@ def list_versions(root: str | Path) -> list[int]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = (_VERSION_DIR.fullmatch(p.name) for p in root.iterdir() if p.is_dir())
-    return sorted(int(m[1]) for m in found if m)
+    return sorted(v for p in root.iterdir() if p.is_dir() and (v := Version.match(p.name)) is not None)
 
 
 def publish(
@@ -126,7 +125,7 @@ def install(root: str | Path, version: int, files: dict[str, bytes]) -> Path:
     before the rename, so a damaged transfer never becomes a version.
     """
     if set(files) != set(FILES):  # also keeps names like '../x' out of the path
-        raise AdapterError(f"v{version}: expected files {sorted(FILES)}, got {sorted(files)}")
+        raise AdapterError(f"{Version(version).name}: expected files {sorted(FILES)}, got {sorted(files)}")
 
     def write(tmp: Path) -> None:
         for name, data in files.items():
@@ -142,7 +141,7 @@ def _commit(root: str | Path, version: int, write: Callable[[Path], None]) -> Pa
     final = version_dir(root, version)
     if final.exists():
         raise AdapterError(f"{final} already exists")
-    tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", suffix=".tmp", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{Version(version).name}.", suffix=".tmp", dir=root))
     try:
         write(tmp)
         _check(tmp, version)  # never commit what a loader would refuse (e.g. NaN weights)
@@ -161,10 +160,10 @@ def _commit(root: str | Path, version: int, write: Callable[[Path], None]) -> Pa
 def validate(path: str | Path) -> dict[str, Any]:
     """Return the version's metadata, or raise AdapterError if it must not be used."""
     path = Path(path)
-    m = _VERSION_DIR.fullmatch(path.name)
-    if not m or not path.is_dir():
+    version = Version.match(path.name)
+    if version is None or not path.is_dir():
         raise AdapterError(f"{path} is not a version dir (v{{N}})")
-    return _check(path, int(m[1]))
+    return _check(path, version)
 
 
 def resume(model: Any, optimizer: torch.optim.Optimizer, root: str | Path, version: int | None = None) -> dict[str, Any] | None:

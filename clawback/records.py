@@ -4,9 +4,9 @@ Frozen dataclasses, so a step cannot change what the step before it handed on, a
 them to the trainer as they are. Token ids and logprobs are plain lists here; the store keeps
 them as blobs (`clawback.daemon.store`).
 
-An adapter version is an `int` (None = the base model) everywhere inside; `"v{N}"` is its name
-only where it leaves: the engine's adapter names, the HTTP API and status pushes, and the TEXT
-columns that have always stored that name (`calls.adapter_version`, `samples.teacher_adapter`,
+An adapter version is a `Version`, an `int` (None = the base model), everywhere inside; `"v{N}"`
+(`Version.name`, read back by `Version.parse`) is its name only where it leaves: the engine's
+adapter names, the HTTP API and status pushes, and the TEXT columns that have always stored that name (`calls.adapter_version`, `samples.teacher_adapter`,
 `samples.consumed_version`).
 """
 
@@ -16,18 +16,48 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 
-@overload
-def version_name(version: int) -> str: ...
-@overload
-def version_name(version: None) -> None: ...
-def version_name(version: int | None) -> str | None:
-    """`3` → `"v3"`: the name engines, the API and the store's TEXT columns use (None = base)."""
-    return None if version is None else f"v{version}"
+class Version(int):
+    """An adapter version: the int N inside, `"vN"` its name where it leaves (see the module's doc).
 
+    An `int`, so it is stored, compared, sent through Ray and written as JSON as one. Where a version
+    may be the base model, the value is `Version | None` (None = base)."""
 
-def parse_version(name: str | None) -> int | None:
-    """`"v3"` → `3` (None = base)."""
-    return None if name is None else int(name.removeprefix("v"))
+    @classmethod
+    def parse(cls, value: str | int) -> Version:
+        """`3`, `"3"` or `"v3"` → 3; ValueError for anything else."""
+        try:
+            return cls(int(str(value).removeprefix("v")))
+        except ValueError:
+            raise ValueError(f"not an adapter version: {value!r}") from None
+
+    @classmethod
+    def of(cls, value: str | int | None) -> Version | None:
+        """As `parse`, and None (or `"base"`) for the base model."""
+        return None if value is None or value == "base" else cls.parse(value)
+
+    @classmethod
+    def match(cls, name: str) -> Version | None:
+        """The version a `"vN"` name (a version's dir) names; None when it names none."""
+        return cls(int(name[1:])) if name[:1] == "v" and name[1:].isdigit() else None
+
+    @property
+    def name(self) -> str:
+        """`"v3"`: the name engines, the API and the store's TEXT columns use."""
+        return f"v{int(self)}"
+
+    @overload
+    @staticmethod
+    def name_of(version: int) -> str: ...
+    @overload
+    @staticmethod
+    def name_of(version: None) -> None: ...
+    @overload
+    @staticmethod
+    def name_of(version: int | None) -> str | None: ...
+    @staticmethod
+    def name_of(version: int | None) -> str | None:
+        """`name`, with None for the base model."""
+        return None if version is None else Version(version).name
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 from clawback.adapter_format import AdapterError as FileError, install, read_files, validate, version_dir
 from clawback.engine import Engine
-from clawback.records import parse_version, version_name
+from clawback.records import Version
 
 from .store import Store
 
@@ -39,11 +39,11 @@ class AdapterManager:
         self.last_swap_s: float | None = None
 
     def live(self) -> int | None:
-        return parse_version(self.engine.active_version())
+        return Version.of(self.engine.active_version())
 
     def next_version(self) -> int:
         known = [a["version"] for a in self.store.adapters()]
-        on_disk = [int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit()]
+        on_disk = [v for p in self.root.glob("v*") if (v := Version.match(p.name)) is not None]
         return max(known + on_disk, default=0) + 1
 
     async def restore(self) -> int | None:
@@ -71,7 +71,7 @@ class AdapterManager:
         never recorded (a crash between install and the step's commit): nothing may serve them."""
         recorded = {a["version"] for a in self.store.adapters()}
         doomed = [p for p in self.root.glob(".v*.tmp")]
-        doomed += [p for p in self.root.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) not in recorded]
+        doomed += [p for p in self.root.glob("v*") if (v := Version.match(p.name)) is not None and v not in recorded]
         for p in doomed:
             log.warning("removing %s: no recorded adapter version", p)
             shutil.rmtree(p, ignore_errors=True)
@@ -82,7 +82,7 @@ class AdapterManager:
         try:
             return str(await asyncio.to_thread(install, self.root, version, files))
         except FileError as e:
-            raise AdapterError(f"v{version} failed to install: {e}") from e
+            raise AdapterError(f"{Version(version).name} failed to install: {e}") from e
 
     async def files(self, version: int | None) -> dict[str, bytes] | None:
         """A version's files as bytes, for a trainer that must resume from it (None = base)."""
@@ -90,14 +90,14 @@ class AdapterManager:
 
     async def load(self, version: int, path: str) -> None:
         """Validate and load a version without routing anything to it."""
-        name = version_name(version)
+        name = Version.name_of(version)
         if name in self.engine.loaded_versions():
             return
         try:
             await asyncio.to_thread(validate, path)
             await self.engine.load_adapter(name, path)
         except (FileError, Exception) as e:
-            raise AdapterError(f"v{version} failed to load: {e}") from e
+            raise AdapterError(f"{Version(version).name} failed to load: {e}") from e
 
     async def go_live(self, version: int | None, path: str | None = None) -> float:
         """Route new requests to `version` (None = base); returns the swap time in seconds."""
@@ -106,11 +106,11 @@ class AdapterManager:
             previous = self.engine.active_version()
             if version is not None:
                 if path is None:
-                    raise AdapterError(f"v{version}: no path")
+                    raise AdapterError(f"{Version(version).name}: no path")
                 await self.load(version, path)
-            await self.engine.activate(version_name(version))
+            await self.engine.activate(Version.name_of(version))
             await self.store.set_live(version)
-            if previous is not None and previous != version_name(version):
+            if previous is not None and previous != Version.name_of(version):
                 await self.engine.unload(previous)  # deferred by the engine until its generations end
             self.last_swap_s = time.perf_counter() - t0
         self.on_live(version)
@@ -124,12 +124,12 @@ class AdapterManager:
             return await self.go_live(None)
         row = self._row(version)
         if row["state"] in ("failed", "pruned"):
-            raise AdapterError(f"v{version} is {row['state']} and cannot serve")
+            raise AdapterError(f"{Version(version).name} is {row['state']} and cannot serve")
         if row["state"] in ("refused", "candidate", "retired") and not force:
             why = {"refused": f"was refused: {row['reason']}", "candidate": "is a candidate the gate has not decided on",
                    "retired": "was rolled back from"}[row["state"]]
             gate = f", as `clawback adapters promote {version}` does" if row["state"] != "retired" else ""
-            raise AdapterError(f"v{version} {why}; `clawback adapters rollback {version} --force` serves it anyway{gate}")
+            raise AdapterError(f"{Version(version).name} {why}; `clawback adapters rollback {version} --force` serves it anyway{gate}")
         if row["state"] in ("refused", "candidate"):
             return (await self.promote(version))["swap_s"]
         return await self.go_live(version, row["path"])
@@ -145,14 +145,14 @@ class AdapterManager:
             await self.record_gate(version, {**report, "overridden": reason})
             return
         await self.store.update_adapter(version, state="refused", reason=reason, gate={**row["gate"], **report})
-        if version_name(version) in getattr(self.engine, "loaded_versions", lambda: [])():
-            await self.engine.unload(version_name(version))
+        if Version.name_of(version) in getattr(self.engine, "loaded_versions", lambda: [])():
+            await self.engine.unload(Version.name_of(version))
 
     async def promote(self, version: int) -> dict[str, Any]:
         """Put a version live whatever the gate said; returns what that overrides."""
         row = self._row(version)
         if row["state"] in ("failed", "pruned"):
-            raise AdapterError(f"v{version} is {row['state']} and cannot serve")
+            raise AdapterError(f"{Version(version).name} is {row['state']} and cannot serve")
         overrides = row["reason"] if row["state"] == "refused" else None
         swap_s = await self.go_live(version, row["path"])
         # The person decided: neither a pending review nor the live guard takes it back.
@@ -191,7 +191,7 @@ class AdapterManager:
 
 def promoted_summary(out: dict[str, Any]) -> str:
     """What `AdapterManager.promote` did, in words: the CLI prints it, the dashboard shows it."""
-    return f"v{out['live']} is live; this overrides the gate: {out['overrides'] or 'nothing (it was %s)' % out['previous_state']}"
+    return f"{Version(out['live']).name} is live; this overrides the gate: {out['overrides'] or 'nothing (it was %s)' % out['previous_state']}"
 
 
 def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str, Any]:

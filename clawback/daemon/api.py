@@ -30,7 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from clawback.chat import ChatRenderer, ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import Engine, EngineError, Sampling, Token
-from clawback.records import Call, parse_version, version_name
+from clawback.records import Call, Version
 
 from .bodies import BodyError, parse_json, read_limited
 from .capture import Capture, CallMeta, MetaError, parse_meta, random_id
@@ -363,7 +363,7 @@ def _add_memory_routes(app: FastAPI, state: AppState) -> None:
         is on), false for one that version retired (`retired_by`, daemon/retirement.py)."""
         live = state.adapters.live()
         return {"enabled": state.settings.memory, "max_notes": state.settings.memory_max_notes,
-                "live": version_name(live),
+                "live": Version.name_of(live),
                 "data": [{k: v for k, v in n.items() if k != "topic"}
                          for n in await asyncio.to_thread(state.store.memory_notes, live)]}
 
@@ -486,7 +486,7 @@ def _add_adapter_routes(app: FastAPI, state: AppState) -> None:
             v = raw.get("version")
             if isinstance(v, bool):
                 raise ValueError(v)
-            return (None if v in (None, "base") else int(str(v).removeprefix("v"))), raw
+            return Version.of(v), raw
         except (ValueError, AttributeError):
             raise ApiError(400, "body must be {\"version\": N} (or \"base\")", param="version") from None
 
@@ -677,7 +677,7 @@ async def _render(state: AppState, request: Request, req: ChatRequest, meta: Cal
     names; the request is stored as served) and its prompt."""
     served = req if req.memory_notes is None else req.model_copy(update={"memory_notes": None})
     if meta.turn_type == "main" and state.settings.memory:
-        notes = await state.store.note_texts(parse_version(adapter), meta.session_id)
+        notes = await state.store.note_texts(Version.of(adapter), meta.session_id)
         if notes:
             body = served.model_dump(exclude_none=True)
             served = ChatRequest.model_validate({**body, "memory_notes": notes, "messages": inject(
@@ -782,7 +782,7 @@ class _Run:
             call_id=p.call_id, session_id=p.meta.session_id, turn_id=p.meta.turn_id,
             request_id=p.meta.request_id, turn_type=p.meta.turn_type, state="served",
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
-            adapter_version=parse_version(p.adapter), request=p.served.openai_body(), prompt_text=p.prompt_text,
+            adapter_version=Version.of(p.adapter), request=p.served.openai_body(), prompt_text=p.prompt_text,
             prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=[t.logprob for t in self.tokens],
             sampling_logprobs=_sampling_logprobs(self.tokens), top_ids=_top_matrix(self.tokens, "top_ids"),
             top_logprobs=_top_matrix(self.tokens, "top_logprobs"),

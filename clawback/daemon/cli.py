@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from clawback.records import Version
+
 from . import display
 from .config import Settings, load_settings
 
@@ -349,7 +351,7 @@ def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
 
     if args.version is None or args.format is None:
         raise ValueError("export adapter needs a version and --format (" + "|".join(export.FORMATS) + ")")
-    name = "v" + str(args.version).removeprefix("v")
+    name = Version.parse(args.version).name
     adapter_dir = s.data_dir / "adapters" / name
     if not adapter_dir.is_dir():
         raise ValueError(f"no adapter version {name} in {adapter_dir.parent}")

@@ -20,7 +20,6 @@ import json
 import math
 import re
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -33,11 +32,12 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from clawback.records import parse_version
+from clawback.records import Version
 
 from .display import ago, reward_origin, sample_reason, sample_state
 from .forget import forget
-from .store import ForgetScope
+from .store import ForgetScope, Store
+from .store.queries import SessionCall
 
 PREFIX = "/ui"
 COOKIE = "clawback_ui"
@@ -210,7 +210,7 @@ def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
     @ui.get("/session/{session_id}")
     async def conversation(request: Request, session_id: str) -> Response:
         session(request)
-        calls = await asyncio.to_thread(data.store.read, lambda c: _session_calls(c, session_id))
+        calls = _session_calls(await asyncio.to_thread(data.store.session_calls, session_id))
         return page(request, "ui/session.html", session_id=session_id, calls=calls)
 
     @ui.post("/adapters/{action}")
@@ -310,10 +310,9 @@ STEP_METRICS = ("loss", "kl", "entropy", "grad_norm", "clip_frac")
 GATE_METRICS = ("replay_margin", "retention")
 
 
-def _gate_numbers(row: sqlite3.Row) -> dict[str, float | None]:
-    """The gate's replay margin and retention score of a version, from its `gate` report (a column
-    the store has once the candidate gate exists)."""
-    report = json.loads(row["gate"]) if "gate" in row.keys() and row["gate"] else {}
+def _gate_numbers(adapter: dict[str, Any]) -> dict[str, float | None]:
+    """The gate's replay margin and retention score of a version, from its `gate` report."""
+    report = adapter.get("gate") or {}
     margin = (report.get("replay") or {}).get("margin")
     return {"replay_margin": _finite(margin.get("candidate")) if isinstance(margin, dict) else None,
             "retention": _finite((report.get("retention") or {}).get("candidate"))}
@@ -334,25 +333,19 @@ class DashboardData:
             return {"notes": await asyncio.to_thread(self.store.memory_notes, live), "enabled": self.state.settings.memory,
                     "live": live}
         if name == "learning":
-            out = await asyncio.to_thread(self.store.read, self._learning)
+            out = await asyncio.to_thread(_learning, self.store)
+            out["simulate"] = _simulate_summary(self.state.settings.data_dir)
         else:
             query = {"feedback": _feedback, "versions": _versions, "conversations": _sessions}[name]
-            out = await asyncio.to_thread(self.store.read, lambda c: query(c, (page - 1) * PAGE_SIZE))
+            out = await asyncio.to_thread(query, self.store, (page - 1) * PAGE_SIZE)
             out["pager"] = _pager(name, page, out.pop("total"))
         out["live"] = self.state.adapters.live()
-        return out
-
-    def _learning(self, c: sqlite3.Connection) -> dict[str, Any]:
-        out = _learning(c)
-        out["simulate"] = _simulate_summary(self.state.settings.data_dir)
         return out
 
     async def health(self) -> dict[str, Any]:
         s = self.state
         counts = await asyncio.to_thread(s.store.counts)
-        # `+turn_type`: walk calls_created from the newest call, not every main call's row.
-        newest_main = "SELECT max(created_at) FROM calls WHERE +turn_type = 'main'"
-        last_main = await asyncio.to_thread(s.store.read, lambda c: c.execute(newest_main).fetchone()[0])
+        last_main = await asyncio.to_thread(s.store.newest_main_call_at)
         main = {k.split("/", 1)[1]: n for k, n in counts["calls"].items() if k.startswith("main/")}
         n_main = sum(main.values())
         return {
@@ -387,32 +380,21 @@ def untagged_only(last_untagged: float | None, last_main: float | None, now: flo
     return last_untagged is not None and last_untagged > recent and (last_main is None or last_main < recent)
 
 
-def _learning(c: sqlite3.Connection) -> dict[str, Any]:
-    feedback: dict[tuple[str | None, str], int] = {(r[0], r[1]): r[2] for r in c.execute(
-        "SELECT c.adapter_version, f.kind, count(*) FROM feedback_events f JOIN calls c ON c.call_id = f.call_id "
-        "WHERE f.state = 'applied' AND c.turn_type = 'main' GROUP BY c.adapter_version, f.kind")}
+def _learning(store: Store) -> dict[str, Any]:
     rates = []
-    for v, n in c.execute("SELECT adapter_version, count(*) FROM calls WHERE turn_type = 'main' "
-                          "GROUP BY adapter_version"):
-        counts = {k: feedback.get((v, kind), 0) for k, kind in (("up", "thumbs_up"), ("down", "thumbs_down"),
-                                                                 ("corrections", "correction"))}
-        rates.append({"version": v or "base", "order": parse_version(v) or 0, "calls": n,
-                      **{k: x / n for k, x in counts.items()}, **{f"n_{k}": x for k, x in counts.items()}})
-    rates.sort(key=lambda r: r["order"])
+    for f in sorted(store.feedback_per_version(), key=lambda f: f.version or 0):
+        counts = {"up": f.thumbs_up, "down": f.thumbs_down, "corrections": f.corrections}
+        rates.append({"version": Version.name_of(f.version) or "base", "order": f.version or 0, "calls": f.calls,
+                      **{k: x / f.calls for k, x in counts.items()}, **{f"n_{k}": x for k, x in counts.items()}})
     gate = {}
-    for r in c.execute("SELECT * FROM adapters ORDER BY version"):
-        numbers = _gate_numbers(r)
+    for a in store.adapters():
+        numbers = _gate_numbers(a)
         if any(v is not None for v in numbers.values()):
-            gate[r["version"]] = numbers
+            gate[a["version"]] = numbers
     for r in rates:
         r.update(gate.get(r["order"], dict.fromkeys(GATE_METRICS)))
-    steps = []
-    for r in c.execute("SELECT step, version, outcome, samples, error, metrics, finished_at FROM train_steps "
-                       "ORDER BY step"):
-        m = json.loads(r["metrics"])
-        steps.append({"step": r["step"], "version": r["version"], "outcome": r["outcome"], "samples": r["samples"],
-                      "error": r["error"], "at": r["finished_at"],
-                      **{k: _finite(m.get(k)) for k in STEP_METRICS}})
+    steps = [{"step": t.step, "version": t.version, "outcome": t.outcome, "samples": t.samples, "error": t.error,
+              "at": t.finished_at, **{k: _finite(t.metrics.get(k)) for k in STEP_METRICS}} for t in store.train_steps()]
     charts = []
     # A chart needs two points to show a change; one point is in the tables below.
     if len(rates) > 1:
@@ -422,7 +404,7 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
                                                             "corrections": [r["corrections"] for r in rates]}))
     if len(gate) > 1:
         for k in GATE_METRICS:
-            charts.append(_chart(f"gate {k.replace('_', ' ')} per version", list(gate), [f"v{v}" for v in gate],
+            charts.append(_chart(f"gate {k.replace('_', ' ')} per version", list(gate), [Version(v).name for v in gate],
                                  {k: [g[k] for g in gate.values()]}, small=True))
     done = [s for s in steps if s["outcome"] == "committed"]
     for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude
@@ -467,78 +449,39 @@ def _pager(name: str, page: int, total: int) -> dict[str, Any]:
             "first": (page - 1) * PAGE_SIZE + 1, "last": min(total, page * PAGE_SIZE)}
 
 
-RATED = "('thumbs_up', 'thumbs_down', 'correction', 'comment', 'outcome')"
+def _feedback(store: Store, offset: int = 0) -> dict[str, Any]:
+    return {"events": store.feedback_page(offset, PAGE_SIZE), "total": store.feedback_count()}
 
 
-def _feedback(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
-    total = c.execute(f"SELECT count(*) FROM feedback_events WHERE kind IN {RATED}").fetchone()[0]
-    rows = c.execute(
-        f"WITH recent AS (SELECT * FROM feedback_events WHERE kind IN {RATED} "
-        f"ORDER BY received_at DESC LIMIT {PAGE_SIZE} OFFSET ?) "
-        "SELECT f.event_id, f.kind, f.text, f.source, f.received_at, f.state, f.reason AS orphan_reason, "
-        "f.session_id, c.response_text, s.state AS sample_state, s.reason AS sample_reason, s.hint, s.correction, "
-        "s.reward, s.reward_source, s.outcome, s.consumed_version, t.step AS consumed_step FROM recent f "
-        "LEFT JOIN calls c ON c.call_id = f.call_id LEFT JOIN samples s ON s.call_id = f.call_id "
-        "LEFT JOIN train_steps t ON s.consumed_version = 'v' || t.version AND t.outcome = 'committed' "
-        "ORDER BY f.received_at DESC", (offset,)).fetchall()
-    return {"events": [dict(r) for r in rows], "total": total}
-
-
-def _versions(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
+def _versions(store: Store, offset: int = 0) -> dict[str, Any]:
     rows = []
-    total = c.execute("SELECT count(*) FROM adapters").fetchone()[0]
     # The live version is always shown, on every page: the page's actions are relative to it.
-    for r in c.execute(f"SELECT * FROM adapters WHERE version IN (SELECT version FROM adapters ORDER BY version DESC "
-                       f"LIMIT {PAGE_SIZE} OFFSET ?) OR state = 'live' ORDER BY version DESC", (offset,)):
-        row = dict(r)
-        m = json.loads(row.pop("metrics"))
-        row.update(pinned=bool(row["pinned"]), loss=_finite(m.get("loss")), reward=_finite(m.get("reward_mean")),
-                   **_gate_numbers(r))
-        rows.append(row)
-    return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS), "total": total}
+    for a in store.adapter_page(offset, PAGE_SIZE):
+        m = a.pop("metrics")
+        rows.append({**a, "loss": _finite(m.get("loss")), "reward": _finite(m.get("reward_mean")), **_gate_numbers(a)})
+    return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS),
+            "total": store.adapter_count()}
 
 
-# A call without a session id gets a session of its own, "anon-<id>"; the range selects them by index.
-ANON = "session_id >= 'anon-' AND session_id < 'anon.'"
-
-
-def _sessions(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
+def _sessions(store: Store, offset: int = 0) -> dict[str, Any]:
     """Named sessions, newest first, a page at a time; calls without a session id are counted
     together (each would otherwise be a session row of its own)."""
-    named = f"NOT ({ANON})"
-    total = c.execute(f"SELECT count(*) FROM sessions WHERE {named}").fetchone()[0]
-    rows = c.execute(
-        f"WITH recent AS (SELECT * FROM sessions WHERE {named} ORDER BY last_seen_at DESC LIMIT {PAGE_SIZE} OFFSET ?) "
-        "SELECT s.session_id, s.state, s.last_seen_at, s.closed_reason, "
-        "sum(c.turn_type = 'main') AS main_calls, count(c.call_id) AS calls, "
-        "(SELECT count(*) FROM feedback_events f WHERE f.call_id IN "
-        " (SELECT call_id FROM calls WHERE session_id = s.session_id) "
-        " AND f.kind IN ('thumbs_up', 'thumbs_down', 'correction')) AS feedback "
-        "FROM recent s LEFT JOIN calls c USING (session_id) GROUP BY s.session_id "
-        "ORDER BY s.last_seen_at DESC", (offset,)).fetchall()
-    anon = c.execute(f"SELECT count(*), max(created_at) FROM calls WHERE {ANON}").fetchone()
-    return {"sessions": [dict(r) for r in rows], "total": total,
-            "anonymous": {"calls": anon[0], "last_at": anon[1]} if anon[0] else None}
+    anon = store.anonymous_calls()
+    return {"sessions": store.session_page(offset, PAGE_SIZE), "total": store.session_count(),
+            "anonymous": anon if anon.calls else None}
 
 
-def _session_calls(c: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def _session_calls(calls: list[SessionCall]) -> list[dict[str, Any]]:
     out = []
-    for r in c.execute(
-            "SELECT c.call_id, c.created_at, c.adapter_version, c.state, c.request_json, c.response_text, "
-            "n.messages_json, s.state AS sample_state, s.reason AS sample_reason, s.reward, s.reward_source, "
-            "s.outcome FROM calls c "
-            "LEFT JOIN next_states n USING (call_id) LEFT JOIN samples s USING (call_id) "
-            "WHERE c.session_id = ? AND c.turn_type = 'main' ORDER BY c.created_at", (session_id,)):
-        messages = json.loads(r["request_json"]).get("messages", [])
+    for call in calls:
+        messages = call.request.get("messages", [])
         last_user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
-        feedback = c.execute("SELECT kind, text, received_at FROM feedback_events WHERE call_id = ? "
-                             "ORDER BY received_at", (r["call_id"],)).fetchall()
-        out.append({**{k: r[k] for k in ("call_id", "created_at", "adapter_version", "state", "response_text",
-                                         "sample_state", "sample_reason", "reward", "reward_source", "outcome")},
-                    "request": _text(last_user.get("content")) if last_user else "",
-                    "next_state": [f"{m.get('role')}: {_text(m.get('content'))}"
-                                   for m in json.loads(r["messages_json"] or "[]")],
-                    "feedback": [dict(f) for f in feedback]})
+        out.append({"call_id": call.call_id, "created_at": call.created_at, "adapter_version": call.adapter_version,
+                    "state": call.state, "response_text": call.response_text, "sample_state": call.sample_state,
+                    "sample_reason": call.sample_reason, "reward": call.reward, "reward_source": call.reward_source,
+                    "outcome": call.outcome, "request": _text(last_user.get("content")) if last_user else "",
+                    "next_state": [f"{m.get('role')}: {_text(m.get('content'))}" for m in call.next_state],
+                    "feedback": call.feedback})
     return out
 
 
@@ -547,4 +490,3 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
     return content or ""
-

@@ -9,6 +9,8 @@ import json
 import time
 from typing import Any, Callable, Sequence
 
+from clawback.records import Version
+
 # Why a sample is not trained on (samples.reason), in words.
 SAMPLE_REASONS = {
     "held_out": "held out for the gate: it checks new versions against this rating and never trains on it",
@@ -99,7 +101,7 @@ def emit(data: Any, human: Callable[[Any], str], as_json: bool) -> None:
 def version(v: int | str | None) -> str:
     if v is None:
         return "the base model"
-    return str(v) if str(v).startswith("v") else f"v{v}"
+    return Version.parse(v).name
 
 
 # ---------------------------------------------------------------- clawback status
@@ -173,14 +175,14 @@ def adapters_text(out: dict[str, Any]) -> str:
         m = a["metrics"]
         retention = (a.get("gate") or {}).get("retention")
         loss, reward = m.get("loss"), m.get("reward_mean")
-        rows.append([f"v{a['version']}", a["state"] + (" (live)" if a["version"] == out["live"] and a["state"] != "live" else ""),
-                     "yes" if a["pinned"] else "", "base" if a["parent"] is None else f"v{a['parent']}", a["samples"],
+        rows.append([Version(a["version"]).name, a["state"] + (" (live)" if a["version"] == out["live"] and a["state"] != "live" else ""),
+                     "yes" if a["pinned"] else "", Version.name_of(a["parent"]) or "base", a["samples"],
                      "–" if loss is None else f"{loss:.4f}", "–" if reward is None else f"{reward:+.2f}",
                      f"{retention['candidate']:.0f}/100" if retention else "–"])
     head = f"live: {'base model' if out['live'] is None else 'v' + str(out['live'])}"
     if not rows:
         return head + "\nno adapter version yet: training makes one once enough rated replies are ready"
-    refused = [f"v{a['version']} not promoted: {a['reason']}" for a in out["data"] if a["state"] == "refused"]
+    refused = [f"{Version(a['version']).name} not promoted: {a['reason']}" for a in out["data"] if a["state"] == "refused"]
     return "\n".join([head, table(["version", "state", "pinned", "parent", "samples", "loss", "reward", "probes kept"],
                                    rows), *refused])
 
@@ -190,8 +192,8 @@ def rollback_text(out: dict[str, Any]) -> str:
 
 
 def pin_text(out: dict[str, Any]) -> str:
-    return (f"v{out['version']} pinned: prune keeps it" if out["pinned"] else
-            f"v{out['version']} unpinned: prune may delete it")
+    return (f"{Version(out['version']).name} pinned: prune keeps it" if out["pinned"] else
+            f"{Version(out['version']).name} unpinned: prune may delete it")
 
 
 def prune_text(out: dict[str, Any]) -> str:

@@ -39,11 +39,12 @@ from typing import Any, Callable
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine, Sampling
-from clawback.records import ReadySample, version_name
+from clawback.records import ReadySample, Version
 
 from .config import GateConfig
 from .probes import Generation, Probe, collapse_stats, load_probes, passes
-from .store import Store, blob_ids, blob_logprobs
+from .store import Store
+from .store.queries import HeldOutCall
 
 log = logging.getLogger(__name__)
 
@@ -204,10 +205,10 @@ class CandidateGate:
         if verdict.promote:
             self.promoted += 1
             cached = set(self._probe_cache) | {v for v, _ in self._replay_cache}
-            self._forget(cached - {None, version_name(version)})
+            self._forget(cached - {None, Version.name_of(version)})
         else:
             self.refused += 1
-            self._forget({version_name(version)})
+            self._forget({Version.name_of(version)})
         log.info("gate: v%d %s%s", version, "promoted" if verdict.promote else "refused: ", verdict.reason)
         return verdict
 
@@ -219,7 +220,7 @@ class CandidateGate:
                                              "history": len(history)}}
         if reasons:
             return Verdict(False, reasons, report)
-        cand_name, live_name = version_name(version), version_name(live)
+        cand_name, live_name = Version.name_of(version), Version.name_of(live)
         base = await self._probe(None)
         cand = await self._probe(cand_name)
         ref = base if live is None else await self._probe(live_name)
@@ -256,18 +257,9 @@ class CandidateGate:
     async def _health_history(self) -> list[dict[str, float]]:
         """Loss and gradient norm of the last healthy steps (from the store after a restart)."""
         if self._history is None:
-            def q(c: Any) -> list[dict[str, float]]:
-                import json
-
-                rows = c.execute(
-                    "SELECT t.metrics FROM train_steps t JOIN adapters a ON a.version = t.version "
-                    "WHERE t.outcome = 'committed' AND a.state != 'refused' ORDER BY t.step DESC LIMIT ?",
-                    (self.cfg.health_window,)).fetchall()
-                out = [json.loads(r[0]) for r in rows][::-1]
-                return [{"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"])} for m in out
-                        if "loss" in m and "grad_norm" in m]
-
-            self._history = await asyncio.to_thread(self.store.read, q)
+            metrics = await asyncio.to_thread(self.store.healthy_step_metrics, self.cfg.health_window)
+            self._history = [{"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"])} for m in metrics
+                             if "loss" in m and "grad_norm" in m]
         return self._history or []
 
     # ---- probes ----
@@ -287,16 +279,16 @@ class CandidateGate:
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         return await self._greedy(prompt_ids, self.cfg.probe_max_tokens, version)
 
-    async def _own_requests(self, held_out: list[dict[str, Any]], cand: str, live: str | None) -> dict[str, Any] | None:
+    async def _own_requests(self, held_out: list[HeldOutCall], cand: str, live: str | None) -> dict[str, Any] | None:
         """Collapse stats of candidate and live answering the person's newest requests (None: fewer
         than 2 of them): held-out calls' prompts first, then those of the newest other main calls
         with a sample. Not cached: the set moves on between reviews."""
         n = self.cfg.replay_generate
         if not n:
             return None
-        prompts = [i["prompt_ids"] for i in held_out[:n]]
+        prompts = [i.prompt_ids for i in held_out[:n]]
         if len(prompts) < n:
-            skip = {i["call_id"] for i in held_out}
+            skip = {i.call_id for i in held_out}
             prompts += await asyncio.to_thread(self._recent_prompts, n - len(prompts), skip, prompts)
         if len(prompts) < 2:
             return None
@@ -311,16 +303,12 @@ class CandidateGate:
         the person's conversation, not a one-off call such as an evaluation) outside `skip`, each
         prompt once and none in `seen`."""
         limit = min(self.cfg.replay_max_tokens, self.engine.info.context_length) - self.cfg.replay_generate_tokens
-        rows = self.store.read(lambda c: c.execute(
-            "SELECT c.call_id, c.prompt_ids FROM calls c JOIN samples s USING (call_id) WHERE c.turn_type = 'main' "
-            "ORDER BY c.created_at DESC LIMIT ?",
-            (len(skip) + 5 * n,)).fetchall())
         out: list[list[int]] = []
-        for r in rows:
-            ids = blob_ids(r["prompt_ids"])
+        for r in self.store.recent_sampled_prompts(len(skip) + 5 * n):
             # (no ids: a forget took a note out of the request, and its tokens with it)
-            if ids and r["call_id"] not in skip and ids not in out and ids not in seen and len(ids) <= limit:
-                out.append(ids)
+            if r.prompt_ids and r.call_id not in skip and r.prompt_ids not in out and r.prompt_ids not in seen \
+                    and len(r.prompt_ids) <= limit:
+                out.append(r.prompt_ids)
         return out[:n]
 
     async def _greedy(self, prompt_ids: list[int], max_tokens: int, version: str | None) -> Generation:
@@ -342,18 +330,18 @@ class CandidateGate:
 
     # ---- preference replay ----
 
-    async def _replay(self, items: list[dict[str, Any]], cand: str, live: str | None) -> dict[str, Any]:
+    async def _replay(self, items: list[HeldOutCall], cand: str, live: str | None) -> dict[str, Any]:
         cfg = self.cfg
-        rated = [i for i in items if i["reward"] in (1.0, -1.0)]
-        corrected = [i for i in items if i["teacher_logprobs"] is not None]
+        rated = [(i, i.reward) for i in items if i.reward in (1.0, -1.0)]
+        corrected = [(i, i.teacher_logprobs) for i in items if i.teacher_logprobs is not None]
         out: dict[str, Any] = {"held_out": len(items), "reasons": []}
-        liked = sum(i["reward"] > 0 for i in rated)
+        liked = sum(reward > 0 for _, reward in rated)
         means: dict[str, dict[str, float]] = {}  # version -> mean per-token logprob of liked / disliked replies
         for name, version in (("candidate", cand), ("live", live)) if rated else ():
-            lp = [await self._mean_logprob(version, i) for i in rated]
+            lp = [await self._mean_logprob(version, i) for i, _ in rated]
             means[name] = {kind: sum(ps) / len(ps) for kind, ps in (
-                ("liked", [x for x, i in zip(lp, rated) if i["reward"] > 0]),
-                ("disliked", [x for x, i in zip(lp, rated) if i["reward"] < 0])) if ps}
+                ("liked", [x for x, (_, reward) in zip(lp, rated) if reward > 0]),
+                ("disliked", [x for x, (_, reward) in zip(lp, rated) if reward < 0])) if ps}
         c, l = means.get("candidate", {}), means.get("live", {})
         if not rated:
             out["margin"] = "skipped: no rated held-out calls"
@@ -373,7 +361,7 @@ class CandidateGate:
                 out["reasons"].append(f"replay: disliked replies more likely, {c['disliked']:+.3f} vs "
                                       f"{l['disliked']:+.3f} nats/token on {live or 'base'} ({len(rated) - liked} held-out calls)")
         if corrected:
-            gaps = {name: sum([await self._teacher_gap(version, i) for i in corrected]) / len(corrected)
+            gaps = {name: sum([await self._teacher_gap(version, i, teacher) for i, teacher in corrected]) / len(corrected)
                     for name, version in (("candidate", cand), ("live", live))}
             out["teacher_gap"] = gaps
             if gaps["candidate"] > gaps["live"] + cfg.replay_tolerance:
@@ -381,36 +369,25 @@ class CandidateGate:
                                       f"{gaps['live']:.3f} nats/token on {live or 'base'} ({len(corrected)} corrected calls)")
         return out
 
-    def _held_out_calls(self) -> list[dict[str, Any]]:
-        def q(c: Any) -> list[dict[str, Any]]:
-            rows = c.execute(
-                "SELECT s.call_id, s.reward, s.reward_source, s.teacher_logprobs, c.prompt_ids, c.response_ids "
-                "FROM samples s JOIN calls c USING (call_id) WHERE s.state = 'dropped' AND s.reason = 'held_out' "
-                "ORDER BY s.updated_at DESC LIMIT ?", (self.cfg.replay_calls,)).fetchall()
-            return [{"call_id": r["call_id"], "prompt_ids": blob_ids(r["prompt_ids"]),
-                     "response_ids": blob_ids(r["response_ids"]),
-                     "reward": r["reward"] if r["reward_source"] == "explicit" else None,
-                     "teacher_logprobs": None if r["teacher_logprobs"] is None else blob_logprobs(r["teacher_logprobs"])}
-                    for r in rows]
+    def _held_out_calls(self) -> list[HeldOutCall]:
+        limit = min(self.cfg.replay_max_tokens, self.engine.info.context_length)
+        return [i for i in self.store.held_out_calls(self.cfg.replay_calls)
+                if i.response_ids and len(i.prompt_ids) + len(i.response_ids) <= limit]
 
-        items = self.store.read(q)
-        return [i for i in items if i["response_ids"]
-                and len(i["prompt_ids"]) + len(i["response_ids"]) <= min(self.cfg.replay_max_tokens, self.engine.info.context_length)]
+    async def _score(self, version: str | None, item: HeldOutCall) -> list[float]:
+        return await score_when_quiet(self.engine, self.busy, item.prompt_ids, item.response_ids, version)
 
-    async def _score(self, version: str | None, item: dict[str, Any]) -> list[float]:
-        return await score_when_quiet(self.engine, self.busy, item["prompt_ids"], item["response_ids"], version)
-
-    async def _mean_logprob(self, version: str | None, item: dict[str, Any]) -> float:
-        key = (version, "lp:" + item["call_id"])
+    async def _mean_logprob(self, version: str | None, item: HeldOutCall) -> float:
+        key = (version, "lp:" + item.call_id)
         if key not in self._replay_cache:
             lp = await self._score(version, item)
             self._replay_cache[key] = sum(lp) / len(lp)
         return self._replay_cache[key]
 
-    async def _teacher_gap(self, version: str | None, item: dict[str, Any]) -> float:
-        key = (version, "gap:" + item["call_id"])
+    async def _teacher_gap(self, version: str | None, item: HeldOutCall, teacher: list[float]) -> float:
+        key = (version, "gap:" + item.call_id)
         if key not in self._replay_cache:
-            self._replay_cache[key] = teacher_gap(await self._score(version, item), item["teacher_logprobs"])
+            self._replay_cache[key] = teacher_gap(await self._score(version, item), teacher)
         return self._replay_cache[key]
 
     def _forget(self, versions: set[str | None]) -> None:

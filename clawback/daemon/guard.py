@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from math import comb
 from typing import Any, Callable
 
-from clawback.records import version_name
+from clawback.records import Version
 
 from .adapters import AdapterManager
 from .config import GateConfig
@@ -33,9 +34,18 @@ def fisher_greater(k_new: int, n_new: int, k_old: int, n_old: int) -> float:
     return sum(comb(k, x) * comb(n - k, n_new - x) for x in range(k_new, min(k, n_new) + 1)) / total
 
 
+@dataclass(frozen=True)
+class Rollback:
+    """The guard took `version` back to `to` (None = base)."""
+
+    version: Version
+    to: Version | None
+    reason: str
+
+
 class LiveGuard:
     def __init__(self, store: Store, adapters: AdapterManager, cfg: GateConfig,
-                 on_rollback: Callable[[dict[str, Any]], None] = lambda _: None, poll_s: float = 2.0) -> None:
+                 on_rollback: Callable[[Rollback], None] = lambda _: None, poll_s: float = 2.0) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
         self.on_rollback = on_rollback
         self.poll_s = poll_s
@@ -63,7 +73,7 @@ class LiveGuard:
         parent = rows[live]["parent"]
         if parent is not None and rows.get(parent, {}).get("state") in ("failed", "pruned", "refused"):
             return None  # nothing to go back to
-        counts = await asyncio.to_thread(self.store.read, lambda c: _counts(c, live, parent, self.cfg))
+        counts = await asyncio.to_thread(self._counts, live, parent)
         n = self.cfg.guard_replies
         result: dict[str, Any] = {"version": live, "parent": parent, "window": n, **counts, "tests": {}}
         if counts["baseline"] == 0:
@@ -76,7 +86,7 @@ class LiveGuard:
             result["tests"][kind] = round(p, 5)
             if k_new / n > k_old / counts["baseline"] and p < self.cfg.guard_alpha / 2:
                 reasons.append(f"{label} rate {k_new}/{n} vs {k_old}/{counts['baseline']} on "
-                               f"{version_name(parent) or 'base'} (Fisher one-sided p={p:.3g} < "
+                               f"{Version.name_of(parent) or 'base'} (Fisher one-sided p={p:.3g} < "
                                f"{self.cfg.guard_alpha / 2:g})")
         self.last = result
         if reasons and self.adapters.live() == live:
@@ -86,28 +96,14 @@ class LiveGuard:
             self.rollbacks += 1
             result["rolled_back"] = reason
             log.warning("live guard: v%d %s", live, reason)
-            self.on_rollback({"version": live, "to": parent, "reason": reason})
+            self.on_rollback(Rollback(Version(live), Version.of(parent), reason))
         return result
 
 
-def _counts(c: Any, live: int, parent: int | None, cfg: GateConfig) -> dict[str, Any]:
-    def window(version: int | None, order: str, limit: int) -> list[str]:
-        where = "adapter_version IS NULL" if version is None else "adapter_version = ?"
-        args = () if version is None else (version_name(version),)
-        return [r[0] for r in c.execute(
-            f"SELECT call_id FROM calls WHERE turn_type = 'main' AND {where} ORDER BY created_at {order} LIMIT ?",
-            (*args, limit))]
-
-    def bad(call_ids: list[str]) -> dict[str, int]:
-        out = {"thumbs_down": 0, "correction": 0}
-        if call_ids:
-            marks = ", ".join("?" for _ in call_ids)
-            for kind, n in c.execute(
-                    f"SELECT kind, count(DISTINCT call_id) FROM feedback_events WHERE state = 'applied' "
-                    f"AND kind IN ('thumbs_down', 'correction') AND call_id IN ({marks}) GROUP BY kind", call_ids):
-                out[kind] = n
-        return out
-
-    new = window(live, "ASC", cfg.guard_replies)
-    old = window(parent, "DESC", cfg.guard_baseline)
-    return {"served": len(new), "baseline": len(old), "new": bad(new), "old": bad(old)}
+    def _counts(self, live: int, parent: int | None) -> dict[str, Any]:
+        """The live version's first replies (its window) and the parent's newest ones (the baseline)."""
+        new = self.store.reply_feedback(live, self.cfg.guard_replies, newest=False)
+        old = self.store.reply_feedback(parent, self.cfg.guard_baseline, newest=True)
+        return {"served": new.replies, "baseline": old.replies,
+                "new": {"thumbs_down": new.thumbs_down, "correction": new.correction},
+                "old": {"thumbs_down": old.thumbs_down, "correction": old.correction}}

@@ -12,7 +12,7 @@ topic is its set of content words (negations and filler removed), so "Please use
 "Please don't use bold." share a topic and the newer replaces the older (newest wins on a
 conflict), while the same sentence again only refreshes it (de-duplicated); a note whose topic
 covers an older one's and more replaces it too, and one that repeats part of an older one in its
-words only refreshes that one (store.py `_put_note`). A note is general (about replies anywhere)
+words only refreshes that one (store/notes.py `_put_note`). A note is general (about replies anywhere)
 or about the task of the conversation it came from, by its wording (`scope`, below): a session
 note is injected only into that conversation's main calls, and topics are compared within one
 scope. At most `memory_max_notes` general notes are kept, and as many for each conversation: the

@@ -25,17 +25,16 @@ gate's replay on held-out calls and the simulator's held-out evaluation measure 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, Callable
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine
-from clawback.records import version_name
+from clawback.records import Version
 
 from . import memory
 from .gate import score_when_quiet, teacher_gap
-from .store import Store, blob_ids, blob_logprobs
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -79,18 +78,13 @@ class NoteRetirement:
         return reports
 
     async def _check(self, version: int, note: dict[str, Any]) -> dict[str, Any] | None:
-        row = await asyncio.to_thread(self.store.read, lambda c: c.execute(
-            "SELECT c.request_json, c.response_ids, s.teacher_logprobs FROM calls c JOIN samples s USING (call_id) "
-            "WHERE c.call_id = ? AND s.teacher_logprobs IS NOT NULL", (note["call_id"],)).fetchone())
-        if row is None:
+        evidence = await asyncio.to_thread(self.store.note_evidence, note["call_id"])
+        if evidence is None or not evidence.response_ids:
             return None
-        body, response, teacher = json.loads(row["request_json"]), blob_ids(row["response_ids"]), \
-            blob_logprobs(row["teacher_logprobs"])
-        if not response:
-            return None
+        body, response, teacher = evidence.request, evidence.response_ids, evidence.teacher_logprobs
         messages = memory.strip(body["messages"], body.get("memory_notes"))
         bare = await self._prompt(body, messages)
-        gap_live = teacher_gap(await score_when_quiet(self.engine, self.busy, bare, response, version_name(version)),
+        gap_live = teacher_gap(await score_when_quiet(self.engine, self.busy, bare, response, Version.name_of(version)),
                                teacher)
         key = (note["note_id"], note["updated_at"])
         if key not in self._note_gaps:  # the base model never changes: once per note

@@ -34,7 +34,7 @@ from clawback.chat import ChatRenderer, ChatRequest, append_text
 from clawback.engine import Engine, EngineError, Sampling
 from clawback.judge.backends import JudgeBackend
 from clawback.judge.prm import Vote, VoteOptions, candidate_hints, judge_hint, judge_prm
-from clawback.records import Feedback, JudgedSample, SampleInputs, VoteRecord, version_name
+from clawback.records import Feedback, JudgedSample, SampleInputs, Version, VoteRecord
 
 from .config import SignalConfig
 from .memory import strip
@@ -262,7 +262,7 @@ class SamplePipeline:
         """Of several judge hints, the one under which the teacher puts the most probability on
         the student's recorded top-K tokens (mean over positions): the hint whose teacher stays
         closest to what the student does, so the distillation signal stays on the student's support."""
-        adapter = version_name(inp.adapter_version) if self.cfg.teacher == "self" else None
+        adapter = Version.name_of(inp.adapter_version) if self.cfg.teacher == "self" else None
         best, best_mass = candidates[0], -1.0
         for hint in candidates:
             msgs = teacher_messages(inp.request["messages"], hint, self.cfg.hint_template, self.cfg.hint_placement)
@@ -290,7 +290,7 @@ class SamplePipeline:
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         if len(prompt_ids) + len(inp.response_ids) > self.engine.info.context_length:
             return replace(sample, reason="teacher_context_too_long")
-        adapter = version_name(inp.adapter_version) if self.cfg.teacher == "self" else None
+        adapter = Version.name_of(inp.adapter_version) if self.cfg.teacher == "self" else None
         if adapter is not None and adapter not in self.engine.loaded_versions():
             return replace(sample, reason="teacher_version_unloaded")
         logprobs = await self.engine.score(prompt_ids, inp.response_ids, adapter)
@@ -331,7 +331,7 @@ class SamplePipeline:
         by the hint alone, which repeats a note. The baseline is the serving version's logprobs
         in that context (sampled token and top-K; without the latter it trains token-level);
         when that version is no longer loaded the sample trains as it was served."""
-        adapter = version_name(inp.adapter_version)
+        adapter = Version.name_of(inp.adapter_version)
         if adapter is not None and adapter not in self.engine.loaded_versions():
             log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)
             return sample

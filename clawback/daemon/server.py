@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from clawback.chat import ChatRenderer
 from clawback.engine import Engine
 from clawback.judge.backends import EngineBackend, JudgeBackend, OpenAIBackend
-from clawback.records import version_name
+from clawback.records import Version
 from clawback.trainer.priority import ServingGauge, available_cores, thread_budget
 
 from .adapters import AdapterManager
@@ -34,7 +34,7 @@ from .gate import CandidateGate
 from .guard import LiveGuard
 from .retirement import NoteRetirement
 from .store import ForgetScope, Store
-from .training import RayTrainer, TrainerStarter, TrainingLoop
+from .training import RayTrainer, Trained, TrainerStarter, TrainingLoop
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +64,26 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
                               on_ready=lambda sample: hub.broadcast({"type": "sample_ready", **sample}))
     adapters = AdapterManager(
         engine, store, settings.data_dir / "adapters", settings.train.keep_versions,
-        on_live=lambda v: hub.broadcast({"type": "adapter_live", "version": version_name(v)}))
+        on_live=lambda v: hub.broadcast({"type": "adapter_live", "version": Version.name_of(v)}))
     gate = CandidateGate(engine, renderer, store, settings.gate, busy=lambda: state.running) \
         if settings.gate.enabled else None
     guard = LiveGuard(store, adapters, settings.gate, on_rollback=lambda r: hub.broadcast(
-        {"type": "adapter_rolled_back", "version": version_name(r["version"]), "to": version_name(r["to"]),
-         "reason": r["reason"]})) if settings.gate.guard_replies else None
+        {"type": "adapter_rolled_back", "version": r.version.name, "to": Version.name_of(r.to),
+         "reason": r.reason})) if settings.gate.guard_replies else None
     trainer = gauge = None
     if train:
         gauge = ServingGauge(settings.data_dir / "serving")
         start = start_trainer or _ray_trainer(settings, model_dir, placement, trainer_threads, gauge)
 
-        def on_trained(step: dict[str, Any]) -> None:
-            hub.broadcast({"type": "trained", "version": step["version"], "samples": step["samples"],
-                           "mean_reward": step["mean_reward"]})
+        def on_trained(step: Trained) -> None:
+            hub.broadcast({"type": "trained", "version": step.version.name, "samples": step.samples,
+                           "mean_reward": step.mean_reward})
 
         retirement = NoteRetirement(engine, renderer, store, settings.memory_retire_margin,
                                     busy=lambda: state.running, placement=settings.memory_placement) if settings.memory and settings.memory_retire else None
         trainer = TrainingLoop(store, adapters, settings.train_config(), start, on_trained, gate=gate,
-                               on_refused=lambda r: hub.broadcast({"type": "adapter_refused", **r}),
+                               on_refused=lambda r: hub.broadcast({"type": "adapter_refused", "version": r.version.name,
+                                                                   "reason": r.reason}),
                                retirement=retirement)
     capture = Capture(store, settings.session_idle_timeout_s, settings.session_cache_size)
     state = AppState(settings, engine, renderer, store, capture, resolve_api_key(settings), hub, pipeline, adapters,

@@ -33,10 +33,10 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol, Sequence
 
-from clawback.records import ReadySample, StepRecord, TrainResult, version_name
+from clawback.records import ReadySample, StepRecord, TrainResult, Version
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import sample_problem
 
@@ -84,12 +84,30 @@ class RayTrainer:
         await self.actor.close.remote()
 
 
+@dataclass(frozen=True)
+class Trained:
+    """A trained version that went live."""
+
+    version: Version
+    samples: int
+    mean_reward: float
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A trained version the gate refused, and why."""
+
+    version: Version
+    reason: str
+
+
 class TrainingLoop:
     def __init__(self, store: Store, adapters: AdapterManager, cfg: TrainConfig,
-                 start_worker: TrainerStarter, on_trained: Callable[[dict[str, Any]], None] = lambda _: None,
+                 start_worker: TrainerStarter, on_trained: Callable[[Trained], None] = lambda _: None,
                  poll_s: float = 10.0, retry_s: float = 5.0, retry_max_s: float = 600.0,
                  quarantine_after: int = 3, gate: CandidateGate | None = None,
-                 on_refused: Callable[[dict[str, Any]], None] = lambda _: None,
+                 on_refused: Callable[[Refused], None] = lambda _: None,
                  retirement: NoteRetirement | None = None) -> None:
         self.store, self.adapters, self.cfg = store, adapters, cfg
         self.retry_s, self.retry_max_s, self.quarantine_after = retry_s, retry_max_s, quarantine_after
@@ -225,7 +243,7 @@ class TrainingLoop:
                 verdict = await self.gate.review(version, parent, result.metrics)
                 if not verdict.promote:
                     await self.adapters.refuse(version, verdict.reason, verdict.report)
-                    self.on_refused({"version": version_name(version), "reason": verdict.reason})
+                    self.on_refused(Refused(Version(version), verdict.reason))
                     return None
                 await self.adapters.record_gate(version, verdict.report)
             swap_s = await self.adapters.go_live(version, path)
@@ -238,8 +256,7 @@ class TrainingLoop:
             log.info("pruned adapter versions %s", pruned)
         metrics = {**result.metrics, "swap_s": swap_s}
         self.last_metrics = metrics
-        self.on_trained({"version": version_name(version), "samples": len(batch), "mean_reward": reward_mean,
-                         "metrics": metrics})
+        self.on_trained(Trained(Version(version), len(batch), reward_mean, metrics))
         return metrics
 
     async def close(self, timeout_s: float = 30.0) -> None:

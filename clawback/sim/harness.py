@@ -35,6 +35,7 @@ import httpx
 from clawback import __version__
 from clawback.daemon.config import Settings
 from clawback.daemon.server import build_state, daemon_app
+from clawback.daemon.store import Store
 
 from .checkpoint import Checkpoint, cached_base, fingerprint, new_progress
 from .config import METHODS, SimConfig
@@ -132,44 +133,28 @@ async def _settle(state: Any, batch_size: int) -> None:
     raise SimError(f"the daemon did not settle within {SETTLE_TIMEOUT_S:.0f}s")
 
 
-def _train_steps(store: Any) -> list[dict[str, Any]]:
-    import json
-
+def _train_steps(store: Store) -> list[dict[str, Any]]:
     keep = ("loss", "drift", "entropy", "adv", "ratio", "tis", "grad_norm", "reward_mean", "reward_pos",
             "reward_neg", "clip_frac", "response_len", "step_time_s", "samples", "kl", "topk_adv", "topk_clip",
             "evidence_rows", "distill_kl")
-    rows = store.read(lambda c: c.execute(
-        "SELECT version, parent, samples, outcome, error, metrics, started_at, finished_at FROM train_steps "
-        "ORDER BY step").fetchall())
-    out = []
-    for r in rows:
-        m = json.loads(r["metrics"] or "{}")
-        out.append({"version": r["version"], "parent": r["parent"], "samples": r["samples"], "outcome": r["outcome"],
-                    "error": r["error"], "seconds": r["finished_at"] - r["started_at"],
-                    "metrics": {k: m[k] for k in keep if k in m}})
-    return out
+    return [{"version": t.version, "parent": t.parent, "samples": t.samples, "outcome": t.outcome, "error": t.error,
+             "seconds": t.finished_at - t.started_at, "metrics": {k: t.metrics[k] for k in keep if k in t.metrics}}
+            for t in store.train_steps()]
 
 
-def _note_checks(store: Any) -> list[dict[str, Any]]:
+def _note_checks(store: Store) -> list[dict[str, Any]]:
     """Each preference note checked against each version that went live (daemon/retirement.py)."""
-    import json
-
-    rows = store.read(lambda c: c.execute(
-        "SELECT subject_id, payload FROM events WHERE kind = 'memory.checked' ORDER BY id").fetchall())
-    return [{"note_id": int(r["subject_id"]), **json.loads(r["payload"])} for r in rows]
+    return [{"note_id": None if subject is None else int(subject), **payload} for subject, payload in store.event_payloads("memory.checked")]
 
 
-def _sample_counts(store: Any) -> dict[str, Any]:
-    rows = store.read(lambda c: c.execute(
-        "SELECT state, coalesce(reason, '') AS reason, count(*) AS n FROM samples GROUP BY state, reason").fetchall())
+def _sample_counts(store: Store) -> dict[str, Any]:
     counts: dict[str, Any] = {"dropped": {}}
-    for r in rows:
-        if r["state"] == "dropped":
-            counts["dropped"][r["reason"]] = r["n"]
+    for r in store.sample_counts():
+        if r.state == "dropped":
+            counts["dropped"][r.reason] = r.samples
         else:
-            counts[r["state"]] = counts.get(r["state"], 0) + r["n"]
-    counts["loops"] = store.read(lambda c: c.execute(
-        "SELECT count(*) FROM samples WHERE loop_from IS NOT NULL").fetchone()[0])  # trained against their loop
+            counts[r.state] = counts.get(r.state, 0) + r.samples
+    counts["loops"] = store.loop_sample_count()  # trained against their loop
     return counts
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from clawback.chat import ChatRequest
 from clawback.engine import Sampling
-from clawback.records import parse_version
+from clawback.records import Version
 from clawback.daemon.memory import inject
 
 from .scenarios import Scenario, Task
@@ -29,7 +29,7 @@ async def active_notes(state: Any, live: str | None = None) -> list[str]:
     with memory off): the general ones."""
     if not state.settings.memory:
         return []
-    version = parse_version(live if live is not None else state.engine.active_version())
+    version = Version.of(live if live is not None else state.engine.active_version())
     return [n["text"] for n in await asyncio.to_thread(state.store.memory_notes, version)
             if n["active"] and n["scope"] == "general"]
 

@@ -1,13 +1,14 @@
 """One training step: samples -> micro-batches -> accumulated gradients -> AdamW step(s).
 
-A sample is any `TrainSample`: `Sample` here, or the daemon's `clawback.records.ReadySample`.
+A sample is any `TrainSample`: `Sample` here, or the daemon's `clawback.records.ReadySample`;
+the step turns each into the `Sample` rows it trains on.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence, cast
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.utils.checkpoint
@@ -20,6 +21,8 @@ from .losses import advantages, policy_loss, topk_advantages, topk_distill_term,
 
 
 class TrainSample(Protocol):
+    """Every field the trainer reads of a sample; `Sample` says what each one is."""
+
     @property
     def prompt_ids(self) -> Sequence[int]: ...
     @property
@@ -30,8 +33,22 @@ class TrainSample(Protocol):
     def reward(self) -> float: ...
     @property
     def teacher_logprobs(self) -> Sequence[float] | None: ...  # None: no teacher
-    # Optional (read with getattr): sampling_logprobs, and top_ids / top_logprobs /
-    # teacher_top_logprobs for top-K OPD; see `Sample`.
+    @property
+    def sampling_logprobs(self) -> Sequence[float] | None: ...
+    @property
+    def top_ids(self) -> Sequence[Sequence[int]] | None: ...
+    @property
+    def top_logprobs(self) -> Sequence[Sequence[float]] | None: ...
+    @property
+    def teacher_top_logprobs(self) -> Sequence[Sequence[float]] | None: ...
+    @property
+    def evidence_ids(self) -> Sequence[int] | None: ...
+    @property
+    def evidence_logprobs(self) -> Sequence[float] | None: ...
+    @property
+    def loop_from(self) -> int | None: ...
+    @property
+    def distill(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -60,31 +77,35 @@ class Sample:
     bonus: float = 0.0
     bonus_from: int = 0
 
+    @classmethod
+    def of(cls, s: TrainSample) -> Sample:
+        return cls(s.prompt_ids, s.response_ids, s.behaviour_logprobs, s.reward, s.teacher_logprobs,
+                   s.sampling_logprobs, s.top_ids, s.top_logprobs, s.teacher_top_logprobs, s.evidence_ids,
+                   s.evidence_logprobs, s.loop_from, s.distill)
 
-def with_evidence(samples: Sequence[TrainSample], weight: float) -> list[Any]:
+
+def with_evidence(samples: Sequence[Sample], weight: float) -> list[Sample]:
     """The samples plus, for each that carries positive evidence, a row of the teacher's reply in
     the sample's own context with advantage `weight` on every token (no OPD term, no reward)."""
-    out: list[Any] = list(samples)
+    out = list(samples)
     if weight > 0:
         for s in samples:
-            ids, lps = getattr(s, "evidence_ids", None), getattr(s, "evidence_logprobs", None)
+            ids, lps = s.evidence_ids, s.evidence_logprobs
             if ids and lps and len(ids) == len(lps):
                 out.append(Sample(s.prompt_ids, ids, lps, 0.0, lps, bonus=weight))
     return out
 
 
-def as_loop_rows(samples: Sequence[TrainSample], penalty: float) -> list[Any]:
-    """The samples, each loop sample as a row with advantage −`penalty` on the loop's first repeat
+def as_loop_rows(samples: Sequence[TrainSample], penalty: float) -> list[Sample]:
+    """The samples as rows, each loop sample with advantage −`penalty` on the loop's first repeat
     and 0 before it: no reward and no teacher, whose signal would fall on the prefix as well."""
-    out: list[Any] = []
+    out = []
     for s in samples:
-        start = getattr(s, "loop_from", None)
-        if start is None:
-            out.append(s)
+        if s.loop_from is None:
+            out.append(Sample.of(s))
         else:
             out.append(Sample(s.prompt_ids, s.response_ids, s.behaviour_logprobs, 0.0,
-                              sampling_logprobs=getattr(s, "sampling_logprobs", None), bonus=-penalty,
-                              bonus_from=start))
+                              sampling_logprobs=s.sampling_logprobs, bonus=-penalty, bonus_from=s.loop_from))
     return out
 
 
@@ -117,15 +138,15 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
-def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[list[TrainSample]]:
+def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
     """Group samples so each padded micro-batch stays within `token_budget` tokens.
 
     Sorted by length so neighbours pad little; a sample longer than the budget goes alone.
     Padded size is rows × (longest prompt + longest response), the layout `collate` builds.
     """
     order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids), reverse=True)
-    out: list[list[TrainSample]] = []
-    cur: list[TrainSample] = []
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
     max_p = max_r = 0
     for s in order:
         p, r = max(max_p, len(s.prompt_ids)), max(max_r, len(s.response_ids))
@@ -139,14 +160,14 @@ def micro_batches(samples: Sequence[TrainSample], token_budget: int) -> list[lis
     return out
 
 
-def has_topk(s: Any, k: int) -> bool:
+def has_topk(s: TrainSample, k: int) -> bool:
     """The sample carries at least k recorded top tokens per position, with the teacher's view."""
-    rows = getattr(s, "top_ids", None)
-    return bool(k and rows and getattr(s, "teacher_top_logprobs", None) and getattr(s, "top_logprobs", None)
+    rows = s.top_ids
+    return bool(k and rows and s.teacher_top_logprobs and s.top_logprobs
                 and len(rows) == len(s.response_ids) and all(len(r) >= k for r in rows))
 
 
-def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0) -> dict[str, torch.Tensor]:
+def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0) -> dict[str, torch.Tensor]:
     """Prompts right-aligned at column C, responses left-aligned from C:
 
         [pad pad p p p | r r r pad]
@@ -177,20 +198,20 @@ def collate(samples: Sequence[TrainSample], device: torch.device, top_k: int = 0
         ids_B_L[i, C : C + R] = torch.tensor(list(s.response_ids))
         attn_B_L[i, C - P : C + R] = 1
         behaviour_B_T[i, :R] = torch.tensor(list(s.behaviour_logprobs))
-        sampled = getattr(s, "sampling_logprobs", None)
+        sampled = s.sampling_logprobs
         sampling_B_T[i, :R] = torch.tensor(list(sampled if sampled is not None else s.behaviour_logprobs))
         # No teacher, or a top-K teacher: the sampled-token OPD term is exactly 0 (teacher = behaviour).
         use_topk = has_topk(s, top_k)
         teacher = s.teacher_logprobs if s.teacher_logprobs is not None and not use_topk else s.behaviour_logprobs
         teacher_B_T[i, :R] = torch.tensor(list(teacher))
-        bonus_B_T[i, getattr(s, "bonus_from", 0):R] = float(getattr(s, "bonus", 0.0))
+        bonus_B_T[i, s.bonus_from:R] = float(s.bonus)
         if use_topk:
             topk_B[i] = 1.0
-            distill_B[i] = float(bool(getattr(s, "distill", False)))
-            top = cast(Any, s)  # has_topk: it carries all three
-            top_ids_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.top_ids])
-            top_behaviour_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.top_logprobs])
-            top_teacher_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in top.teacher_top_logprobs])
+            distill_B[i] = float(s.distill)
+            assert s.top_ids and s.top_logprobs and s.teacher_top_logprobs  # has_topk: it carries all three
+            top_ids_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.top_ids])
+            top_behaviour_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.top_logprobs])
+            top_teacher_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.teacher_top_logprobs])
     pos_B_L = (attn_B_L.cumsum(-1) - 1).clamp(min=0)
     batch = {
         "input_ids": ids_B_L,
@@ -271,7 +292,7 @@ def sample_problem(s: TrainSample, method: str) -> str | None:
         return "every sample needs a non-empty prompt and response"
     if len(s.behaviour_logprobs) != R:
         return "behaviour_logprobs must have one value per response token"
-    loop_from = getattr(s, "loop_from", None)
+    loop_from = s.loop_from
     if loop_from is not None and not 0 <= loop_from < R:
         return "loop_from must point into the response"
     if s.teacher_logprobs is None:
@@ -422,7 +443,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
         reward_neg=sum(r < 0 for r in rewards) / len(given),
         samples=len(given),
         evidence_rows=n - len(given),
-        loop_rows=sum(getattr(s, "loop_from", None) is not None for s in given),
+        loop_rows=sum(s.loop_from is not None for s in given),
         tokens=n_tokens,  # real prompt + response tokens, padding excluded
         pad_frac=1.0 - n_tokens / padded,
         micro_batches=len(groups),

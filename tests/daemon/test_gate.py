@@ -146,7 +146,7 @@ def test_with_disliked_calls_only_the_replay_checks_them_alone_and_refuses(rig):
     """v2 (trained to say PHRASE, above) against only the held-out calls where PHRASE got a 👎:
     too few of each kind for a margin, and the disliked reply became more likely."""
     gate = rig["gate"]
-    disliked = [i for i in gate._held_out_calls() if i["reward"] == -1.0]
+    disliked = [i for i in gate._held_out_calls() if i.reward == -1.0]
     out = asyncio.run(gate._replay(disliked, "v2", None))
     assert out["margin"].startswith("one-sided: 0 liked and 3 disliked"), out
     assert out["mean_logprob"]["candidate"]["disliked"] > out["mean_logprob"]["live"]["disliked"]
