@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -38,6 +38,9 @@ from clawback.records import parse_version
 from .display import ago, reward_origin, sample_reason, sample_state
 from .forget import forget
 from .store import ForgetScope
+
+if TYPE_CHECKING:
+    from .api.state import AppState
 
 PREFIX = "/ui"
 COOKIE = "clawback_ui"
@@ -116,7 +119,7 @@ class _Refused(Exception):
         self.status = status
 
 
-def add_dashboard_routes(app: FastAPI, state: Any) -> None:
+def add_dashboard_routes(app: FastAPI, state: AppState) -> None:
     """Mount the dashboard at /ui, and the bearer-authenticated route that mints one-time links."""
     logins = Logins()
 
@@ -127,7 +130,7 @@ def add_dashboard_routes(app: FastAPI, state: Any) -> None:
     app.mount(PREFIX, _SecurityHeaders(_dashboard_app(state, logins)))
 
 
-def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
+def _dashboard_app(state: AppState, logins: Logins) -> FastAPI:
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     pkg = resources.files("clawback.daemon")
     templates = Jinja2Templates(directory=str(pkg.joinpath("templates")))
@@ -279,7 +282,7 @@ def _same_origin(request: Request) -> None:
         raise _Refused(403, "cross-origin request refused")
 
 
-async def _changes(state: Any, request: Request) -> AsyncIterator[bytes]:
+async def _changes(state: AppState, request: Request) -> AsyncIterator[bytes]:
     """`changed` whenever the store commits a write, the live version changes, a write is dropped or
     a feedback socket (the extension) comes or goes.
 
@@ -322,7 +325,7 @@ def _gate_numbers(row: sqlite3.Row) -> dict[str, float | None]:
 class DashboardData:
     """Read-only queries behind each section (the store's own read connections, off the loop)."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: AppState) -> None:
         self.state = state
         self.store = state.store
 
