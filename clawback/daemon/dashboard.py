@@ -17,14 +17,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import math
 import re
 import secrets
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Form, Query, Request
@@ -35,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clawback.records import parse_version
 
+from .dashboard_views import PAGE_SIZE, chart, finite, message_text, pager, simulate_summary, untagged_only
 from .display import ago, reward_origin, sample_reason, sample_state
 from .forget import forget
 from .store import ForgetScope
@@ -49,10 +48,7 @@ LINK_TTL_S = 120
 EVENTS_POLL_S = 1.0
 STREAM_LIFETIME_S = 5.0
 RECONNECT_MS = 1000
-QUIET_HOUR_S = 3600
-PAGE_SIZE = 10  # rows per page of the long lists (feedback, versions, conversations)
 # A series' colour says what it is, the same in every chart: good green, bad red.
-SERIES_COLORS = {"good": "#1a7f4b", "bad": "#b3261e", "corrections": "#c80"}
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -318,8 +314,8 @@ def _gate_numbers(row: sqlite3.Row) -> dict[str, float | None]:
     the store has once the candidate gate exists)."""
     report = json.loads(row["gate"]) if "gate" in row.keys() and row["gate"] else {}
     margin = (report.get("replay") or {}).get("margin")
-    return {"replay_margin": _finite(margin.get("candidate")) if isinstance(margin, dict) else None,
-            "retention": _finite((report.get("retention") or {}).get("candidate"))}
+    return {"replay_margin": finite(margin.get("candidate")) if isinstance(margin, dict) else None,
+            "retention": finite((report.get("retention") or {}).get("candidate"))}
 
 
 class DashboardData:
@@ -341,13 +337,13 @@ class DashboardData:
         else:
             query = {"feedback": _feedback, "versions": _versions, "conversations": _sessions}[name]
             out = await asyncio.to_thread(self.store.read, lambda c: query(c, (page - 1) * PAGE_SIZE))
-            out["pager"] = _pager(name, page, out.pop("total"))
+            out["pager"] = pager(name, page, out.pop("total"))
         out["live"] = self.state.adapters.live()
         return out
 
     def _learning(self, c: sqlite3.Connection) -> dict[str, Any]:
         out = _learning(c)
-        out["simulate"] = _simulate_summary(self.state.settings.data_dir)
+        out["simulate"] = simulate_summary(self.state.settings.data_dir)
         return out
 
     async def health(self) -> dict[str, Any]:
@@ -383,13 +379,6 @@ class DashboardData:
         }
 
 
-def untagged_only(last_untagged: float | None, last_main: float | None, now: float) -> bool:
-    """Untagged calls in the last hour and no tagged main call: the plugin is not sending
-    X-Turn-Type, the most common reason nothing ever trains."""
-    recent = now - QUIET_HOUR_S
-    return last_untagged is not None and last_untagged > recent and (last_main is None or last_main < recent)
-
-
 def _learning(c: sqlite3.Connection) -> dict[str, Any]:
     feedback: dict[tuple[str | None, str], int] = {(r[0], r[1]): r[2] for r in c.execute(
         "SELECT c.adapter_version, f.kind, count(*) FROM feedback_events f JOIN calls c ON c.call_id = f.call_id "
@@ -415,59 +404,24 @@ def _learning(c: sqlite3.Connection) -> dict[str, Any]:
         m = json.loads(r["metrics"])
         steps.append({"step": r["step"], "version": r["version"], "outcome": r["outcome"], "samples": r["samples"],
                       "error": r["error"], "at": r["finished_at"],
-                      **{k: _finite(m.get(k)) for k in STEP_METRICS}})
+                      **{k: finite(m.get(k)) for k in STEP_METRICS}})
     charts = []
     # A chart needs two points to show a change; one point is in the tables below.
     if len(rates) > 1:
-        charts.append(_chart("Live feedback per version (share of main calls)", [r["order"] for r in rates],
+        charts.append(chart("Live feedback per version (share of main calls)", [r["order"] for r in rates],
                              [r["version"] for r in rates], {"good": [r["up"] for r in rates],
                                                             "bad": [r["down"] for r in rates],
                                                             "corrections": [r["corrections"] for r in rates]}))
     if len(gate) > 1:
         for k in GATE_METRICS:
-            charts.append(_chart(f"gate {k.replace('_', ' ')} per version", list(gate), [f"v{v}" for v in gate],
+            charts.append(chart(f"gate {k.replace('_', ' ')} per version", list(gate), [f"v{v}" for v in gate],
                                  {k: [g[k] for g in gate.values()]}, small=True))
     done = [s for s in steps if s["outcome"] == "committed"]
     for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude
         if len(done) > 1 and any(s[k] is not None for s in done):
-            charts.append(_chart(f"{k} per training step", [s["step"] for s in done], None,
+            charts.append(chart(f"{k} per training step", [s["step"] for s in done], None,
                                  {k: [s[k] for s in done]}, small=True))
     return {"rates": rates, "gate": gate, "steps": steps[-20:][::-1], "charts": charts}
-
-
-def _chart(title: str, x: list[Any], xlabels: list[str] | None, series: dict[str, list[Any]],
-           small: bool = False) -> dict[str, Any]:
-    """A chart for dashboard.js; series as a list, in order, each with its colour (the template's
-    JSON sorts object keys, so a dict would lose the order the colours follow)."""
-    return {"title": title, "x": x, "xlabels": xlabels, "small": small,
-            "series": [{"label": name, "values": values, "color": SERIES_COLORS.get(name)}
-                       for name, values in series.items()]}
-
-
-def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
-
-
-def _simulate_summary(data_dir: Path) -> list[dict[str, Any]] | None:
-    """`clawback simulate --out <data_dir>/simulate` leaves summary.json there: score before and after."""
-    path = data_dir / "simulate" / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    rows = []
-    for scenario, methods in summary.get("scenarios", {}).items():
-        for method, cell in methods.items():
-            mean = cell.get("mean") or [None]
-            rows.append({"scenario": scenario, "method": method, "seeds": len(cell.get("seeds", [])),
-                         "before": mean[0], "after": mean[-1]})
-    return rows
-
-
-def _pager(name: str, page: int, total: int) -> dict[str, Any]:
-    pages = max(1, math.ceil(total / PAGE_SIZE))
-    return {"name": name, "page": page, "pages": pages, "total": total,
-            "first": (page - 1) * PAGE_SIZE + 1, "last": min(total, page * PAGE_SIZE)}
 
 
 RATED = "('thumbs_up', 'thumbs_down', 'correction', 'comment', 'outcome')"
@@ -495,7 +449,7 @@ def _versions(c: sqlite3.Connection, offset: int = 0) -> dict[str, Any]:
                        f"LIMIT {PAGE_SIZE} OFFSET ?) OR state = 'live' ORDER BY version DESC", (offset,)):
         row = dict(r)
         m = json.loads(row.pop("metrics"))
-        row.update(pinned=bool(row["pinned"]), loss=_finite(m.get("loss")), reward=_finite(m.get("reward_mean")),
+        row.update(pinned=bool(row["pinned"]), loss=finite(m.get("loss")), reward=finite(m.get("reward_mean")),
                    **_gate_numbers(r))
         rows.append(row)
     return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS), "total": total}
@@ -538,16 +492,8 @@ def _session_calls(c: sqlite3.Connection, session_id: str) -> list[dict[str, Any
                              "ORDER BY received_at", (r["call_id"],)).fetchall()
         out.append({**{k: r[k] for k in ("call_id", "created_at", "adapter_version", "state", "response_text",
                                          "sample_state", "sample_reason", "reward", "reward_source", "outcome")},
-                    "request": _text(last_user.get("content")) if last_user else "",
-                    "next_state": [f"{m.get('role')}: {_text(m.get('content'))}"
+                    "request": message_text(last_user.get("content")) if last_user else "",
+                    "next_state": [f"{m.get('role')}: {message_text(m.get('content'))}"
                                    for m in json.loads(r["messages_json"] or "[]")],
                     "feedback": [dict(f) for f in feedback]})
     return out
-
-
-def _text(content: Any) -> str:
-    """Message content as text (OpenAI content may be a list of parts)."""
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
-

@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from clawback.chat import ChatRequest, IncrementalDetokenizer, TextGate, parse_tool_calls
+from clawback.chat import ChatRequest
+from clawback.replies import IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import EngineError, Sampling, Token
 from clawback.records import Call, parse_version
 
