@@ -23,7 +23,7 @@ from .memory_routes import add_forget_routes, add_memory_routes
 from .protocol import ForgetBody, NoteScope, NoteText, RollbackBody, VersionBody
 from .serving import serve_chat
 from .state import AppState
-from .status_routes import server_version
+from .status_routes import add_status_routes, server_version
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ def create_app(state: AppState, lifespan: Lifespan[FastAPI] | None = None) -> Be
     async def _internal(_: Request, e: Exception) -> JSONResponse:
         log.exception("internal error")
         return ApiError(500, "internal error", "server_error").response()
+
+    add_status_routes(app, state)
 
     @app.post(CHAT_PATH)  # served by BearerAuth.chat; here for the OpenAPI description
     async def chat_completions(request: Request) -> Response:
