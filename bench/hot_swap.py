@@ -504,7 +504,7 @@ def engine_breakdown(model_dir: Path, paths: dict[str, str], threads: int, devic
         # one load under cProfile, called directly (the worker is idle, blocked on its queue)
         other = versions[(versions.index(live) + 1) % len(versions)]
         prof = cProfile.Profile()
-        from clawback.engines.embedded import read_adapter
+        from clawback.engines.embedded_adapters import read_adapter
 
         weights, config = read_adapter(paths[str(other)])
         with torch.inference_mode():

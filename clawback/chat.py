@@ -1,4 +1,4 @@
-"""OpenAI chat requests: validation, rendering to exact prompt ids, and reading replies back.
+"""OpenAI chat requests: validation and rendering to exact prompt ids (replies.py reads replies back).
 
 Rendering happens once per request; the ids it produces are what the engine sees and what the
 store keeps. Models whose chat template knows no tools (SmolLM2's does not) get the tools and
@@ -11,16 +11,13 @@ from __future__ import annotations
 import copy
 import json
 import re
-import uuid
-from collections.abc import Collection
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .engine import Constraint
+from .replies import TOOL_CLOSE, TOOL_OPEN
 
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-BARE_CALL_OPENERS = ("{", "```json")  # how a reply that is only a tool call in bare JSON begins
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -353,162 +350,6 @@ class ChatRenderer:
 
 # ---------------------------------------------------------------- reading replies back
 
-
-def new_tool_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split a reply into content and OpenAI `tool_calls`.
-
-    Blocks that are not valid JSON with a string `name` stay in the content, so nothing the model
-    wrote is lost. A final block cut off before `</tool_call>` (end token or max_tokens) is still
-    read if its JSON is complete. Without any block, a reply that is nothing but one call of a
-    tool in `tool_names`, as bare JSON or in one ```json fence, is that call: small models (such
-    as Qwen2.5-Coder-0.5B) often call tools that way, ignoring the tags their template asks for.
-    """
-    start = text.find(TOOL_OPEN)
-    if start < 0:
-        call = _bare_call(text, tool_names)
-        return (None, [call]) if call else (text, [])
-    content_parts = [text[:start]]
-    calls: list[dict[str, Any]] = []
-    pos = start
-    while pos >= 0:
-        body_start = pos + len(TOOL_OPEN)
-        end = text.find(TOOL_CLOSE, body_start)
-        body = text[body_start : end if end >= 0 else len(text)]
-        after = end + len(TOOL_CLOSE) if end >= 0 else len(text)
-        call = _parse_call(body)
-        if call is None:
-            content_parts.append(text[pos:after])
-        else:
-            calls.append(call)
-        nxt = text.find(TOOL_OPEN, after)
-        content_parts.append(text[after : nxt if nxt >= 0 else len(text)])
-        pos = nxt
-    content = "".join(content_parts).strip()
-    return (content or None), calls
-
-
-def _bare_call(text: str, tool_names: Collection[str]) -> dict[str, Any] | None:
-    body = text.strip()
-    if not tool_names or not body.endswith(("}", "```")):
-        return None
-    if body.startswith("```json") and body.endswith("```"):
-        body = body[len("```json") : -3]
-    call = _parse_call(body)
-    if call is None or call["function"]["name"] not in tool_names or not call["function"]["arguments"].startswith("{"):
-        return None
-    return call
-
-
-def _parse_call(body: str) -> dict[str, Any] | None:
-    try:
-        obj = json.loads(body.strip())
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return {"id": new_tool_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": arguments}}
-
-
-class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas without splitting UTF-8 characters."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix = 0  # ids[prefix:read] decode to text already emitted (context for the next piece)
-        self.read = 0
-        # Two decodes per token: the Rust tokenizer's own decode is what `tokenizer.decode` calls,
-        # without the Python around it (a third of the cost), unless the tokenizer cleans up spaces.
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-            self._decode = lambda ids: backend.decode(ids, skip_special_tokens=True)
-        else:
-            self._decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        decode = self._decode
-        prefix_text = decode(self.ids[self.prefix : self.read])
-        full_text = decode(self.ids[self.prefix :])
-        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
-            self.prefix, self.read = self.read, len(self.ids)
-            return full_text[len(prefix_text) :]
-        return ""
-
-
-class TextGate:
-    """Decides which generated text may be streamed now.
-
-    Holds back any tail that could still turn into a stop sequence or the start of a tool call,
-    stops at a stop sequence (which is not part of the output), and diverts everything from the
-    first `<tool_call>` on into `tool_text` instead of the streamed content. With tools, a reply
-    that opens like a bare JSON call (`{` or ```` ```json ````) is diverted whole: whether it is a
-    call is known at its end (`parse_tool_calls`), and if not, the caller sends it then.
-    """
-
-    def __init__(self, stops: list[str], tools: bool) -> None:
-        self.stops = stops
-        self.watch = stops + ([TOOL_OPEN] if tools else [])
-        self.tools = tools
-        self.pending = ""
-        self.content = ""  # streamed content so far
-        self.tool_text = ""  # from the first <tool_call> on
-        self.stopped = False
-
-    def feed(self, delta: str) -> str:
-        """Add generated text; return the content that can be streamed now."""
-        if self.stopped:
-            return ""
-        self.pending += delta
-        for stop in self.stops:
-            idx = self.pending.find(stop)
-            if idx >= 0:
-                self.pending = self.pending[:idx]
-                self.stopped = True
-        if self.tools and not self.content and not self.tool_text:
-            head = self.pending.lstrip()
-            if head.startswith(BARE_CALL_OPENERS):
-                self.tool_text, self.pending = self.pending, ""
-                return ""
-            if any(opener.startswith(head) for opener in BARE_CALL_OPENERS) and not self.stopped:
-                return ""  # may still open one
-        if self.tool_text or (self.tools and TOOL_OPEN in self.pending):
-            idx = 0 if self.tool_text else self.pending.find(TOOL_OPEN)
-            out = self._release(idx)
-            self.tool_text += self.pending
-            self.pending = ""
-            return out
-        if self.stopped:
-            return self._release(len(self.pending))
-        return self._release(len(self.pending) - self._held_tail())
-
-    def finish(self) -> str:
-        """The generation ended: release what was held back."""
-        return self.feed("") + self._release(len(self.pending))
-
-    @property
-    def text(self) -> str:
-        return self.content + self.tool_text
-
-    def _release(self, n: int) -> str:
-        out, self.pending = self.pending[:n], self.pending[n:]
-        self.content += out
-        return out
-
-    def _held_tail(self) -> int:
-        held = 0
-        for w in self.watch:
-            for k in range(min(len(w) - 1, len(self.pending)), 0, -1):
-                if self.pending.endswith(w[:k]):
-                    held = max(held, k)
-                    break
-        return held
 
 
 def append_text(messages: list[dict[str, Any]], role: str, text: str) -> list[dict[str, Any]]:

@@ -23,7 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from clawback.chat import ChatRequest, Message, parse_tool_calls
+from clawback.chat import ChatRequest, Message
+from clawback.replies import parse_tool_calls
 from clawback.records import Call
 
 from .memory import strip

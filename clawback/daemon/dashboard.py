@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
-import math
 import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -34,10 +31,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clawback.records import Version
 
+from .dashboard_views import PAGE_SIZE, chart, finite, message_text, pager, simulate_summary, untagged_only
 from .display import ago, reward_origin, sample_reason, sample_state
 from .forget import forget
 from .store import ForgetScope, Store
 from .store.queries import SessionCall
+
+if TYPE_CHECKING:
+    from .api.state import AppState
 
 PREFIX = "/ui"
 COOKIE = "clawback_ui"
@@ -46,10 +47,7 @@ LINK_TTL_S = 120
 EVENTS_POLL_S = 1.0
 STREAM_LIFETIME_S = 5.0
 RECONNECT_MS = 1000
-QUIET_HOUR_S = 3600
-PAGE_SIZE = 10  # rows per page of the long lists (feedback, versions, conversations)
 # A series' colour says what it is, the same in every chart: good green, bad red.
-SERIES_COLORS = {"good": "#1a7f4b", "bad": "#b3261e", "corrections": "#c80"}
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -116,7 +114,7 @@ class _Refused(Exception):
         self.status = status
 
 
-def add_dashboard_routes(app: FastAPI, state: Any) -> None:
+def add_dashboard_routes(app: FastAPI, state: AppState) -> None:
     """Mount the dashboard at /ui, and the bearer-authenticated route that mints one-time links."""
     logins = Logins()
 
@@ -127,7 +125,7 @@ def add_dashboard_routes(app: FastAPI, state: Any) -> None:
     app.mount(PREFIX, _SecurityHeaders(_dashboard_app(state, logins)))
 
 
-def _dashboard_app(state: Any, logins: Logins) -> FastAPI:
+def _dashboard_app(state: AppState, logins: Logins) -> FastAPI:
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     pkg = resources.files("clawback.daemon")
     templates = Jinja2Templates(directory=str(pkg.joinpath("templates")))
@@ -279,7 +277,7 @@ def _same_origin(request: Request) -> None:
         raise _Refused(403, "cross-origin request refused")
 
 
-async def _changes(state: Any, request: Request) -> AsyncIterator[bytes]:
+async def _changes(state: AppState, request: Request) -> AsyncIterator[bytes]:
     """`changed` whenever the store commits a write, the live version changes, a write is dropped or
     a feedback socket (the extension) comes or goes.
 
@@ -314,14 +312,14 @@ def _gate_numbers(adapter: dict[str, Any]) -> dict[str, float | None]:
     """The gate's replay margin and retention score of a version, from its `gate` report."""
     report = adapter.get("gate") or {}
     margin = (report.get("replay") or {}).get("margin")
-    return {"replay_margin": _finite(margin.get("candidate")) if isinstance(margin, dict) else None,
-            "retention": _finite((report.get("retention") or {}).get("candidate"))}
+    return {"replay_margin": finite(margin.get("candidate")) if isinstance(margin, dict) else None,
+            "retention": finite((report.get("retention") or {}).get("candidate"))}
 
 
 class DashboardData:
     """Read-only queries behind each section (the store's own read connections, off the loop)."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: AppState) -> None:
         self.state = state
         self.store = state.store
 
@@ -334,11 +332,11 @@ class DashboardData:
                     "live": live}
         if name == "learning":
             out = await asyncio.to_thread(_learning, self.store)
-            out["simulate"] = _simulate_summary(self.state.settings.data_dir)
+            out["simulate"] = simulate_summary(self.state.settings.data_dir)
         else:
             query = {"feedback": _feedback, "versions": _versions, "conversations": _sessions}[name]
             out = await asyncio.to_thread(query, self.store, (page - 1) * PAGE_SIZE)
-            out["pager"] = _pager(name, page, out.pop("total"))
+            out["pager"] = pager(name, page, out.pop("total"))
         out["live"] = self.state.adapters.live()
         return out
 
@@ -373,11 +371,7 @@ class DashboardData:
         }
 
 
-def untagged_only(last_untagged: float | None, last_main: float | None, now: float) -> bool:
-    """Untagged calls in the last hour and no tagged main call: the plugin is not sending
-    X-Turn-Type, the most common reason nothing ever trains."""
-    recent = now - QUIET_HOUR_S
-    return last_untagged is not None and last_untagged > recent and (last_main is None or last_main < recent)
+
 
 
 def _learning(store: Store) -> dict[str, Any]:
@@ -394,59 +388,36 @@ def _learning(store: Store) -> dict[str, Any]:
     for r in rates:
         r.update(gate.get(r["order"], dict.fromkeys(GATE_METRICS)))
     steps = [{"step": t.step, "version": t.version, "outcome": t.outcome, "samples": t.samples, "error": t.error,
-              "at": t.finished_at, **{k: _finite(t.metrics.get(k)) for k in STEP_METRICS}} for t in store.train_steps()]
+              "at": t.finished_at, **{k: finite(t.metrics.get(k)) for k in STEP_METRICS}} for t in store.train_steps()]
     charts = []
     # A chart needs two points to show a change; one point is in the tables below.
     if len(rates) > 1:
-        charts.append(_chart("Live feedback per version (share of main calls)", [r["order"] for r in rates],
+        charts.append(chart("Live feedback per version (share of main calls)", [r["order"] for r in rates],
                              [r["version"] for r in rates], {"good": [r["up"] for r in rates],
                                                             "bad": [r["down"] for r in rates],
                                                             "corrections": [r["corrections"] for r in rates]}))
     if len(gate) > 1:
         for k in GATE_METRICS:
-            charts.append(_chart(f"gate {k.replace('_', ' ')} per version", list(gate), [Version(v).name for v in gate],
+            charts.append(chart(f"gate {k.replace('_', ' ')} per version", list(gate), [Version(v).name for v in gate],
                                  {k: [g[k] for g in gate.values()]}, small=True))
     done = [s for s in steps if s["outcome"] == "committed"]
     for k in STEP_METRICS:  # one small chart per metric: their scales differ by orders of magnitude
         if len(done) > 1 and any(s[k] is not None for s in done):
-            charts.append(_chart(f"{k} per training step", [s["step"] for s in done], None,
+            charts.append(chart(f"{k} per training step", [s["step"] for s in done], None,
                                  {k: [s[k] for s in done]}, small=True))
     return {"rates": rates, "gate": gate, "steps": steps[-20:][::-1], "charts": charts}
 
 
-def _chart(title: str, x: list[Any], xlabels: list[str] | None, series: dict[str, list[Any]],
-           small: bool = False) -> dict[str, Any]:
-    """A chart for dashboard.js; series as a list, in order, each with its colour (the template's
-    JSON sorts object keys, so a dict would lose the order the colours follow)."""
-    return {"title": title, "x": x, "xlabels": xlabels, "small": small,
-            "series": [{"label": name, "values": values, "color": SERIES_COLORS.get(name)}
-                       for name, values in series.items()]}
 
 
-def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def _simulate_summary(data_dir: Path) -> list[dict[str, Any]] | None:
-    """`clawback simulate --out <data_dir>/simulate` leaves summary.json there: score before and after."""
-    path = data_dir / "simulate" / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    rows = []
-    for scenario, methods in summary.get("scenarios", {}).items():
-        for method, cell in methods.items():
-            mean = cell.get("mean") or [None]
-            rows.append({"scenario": scenario, "method": method, "seeds": len(cell.get("seeds", [])),
-                         "before": mean[0], "after": mean[-1]})
-    return rows
 
 
-def _pager(name: str, page: int, total: int) -> dict[str, Any]:
-    pages = max(1, math.ceil(total / PAGE_SIZE))
-    return {"name": name, "page": page, "pages": pages, "total": total,
-            "first": (page - 1) * PAGE_SIZE + 1, "last": min(total, page * PAGE_SIZE)}
+
+
+
+
 
 
 def _feedback(store: Store, offset: int = 0) -> dict[str, Any]:
@@ -458,7 +429,7 @@ def _versions(store: Store, offset: int = 0) -> dict[str, Any]:
     # The live version is always shown, on every page: the page's actions are relative to it.
     for a in store.adapter_page(offset, PAGE_SIZE):
         m = a.pop("metrics")
-        rows.append({**a, "loss": _finite(m.get("loss")), "reward": _finite(m.get("reward_mean")), **_gate_numbers(a)})
+        rows.append({**a, "loss": finite(m.get("loss")), "reward": finite(m.get("reward_mean")), **_gate_numbers(a)})
     return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS),
             "total": store.adapter_count()}
 
@@ -479,14 +450,7 @@ def _session_calls(calls: list[SessionCall]) -> list[dict[str, Any]]:
         out.append({"call_id": call.call_id, "created_at": call.created_at, "adapter_version": call.adapter_version,
                     "state": call.state, "response_text": call.response_text, "sample_state": call.sample_state,
                     "sample_reason": call.sample_reason, "reward": call.reward, "reward_source": call.reward_source,
-                    "outcome": call.outcome, "request": _text(last_user.get("content")) if last_user else "",
-                    "next_state": [f"{m.get('role')}: {_text(m.get('content'))}" for m in call.next_state],
+                    "outcome": call.outcome, "request": message_text(last_user.get("content")) if last_user else "",
+                    "next_state": [f"{m.get('role')}: {message_text(m.get('content'))}" for m in call.next_state],
                     "feedback": call.feedback})
     return out
-
-
-def _text(content: Any) -> str:
-    """Message content as text (OpenAI content may be a list of parts)."""
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""

@@ -15,7 +15,7 @@ import hmac
 import logging
 import time
 import uuid
-from typing import Annotated, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .bodies import BodyError, parse_json, read_limited
 from .store import StoreBusy
+
+if TYPE_CHECKING:
+    from .api.state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +126,7 @@ def _error(message: str, code: str, event_id: Any = None, **extra: Any) -> dict[
     return frame
 
 
-async def apply_event(state: Any, raw: Any) -> tuple[int, dict[str, Any]]:
+async def apply_event(state: AppState, raw: Any) -> tuple[int, dict[str, Any]]:
     """Validate, commit and apply one event. Returns (HTTP status, reply frame)."""
     if not isinstance(raw, dict):
         return 400, _error("a feedback event must be a JSON object", "malformed")
@@ -135,9 +138,9 @@ async def apply_event(state: Any, raw: Any) -> tuple[int, dict[str, Any]]:
         msg = first["msg"].removeprefix("Value error, ")
         return 400, _error(f"{where}: {msg}" if where else msg, "malformed", raw.get("event_id"))
     # In-memory session state follows the event at once (idempotent, so a resend is harmless).
-    if event.kind == "session_end":
+    if event.kind == "session_end" and event.session_id:  # the validator makes sure of these ids
         state.capture.end_session(event.session_id)
-    elif event.kind == "session_link":
+    elif event.kind == "session_link" and event.from_ and event.to:
         state.capture.link(event.from_, event.to)
     if event.kind == "outcome" and event.credit is None:  # stored as credited: a later config change leaves it be
         event = event.model_copy(update={"credit": state.settings.signals.outcomes.credit})
@@ -158,7 +161,7 @@ async def apply_event(state: Any, raw: Any) -> tuple[int, dict[str, Any]]:
     return 200, ack
 
 
-def add_feedback_routes(app: FastAPI, state: Any) -> None:
+def add_feedback_routes(app: FastAPI, state: AppState) -> None:
     @app.post("/v1/feedback")
     async def post_feedback(request: Request) -> JSONResponse:
         try:
@@ -219,7 +222,7 @@ async def _auth_frame(ws: WebSocket, expected: str) -> bool:
     return False
 
 
-async def _handle_frame(state: Any, message: Mapping[str, Any]) -> dict[str, Any]:
+async def _handle_frame(state: AppState, message: Mapping[str, Any]) -> dict[str, Any]:
     """The reply to one frame; a frame of any kind or content gets one and leaves the socket open."""
     text = message.get("text")
     if text is None:

@@ -19,7 +19,7 @@ from importlib import resources
 from itertools import combinations
 from typing import Any
 
-from clawback.chat import parse_tool_calls
+from clawback.replies import parse_tool_calls
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Assembling a daemon: engine, store, capture, signals, training and the app's lifespan.
 
-Everything the routes in `api.py` use is built here once from the settings and shut down in
+Everything the routes in `api/` use is built here once from the settings and shut down in
 reverse order; the lifespan also runs the background tasks (idle-session sweep, the sample
 pipeline, the training loop).
 """

@@ -34,25 +34,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
-import json
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from clawback.engine import EngineError, Sampling, Token, read_model_info
 
+from .embedded_adapters import BASE, AdapterSlots
+from .embedded_batch import END, Batch, Generation, KVLayer, pick_token
 from .grammar import GrammarMask, GrammarTokenizer
 
 log = logging.getLogger(__name__)
 
-BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
 BACKGROUND_EVERY = 8
 # Tokens one background forward may take: the chunk of a prefill or a scoring pass, the rows of
 # a decode step. On CPU a forward's fixed cost (reading the weights) dominates small ones: on
@@ -63,7 +62,6 @@ BACKGROUND_TOKENS = 16
 # its last reply within a fraction of a second (parse the reply, run a quick tool, send), and a
 # call that arrives behind a slice waits for all of it (a forward cannot be interrupted).
 BACKGROUND_HOLD_S = 0.5
-GREEDY_BELOW = 1e-5  # temperatures under this sample greedily, as vLLM and SGLang do
 
 
 def background_turn(serving: bool, request_waiting: bool, rounds: int, since_served_s: float) -> bool:
@@ -91,133 +89,7 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-@dataclass(eq=False)
-class _Generation:
-    prompt_ids: list[int]
-    sampling: Sampling
-    adapter: str | None
-    emit: Callable[[Any], object]  # thread-safe put into the consumer's asyncio queue
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    n_generated: int = 0
-    last_token: int = 0  # the next decode step's input
-    rng: torch.Generator | None = None
-    background: bool = False  # judge and other internal work: yields to serving
-    mask: GrammarMask | None = None  # Sampling.constraint, compiled for this stream
-
-
-GROW = 64  # KV-cache columns added at a time
-
-
-class _KV(DynamicLayer):
-    """One layer's keys and values for a batch of rows, in a buffer that grows GROW columns at a
-    time: a decode step writes one column in place, where DynamicLayer would copy the whole cache."""
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self.kbuf = key_states.new_zeros(*key_states.shape[:2], 0, key_states.shape[3])
-        self.vbuf = value_states.new_zeros(*value_states.shape[:2], 0, value_states.shape[3])
-        self.n = 0
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self.n + key_states.shape[-2]
-        if end > self.kbuf.shape[-2]:
-            self._place(self.kbuf.shape[0], end + GROW, [(slice(None), self)])
-        self.kbuf[:, :, self.n : end] = key_states
-        self.vbuf[:, :, self.n : end] = value_states
-        self.n = end
-        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.n if self.is_initialized else 0
-
-    def _place(self, rows: int, capacity: int, parts: list[tuple[Any, "_KV"]]) -> None:
-        """New zeroed buffers of `rows` x `capacity` columns; each (rows, layer) part's used columns
-        go to those rows, right-aligned at the end column max(n) (the left padding stays zero, so
-        it is finite under the mask)."""
-        end = max(kv.n for _, kv in parts)
-        k = self.kbuf.new_zeros(rows, self.kbuf.shape[1], capacity, self.kbuf.shape[3])
-        v = self.vbuf.new_zeros(rows, self.vbuf.shape[1], capacity, self.vbuf.shape[3])
-        for where, kv in parts:
-            k[where, :, end - kv.n : end] = kv.kbuf[:, :, : kv.n]
-            v[where, :, end - kv.n : end] = kv.vbuf[:, :, : kv.n]
-        self.kbuf, self.vbuf, self.n = k, v, end
-        self.keys, self.values = k[:, :, :end], v[:, :, :end]
-
-    def append_rows(self, other: "_KV") -> None:
-        b = self.kbuf.shape[0]
-        self._place(b + other.kbuf.shape[0], max(self.n, other.n) + GROW,
-                    [(slice(0, b), self), (slice(b, None), other)])
-
-    def zero_padding(self, mask: torch.Tensor) -> None:
-        """Zero the keys and values of padding columns (which attend to nothing in a prefill and
-        may hold anything), so that masking them out stays exact."""
-        keep = mask[:, None, :, None].to(self.kbuf.dtype)
-        self.kbuf[:, :, : self.n].mul_(keep)
-        self.vbuf[:, :, : self.n].mul_(keep)
-
-    def keep_rows(self, rows: torch.Tensor, start: int) -> None:
-        """Keep only `rows`, dropping the first `start` columns (padding in every kept row)."""
-        self.kbuf, self.vbuf = self.kbuf[rows][:, :, start:], self.vbuf[rows][:, :, start:]
-        self.n -= start
-        self.keys, self.values = self.kbuf[:, :, : self.n], self.vbuf[:, :, : self.n]
-
-
-class _Batch:
-    """Generations decoded together: one KV cache, left-padded so that every row's last token
-    sits in the same column; `mask` marks each row's real columns."""
-
-    def __init__(self) -> None:
-        self.pending: list[_Generation] = []  # not prefilled yet
-        self.gens: list[_Generation] = []  # row i of the cache is gens[i]
-        self.cache: Any = None
-        self.mask: torch.Tensor | None = None  # [rows, columns], 1 = a real token
-
-    def __len__(self) -> int:
-        return len(self.pending) + len(self.gens)
-
-    def merge(self, other: "_Batch") -> None:
-        """Append another batch's rows after this one's."""
-        if not self.gens:
-            self.gens, self.cache, self.mask = other.gens, other.cache, other.mask
-            return
-        if not other.gens:
-            return
-        assert self.mask is not None and other.mask is not None  # rows always come with their mask
-        end = max(self.mask.shape[1], other.mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.append_rows(theirs)
-        self.mask = torch.cat([_pad_left(self.mask, end), _pad_left(other.mask, end)])
-        self.gens = self.gens + other.gens
-
-    def remove(self, gone: set[_Generation]) -> None:
-        keep = [i for i, g in enumerate(self.gens) if g not in gone]
-        if len(keep) == len(self.gens):
-            return
-        self.gens = [self.gens[i] for i in keep]
-        if not keep:
-            self.cache = self.mask = None
-            return
-        assert self.mask is not None
-        rows = torch.tensor(keep, device=self.mask.device)
-        mask = self.mask[rows]
-        start = int(mask.any(0).int().argmax())  # columns before it are padding in every kept row
-        self.mask = mask[:, start:]
-        for kv in self.cache.layers:
-            kv.keep_rows(rows, start)
-
-
-def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))
-
-
-_END = object()
-
-
-class EmbeddedEngine:
+class EmbeddedEngine(AdapterSlots):
     def __init__(
         self,
         model_dir: str | Path,
@@ -238,19 +110,11 @@ class EmbeddedEngine:
         self._cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
         self.info = read_model_info(model_dir, name)
         self._grammar_tokenizer = GrammarTokenizer(str(model_dir), int(model.config.vocab_size))
-        self._peft = False
-        self._adapters: dict[str, str] = {}  # version -> path
-        self._active: str | None = None
-        self._inflight: dict[str, int] = {}  # version -> running generations
-        self._retiring: set[str] = set()  # unload requested while still in use
-        self._slots: dict[str, str] = {}  # version -> PEFT adapter name holding its weights
-        self._slot_shape: dict[str, tuple] = {}  # every slot ever built -> its LoRA shape
-        self._free_slots: list[str] = []  # slots of unloaded versions, refilled by the next load
-        self._lock = threading.Lock()  # guards the three dicts above across loop and worker
+        AdapterSlots.__init__(self)
         self._commands: queue.Queue = queue.Queue()
-        self._serving = _Batch()
-        self._background: list[_Batch] = []  # background streams decoding, BACKGROUND_TOKENS rows at most each
-        self._background_gens: set[_Generation] = set()  # every background stream not finished yet
+        self._serving = Batch()
+        self._background: list[Batch] = []  # background streams decoding, BACKGROUND_TOKENS rows at most each
+        self._background_gens: set[Generation] = set()  # every background stream not finished yet
         # Background work, one slice per next(), each with what tells its callers the engine stopped.
         self._jobs: collections.deque[tuple[Iterator[None], Callable[[BaseException], None]]] = collections.deque()
         self._stopped = False
@@ -279,7 +143,7 @@ class EmbeddedEngine:
             except RuntimeError:  # the consumer's event loop is closed: nobody reads this stream
                 cancelled.set()  # dropped at the next step; the other rows go on
 
-        gen = _Generation(
+        gen = Generation(
             prompt_ids=list(prompt_ids),
             sampling=sampling,
             adapter=adapter,
@@ -292,7 +156,7 @@ class EmbeddedEngine:
         try:
             while True:
                 item = await out.get()
-                if item is _END:
+                if item is END:
                     return
                 if isinstance(item, BaseException):
                     raise EngineError(str(item)) from item
@@ -322,38 +186,8 @@ class EmbeddedEngine:
         return await self._call("score", list(prompt_ids), list(response_ids), adapter,
                                 [list(c) for c in candidates])
 
-    async def load_adapter(self, version: str, path: str) -> None:
-        if version == BASE:
-            raise EngineError(f"{BASE!r} is reserved")
-        try:
-            weights, config = await asyncio.to_thread(read_adapter, str(path))
-        except (OSError, ValueError) as e:
-            raise EngineError(f"cannot read adapter {version!r} at {path}: {e}") from e
-        await self._call("load", version, str(path), weights, config)
-
-    async def activate(self, version: str | None) -> None:
-        with self._lock:
-            if version is not None and version not in self._adapters:
-                raise EngineError(f"adapter {version!r} is not loaded")
-            self._active = version
-
-    async def unload(self, version: str) -> None:
-        with self._lock:
-            if version == self._active:
-                raise EngineError(f"adapter {version!r} is active; activate another first")
-            if version not in self._adapters:
-                raise EngineError(f"adapter {version!r} is not loaded")
-        await self._call("unload", version)
-
-    def active_version(self) -> str | None:
-        return self._active
-
     async def start(self) -> None:
         """Nothing to launch: the model loaded with the engine."""
-
-    def loaded_versions(self) -> list[str]:
-        with self._lock:
-            return [v for v in self._adapters if v not in self._retiring]
 
     def running(self) -> int:
         return len(self._serving) + len(self._background_gens)
@@ -365,14 +199,6 @@ class EmbeddedEngine:
             await asyncio.to_thread(self._thread.join, 30)
 
     # ---- helpers on the loop side ----
-
-    def _acquire(self, adapter: str | None) -> None:
-        if adapter is None:
-            return
-        with self._lock:
-            if adapter not in self._adapters or adapter in self._retiring:
-                raise EngineError(f"adapter {adapter!r} is not loaded")
-            self._inflight[adapter] = self._inflight.get(adapter, 0) + 1
 
     async def _call(self, op: str, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -466,7 +292,7 @@ class EmbeddedEngine:
             kwargs["adapter_names"] = [self._slots[a] if a else BASE for a in adapters]
         return self.model(input_ids=input_ids, **kwargs)
 
-    def _step(self, batch: _Batch) -> None:
+    def _step(self, batch: Batch) -> None:
         """One decode step for the batch's rows, then the prefill of the generations waiting to join."""
         cancelled = {g for g in batch.gens if g.cancelled.is_set()}
         if cancelled:
@@ -494,7 +320,7 @@ class EmbeddedEngine:
                 for gen in pending:
                     self._finish(gen, e)
 
-    def _decode(self, batch: _Batch) -> None:
+    def _decode(self, batch: Batch) -> None:
         gens = batch.gens
         ids = torch.tensor([[g.last_token] for g in gens], dtype=torch.long, device=self.device)
         assert batch.mask is not None  # only a batch with rows is decoded
@@ -504,7 +330,7 @@ class EmbeddedEngine:
                             attention_mask=batch.mask, position_ids=positions)
         self._emit_rows(batch, out.logits[:, -1].float())
 
-    def _prefill(self, gens: list[_Generation]) -> _Batch:
+    def _prefill(self, gens: list[Generation]) -> Batch:
         """Run the waiting prompts in one left-padded forward and sample each one's first token;
         the generations that go on, as a batch to merge."""
         width = max(len(g.prompt_ids) for g in gens)
@@ -517,8 +343,8 @@ class EmbeddedEngine:
                 gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
         ids, mask = ids.to(self.device), mask.to(self.device)
         padded = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if len(gens) > 1 else {}
-        batch = _Batch()
-        batch.gens, batch.cache, batch.mask = list(gens), Cache(layer_class_to_replicate=_KV), mask
+        batch = Batch()
+        batch.gens, batch.cache, batch.mask = list(gens), Cache(layer_class_to_replicate=KVLayer), mask
         out = self._forward(ids, [g.adapter for g in gens], batch.cache, logits_to_keep=1, **padded)
         if padded:
             for kv in batch.cache.layers:
@@ -526,7 +352,7 @@ class EmbeddedEngine:
         self._emit_rows(batch, out.logits[:, -1].float())
         return batch
 
-    def _emit_rows(self, batch: _Batch, logits: torch.Tensor) -> None:
+    def _emit_rows(self, batch: Batch, logits: torch.Tensor) -> None:
         """Sample each row's next token from its own logits and emit it; finished generations
         leave the batch."""
         logprobs = torch.log_softmax(logits, dim=-1)
@@ -534,11 +360,11 @@ class EmbeddedEngine:
         if done:
             batch.remove(done)
             for gen in done:
-                self._finish(gen, _END)
+                self._finish(gen, END)
 
-    def _advance(self, gen: _Generation, logits: torch.Tensor, logprobs: torch.Tensor) -> bool:
+    def _advance(self, gen: Generation, logits: torch.Tensor, logprobs: torch.Tensor) -> bool:
         """Sample the generation's next token from its row and emit it; True when it is done."""
-        token = self._pick(gen, logits, logprobs)
+        token = pick_token(gen, logits, logprobs)
         gen.n_generated += 1
         gen.last_token = token.id
         gen.emit(token)
@@ -548,27 +374,18 @@ class EmbeddedEngine:
             or len(gen.prompt_ids) + gen.n_generated >= self.info.context_length
         )
 
-    def _finish(self, gen: _Generation, item: Any) -> None:
+    def _finish(self, gen: Generation, item: Any) -> None:
         if item is not None:
             gen.emit(item)
         self._background_gens.discard(gen)
         self._release(gen.adapter)
 
-    def _release(self, adapter: str | None) -> None:
-        """One user of the adapter less; a retiring adapter goes when its last user does."""
-        if adapter is not None:
-            with self._lock:
-                self._inflight[adapter] -= 1
-                ready = adapter in self._retiring and self._inflight[adapter] == 0
-            if ready:
-                self._delete_adapter(adapter)
-
     # ---- background jobs: generators, one slice per next() ----
 
-    def _background_prefill(self, gen: _Generation) -> Iterator[None]:
+    def _background_prefill(self, gen: Generation) -> Iterator[None]:
         """Prefill one background prompt alone, BACKGROUND_TOKENS columns per slice; then sample
         its first token and put it in a background batch with room."""
-        ids, cache, out = gen.prompt_ids, Cache(layer_class_to_replicate=_KV), None
+        ids, cache, out = gen.prompt_ids, Cache(layer_class_to_replicate=KVLayer), None
         try:
             if gen.sampling.seed is not None:
                 gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
@@ -585,7 +402,7 @@ class EmbeddedEngine:
             self._finish(gen, e)
             return
         assert out is not None  # a prompt has at least one token, so at least one slice ran
-        batch = _Batch()
+        batch = Batch()
         batch.gens, batch.cache = [gen], cache
         batch.mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
         self._emit_rows(batch, out.logits[:, -1].float())
@@ -599,11 +416,11 @@ class EmbeddedEngine:
             self._jobs.append((self._background_decode(batch), lambda e: self._fail_all(batch, e)))
 
     @staticmethod
-    def _fail_all(batch: _Batch, error: BaseException) -> None:
+    def _fail_all(batch: Batch, error: BaseException) -> None:
         for g in batch.gens:
             g.emit(error)
 
-    def _background_decode(self, batch: _Batch) -> Iterator[None]:
+    def _background_decode(self, batch: Batch) -> Iterator[None]:
         """One decode step of a background batch per slice, until its last stream ends."""
         while True:
             self._step(batch)
@@ -634,7 +451,7 @@ class EmbeddedEngine:
         try:
             ids = prompt_ids + response_ids
             first = len(prompt_ids) - 1  # the position that predicts response token 0
-            cache, parts = Cache(layer_class_to_replicate=_KV), []
+            cache, parts = Cache(layer_class_to_replicate=KVLayer), []
             for start in range(0, len(ids) - 1, BACKGROUND_TOKENS):  # the last token predicts nothing asked
                 if start:
                     yield
@@ -655,104 +472,3 @@ class EmbeddedEngine:
             reply(result, None)
         finally:
             self._release(adapter)
-
-    @classmethod
-    def _pick(cls, gen: _Generation, logits: torch.Tensor, logp: torch.Tensor) -> Token:
-        """Sample one stream's next token from its logits row: through its grammar mask if it has
-        one; logprobs (and the top-k) are read from the unmasked row's log_softmax `logp`."""
-        token_id, sampled = cls._sample(gen.mask.apply(logits) if gen.mask else logits, gen.sampling, gen.rng)
-        if gen.mask:
-            gen.mask.advance(token_id)
-        k = gen.sampling.top_logprobs
-        if not k:
-            return Token(token_id, float(logp[token_id]), sampling_logprob=sampled)
-        top = torch.topk(logp, k)
-        return Token(token_id, float(logp[token_id]), tuple(top.indices.tolist()), tuple(top.values.tolist()), sampled)
-
-    @staticmethod
-    def _sample(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> tuple[int, float | None]:
-        """The drawn token and its logprob under the distribution it was drawn from (None: greedy)."""
-        if sampling.temperature < GREEDY_BELOW:  # a tiny temperature is greedy (and 1/T overflows)
-            return int(torch.argmax(logits)), None
-        probs = torch.softmax(logits / sampling.temperature, dim=-1)
-        if sampling.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p
-            keep[0] = True  # the top token always (a top_p under float32's range compares as 0)
-            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-            probs = probs / probs.sum()  # what is drawn from
-        # Inverse CDF: one uniform draw, where torch.multinomial draws an exponential per
-        # vocabulary entry (0.7 ms a row for a 49k vocabulary, bench/README.md). `right` skips
-        # the flat steps of zero-probability tokens.
-        cdf = torch.cumsum(probs, dim=-1)
-        u = torch.rand((), generator=rng, device=probs.device)
-        token_id = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
-        if token_id == len(cdf):  # u * total rounded up to the total: the last token that can be drawn
-            token_id = int(probs.nonzero()[-1])
-        return token_id, float(torch.log(probs[token_id]))
-
-    def _load(self, version: str, path: str, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
-        """Load a version into a PEFT adapter slot. A free slot of the same shape is refilled with
-        plain tensor copies (milliseconds); only a new shape builds new LoRA layers, which takes
-        the PEFT bookkeeping of inserting every layer and stalls all streams meanwhile."""
-        from peft import PeftModel, set_peft_model_state_dict
-
-        with self._lock:
-            if version in self._retiring:  # unloading, but its weights are still in place: keep it
-                self._retiring.discard(version)
-                return
-            if version in self._adapters:
-                raise EngineError(f"adapter {version!r} is already loaded")
-        slot = next((s for s in self._free_slots if self._slot_shape[s] == _shape(config)), None)
-        if slot is not None:
-            result = set_peft_model_state_dict(self.model, weights, adapter_name=slot)
-            if getattr(result, "unexpected_keys", None):
-                raise EngineError(f"adapter {version!r} does not fit slot {slot}: {result.unexpected_keys[:3]}")
-            self._free_slots.remove(slot)
-        else:
-            slot = f"slot{len(self._slot_shape)}"
-            if not self._peft:
-                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=slot).eval()
-                self._peft = True
-            else:
-                self.model.load_adapter(path, adapter_name=slot)
-            self._slot_shape[slot] = _shape(config)
-        with self._lock:
-            self._adapters[version] = path
-            self._slots[version] = slot
-            self._inflight.setdefault(version, 0)
-
-    def _unload(self, version: str) -> None:
-        with self._lock:
-            busy = self._inflight.get(version, 0) > 0
-            if busy:
-                self._retiring.add(version)
-        if not busy:
-            self._delete_adapter(version)
-
-    def _delete_adapter(self, version: str) -> None:
-        # The slot is kept for the next version of the same shape (see _load).
-        with self._lock:
-            self._adapters.pop(version, None)
-            self._inflight.pop(version, None)
-            self._retiring.discard(version)
-            self._free_slots.append(self._slots.pop(version))
-
-
-def _shape(config: dict[str, Any]) -> tuple:
-    """What must match for a slot to take another version's weights by copying."""
-    keys = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora", "bias", "rank_pattern", "alpha_pattern")
-    return tuple(json.dumps(config.get(k), sort_keys=True) for k in keys)
-
-
-def read_adapter(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read a PEFT adapter dir (weights and config) without touching the model: done off the
-    engine thread, so only the copy into the slot happens between decode steps."""
-    from safetensors.torch import load_file
-
-    p = Path(path)
-    config = json.loads((p / "adapter_config.json").read_text())
-    weights_file = p / "adapter_model.safetensors"
-    if not weights_file.is_file():
-        raise EngineError(f"{p} has no adapter_model.safetensors")
-    return load_file(str(weights_file)), config

@@ -23,7 +23,7 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypedDict, Unpack
 
-from clawback.chat import parse_tool_calls
+from clawback.replies import parse_tool_calls
 
 from .backends import JudgeBackend, PromptTooLongError
 

@@ -7,13 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from clawback.chat import (
-    ChatRenderer,
-    ChatRequest,
-    IncrementalDetokenizer,
-    TextGate,
-    parse_tool_calls,
-)
+from clawback.chat import ChatRenderer, ChatRequest
+from clawback.replies import IncrementalDetokenizer, TextGate, parse_tool_calls
 
 
 @pytest.fixture(scope="module")

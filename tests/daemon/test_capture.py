@@ -70,7 +70,7 @@ class FakeClock:
 
 
 def served(req: ChatRequest, notes: list[str] | None) -> dict[str, Any]:
-    """The stored request: what the client sent, with `notes` injected as daemon/api.py does."""
+    """The stored request: what the client sent, with `notes` injected as daemon/api/serving.py does."""
     body = req.openai_body()
     return {**body, "messages": inject(body["messages"], notes), "memory_notes": notes} if notes else body
 

@@ -11,7 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from clawback.daemon.dashboard import QUIET_HOUR_S, untagged_only
+from clawback.daemon.dashboard_views import QUIET_HOUR_S, untagged_only
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0
@@ -44,14 +44,14 @@ def test_wheel_ships_dashboard_assets(tmp_path: Path):
 
 
 def test_simulate_summary_from_the_data_dir(tmp_path: Path):
-    from clawback.daemon.dashboard import _simulate_summary
+    from clawback.daemon.dashboard_views import simulate_summary
 
-    assert _simulate_summary(tmp_path) is None  # no simulate run here: no table
+    assert simulate_summary(tmp_path) is None  # no simulate run here: no table
     (tmp_path / "simulate").mkdir()
     (tmp_path / "simulate" / "summary.json").write_text(json.dumps({"scenarios": {"teacher": {
         "combined": {"seeds": [1, 2, 3], "mean": [0.25, 0.5, 0.75]},
         "none": {"seeds": [1, 2, 3], "mean": [0.25, 0.25, 0.25]}}}, "missing": []}))
-    rows = _simulate_summary(tmp_path)
+    rows = simulate_summary(tmp_path)
     assert rows == [{"scenario": "teacher", "method": "combined", "seeds": 3, "before": 0.25, "after": 0.75},
                     {"scenario": "teacher", "method": "none", "seeds": 3, "before": 0.25, "after": 0.25}]
 
@@ -61,9 +61,9 @@ def test_chart_series_keep_their_order_and_colours_through_the_template():
     the first colour (green). Each series now carries its own colour, in order."""
     from jinja2 import Environment
 
-    from clawback.daemon.dashboard import _chart
+    from clawback.daemon.dashboard_views import chart as make_chart
 
-    chart = _chart("feedback", [0, 1], ["base", "v1"], {"good": [0.5, 0.75], "bad": [0.25, 0.0], "corrections": [0, 0]})
+    chart = make_chart("feedback", [0, 1], ["base", "v1"], {"good": [0.5, 0.75], "bad": [0.25, 0.0], "corrections": [0, 0]})
     drawn = json.loads(Environment().from_string("{{ c | tojson }}").render(c=chart))
     assert [(s["label"], s["color"]) for s in drawn["series"]] == [("good", "#1a7f4b"), ("bad", "#b3261e"),
                                                                     ("corrections", "#c80")]

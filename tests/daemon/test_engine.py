@@ -13,6 +13,7 @@ from clawback.engine import EngineError, Sampling
 from clawback.engines import embedded
 from clawback.engines.embedded import (BACKGROUND_EVERY, BACKGROUND_HOLD_S, BACKGROUND_TOKENS, EmbeddedEngine,
                                               background_turn)
+from clawback.engines.embedded_batch import sample
 
 PROMPT = [1, 520, 33, 4481, 28, 2, 198, 77, 9000]
 
@@ -117,7 +118,7 @@ def test_sampling_draws_from_the_distribution_and_never_a_zero_probability_token
     rng = torch.Generator().manual_seed(0)
     counts = torch.zeros(len(probs))
     for _ in range(20_000):
-        token, logprob = EmbeddedEngine._sample(logits, Sampling(temperature=1.0), rng)
+        token, logprob = sample(logits, Sampling(temperature=1.0), rng)
         counts[token] += 1
         assert logprob == pytest.approx(float(torch.log(probs[token])))
     assert counts[probs == 0].sum() == 0
