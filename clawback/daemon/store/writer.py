@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from clawback.records import Call, JudgedSample, StepRecord
+from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 
 from .forget import ForgetScope, ForgetWrites
 from .queries import Queries
@@ -101,8 +101,8 @@ class Store(EventWrites, ForgetWrites, Queries):
 
     # ---- writes that are awaited until committed; StoreBusy when the queue is full ----
 
-    async def apply_feedback(self, event: dict[str, Any], received_at: float) -> dict[str, Any]:
-        """Apply one feedback event (the validated wire record) exactly once; what happened, for the ack."""
+    async def apply_feedback(self, event: FeedbackRecord, received_at: float) -> dict[str, Any]:
+        """Apply one validated feedback event exactly once; what happened, for the ack."""
         return await self._commit(_Write("feedback", partial(self._write_feedback, event, received_at)))
 
     async def write_sample(self, sample: JudgedSample) -> bool:
