@@ -30,7 +30,7 @@ import httpx
 
 from _common import DEFAULT_MODEL, Daemon, tiny_model
 from clawback.daemon.store import Store
-from clawback.records import Call
+from clawback.records import Call, FeedbackRecord
 
 PARTS = ("health", "learning", "feedback", "versions", "conversations")
 
@@ -58,7 +58,7 @@ async def fill(db: Path, sessions: int, calls: int, rng: random.Random) -> None:
                 kind = rng.choice(["thumbs_up", "thumbs_down"]) if i % 10 else "correction"
                 ev = {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": sid, "target": "last",
                       "text": "shorter, please" if kind == "correction" else None, "source": "bench"}
-                feedback.append(store.apply_feedback(ev, ts + 2))
+                feedback.append(store.apply_feedback(FeedbackRecord.of(ev), ts + 2))
         if s % 200 == 0:  # committed in the writer's batches, not one transaction each
             await asyncio.gather(*feedback)
             feedback = []

@@ -42,7 +42,7 @@ async def main(args: argparse.Namespace) -> dict:
     from clawback.daemon.models import CATALOGUE, pull
     from clawback.daemon.store import Store
     from clawback.engine import Sampling
-    from clawback.records import Call, JudgedSample, StepRecord
+    from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
     from clawback.trainer.config import TrainConfig
     from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 
@@ -67,8 +67,8 @@ async def main(args: argparse.Namespace) -> dict:
                             "m", None, {"messages": [{"role": "user", "content": prompt}]}, "", ids, response,
                             [t.logprob for t in out], tok.decode(response), None, "stop"))
         kind = "thumbs_up" if i % 2 == 0 else "thumbs_down"
-        await store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "bench",
-                                    "target": call_id}, time.time())
+        await store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "bench",
+                                    "target": call_id}), time.time())
         await store.write_sample(JudgedSample(call_id, 0, "dropped", reason="held_out", reward_source="explicit",
                                               reward=1.0 if i % 2 == 0 else -1.0))
         held.append(Sample(prompt_ids=ids, response_ids=response, behaviour_logprobs=[t.logprob for t in out],

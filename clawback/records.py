@@ -12,8 +12,8 @@ adapter names, the HTTP API and status pushes, and the TEXT columns that have al
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Mapping, overload
 
 
 class Version(int):
@@ -95,6 +95,38 @@ class Feedback:
     kind: str  # thumbs_up | thumbs_down | correction | comment
     text: str | None
     received_at: float
+
+
+@dataclass(frozen=True)
+class FeedbackRecord:
+    """A feedback event as validated (daemon/feedback.py, docs/protocol.md): what the store applies."""
+
+    event_id: str
+    kind: str  # thumbs_up | thumbs_down | correction | comment | session_end | session_link | outcome
+    session_id: str
+    target: str | None = None  # turn id | request id | "last"
+    text: str | None = None
+    source: str = "unknown"
+    ts: float | None = None
+    from_: str | None = None  # session_link: the old session id ("from" on the wire)
+    to: str | None = None
+    reward: float | None = None  # outcome events: the reward, its credit, group and turns
+    credit: str | None = None
+    group: str | None = None
+    turns: tuple[str, str] | None = None
+
+    @classmethod
+    def of(cls, wire: Mapping[str, Any]) -> FeedbackRecord:
+        """From the event's JSON fields (Any: JSON values, checked by the validation before)."""
+        given = {"from_" if k == "from" else k: v for k, v in wire.items()}
+        if given.get("turns") is not None:
+            given["turns"] = tuple(given["turns"])
+        return cls(**given)
+
+    def wire(self) -> dict[str, object]:
+        """The event's JSON as received, without the fields it left out."""
+        out = {"from" if f.name == "from_" else f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items() if v is not None}
 
 
 @dataclass(frozen=True)

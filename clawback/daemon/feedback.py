@@ -21,6 +21,8 @@ from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clawback import records
+
 from .bodies import BodyError, parse_json, read_limited
 from .store import StoreBusy
 
@@ -90,9 +92,8 @@ class FeedbackEvent(BaseModel):
                 raise ValueError(f"{', '.join(given)}: only outcome events take {'it' if len(given) == 1 else 'them'}")
         return self
 
-    def record(self) -> dict[str, Any]:
-        body = self.model_dump(by_alias=True, exclude_none=True, exclude={"type"})
-        return body
+    def record(self) -> records.FeedbackRecord:
+        return records.FeedbackRecord.of(self.model_dump(by_alias=True, exclude_none=True, exclude={"type"}))
 
 
 class Hub:

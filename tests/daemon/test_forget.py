@@ -18,7 +18,7 @@ from clawback.daemon.capture import Capture
 from clawback.daemon.forget import forget
 from clawback.daemon.memory import inject
 from clawback.daemon.store import ForgetScope, Store
-from clawback.records import Call, JudgedSample, StepRecord
+from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 from tests.conftest import query
 
 
@@ -37,8 +37,8 @@ def converse(store: Store, session: str, secret: str, t: float) -> str:
         prompt_ids=[1, 2, 3], response_ids=[4, 5], behaviour_logprobs=[-1.0, -1.0], response_text=f"ok {secret}",
         tool_calls=None, finish_reason="stop"))
     store.add_next_state(call_id, "next", [{"role": "user", "content": f"no, {secret}!"}], True, t)
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": session,
-                                      "target": "last", "text": f"say {secret}", "source": "cli"}, t))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": session,
+                                      "target": "last", "text": f"say {secret}", "source": "cli"}), t))
     asyncio.run(store.write_sample(JudgedSample(call_id=call_id, revision=1, state="ready", reward=-1.0,
                                                 hint=f"hint {secret}", correction=f"say {secret}")))
     return call_id
@@ -60,8 +60,8 @@ def test_forget_a_session_leaves_no_trace_of_its_text(store: Store):
     keep = converse(store, "keep", "KEEP-MARKER-7", time.time())
     step(store, 1, None, (keep,))
     gone = converse(store, "gone", "GONE-MARKER-3", time.time())
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "session_link", "session_id": "gone-2",
-                                      "from": "gone", "to": "gone-2", "source": "cli"}, time.time()))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "session_link", "session_id": "gone-2",
+                                      "from": "gone", "to": "gone-2", "source": "cli"}), time.time()))
     converse(store, "gone-2", "GONE-MARKER-4", time.time())  # the same conversation after compaction
     step(store, 2, 1, (gone,))
     step(store, 3, 2, ())
@@ -93,8 +93,8 @@ def test_forget_a_session_leaves_no_trace_of_its_text(store: Store):
 def test_forget_before_a_time_and_everything(store: Store):
     old = converse(store, "old", "OLD-MARKER-1", time.time() - 86400 * 40)
     converse(store, "new", "NEW-MARKER-2", time.time())
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": "never-seen",
-                                      "source": "cli"}, time.time() - 86400 * 40))  # an old orphan
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": "never-seen",
+                                      "source": "cli"}), time.time() - 86400 * 40))  # an old orphan
     report = asyncio.run(forget(store, ForgetScope(before=time.time() - 86400 * 30)))
     assert report["sessions"] == 1 and report["affected_versions"] == []
     assert [r[0] for r in query(store.db_path, "SELECT session_id FROM sessions")] == ["new"]
@@ -129,8 +129,8 @@ def test_tainted_versions_follow_the_lineage():
 
 
 def correct(store: Store, session: str, text: str) -> dict:
-    return asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": session,
-                                             "target": "last", "text": text, "source": "cli"}, time.time()))
+    return asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": session,
+                                             "target": "last", "text": text, "source": "cli"}), time.time()))
 
 
 def test_forget_a_session_takes_the_note_of_a_correction_sent_before_its_first_call(store: Store):
@@ -187,8 +187,8 @@ def served_with_notes(store: Store, session: str, notes: list[str]) -> str:
         request={"messages": messages, "memory_notes": notes}, prompt_text=f"<user>{messages[0]['content']}</user>",
         prompt_ids=[1, 2, 3], response_ids=[4, 5], behaviour_logprobs=[-1.0, -1.0], response_text="4",
         tool_calls=None, finish_reason="stop"))
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
-                                      "target": call_id, "source": "cli"}, t))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
+                                      "target": call_id, "source": "cli"}), t))
     asyncio.run(store.write_sample(JudgedSample(call_id=call_id, revision=0, state="ready", reward=1.0,
                                                 teacher_messages=messages, teacher_prompt_ids=[1, 2, 3])))
     return call_id
@@ -225,8 +225,8 @@ def test_forget_takes_a_forgotten_note_out_of_every_request_it_was_injected_into
     assert states == {trained: "consumed:", queued: "dropped:forgotten_note"}
     assert report["affected_versions"] == [1] and report["rollback_to"] is None
     assert report["scrubbed"] == {"calls": 2, "samples_dropped": 1}
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_down", "session_id": "other",
-                                      "target": queued, "source": "cli"}, time.time()))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "thumbs_down", "session_id": "other",
+                                      "target": queued, "source": "cli"}), time.time()))
     assert query(store.db_path, "SELECT state FROM samples WHERE call_id = ?", queued)[0][0] == "dropped"
     assert [n["text"] for n in store.memory_notes()] == ["say OTHER-MARKER-3", "Keep it short."]
 

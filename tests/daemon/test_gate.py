@@ -18,7 +18,7 @@ from clawback.daemon.config import GateConfig
 from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.gate import CandidateGate
 from clawback.daemon.store import Store
-from clawback.records import Call, JudgedSample, StepRecord
+from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 
@@ -94,8 +94,8 @@ def served_call(rig, prompt: str, reply: str, turn_type: str = "main") -> str:
 def rated_call(rig, prompt: str, reply: str, kind: str = "thumbs_up") -> str:
     """A served call the person rated: it has a sample, waiting for the judge."""
     call_id = served_call(rig, prompt, reply)
-    asyncio.run(rig["store"].apply_feedback(
-        {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "s1", "target": call_id}, time.time()))
+    asyncio.run(rig["store"].apply_feedback(FeedbackRecord.of(
+        {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "s1", "target": call_id}), time.time()))
     return call_id
 
 

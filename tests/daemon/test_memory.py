@@ -21,7 +21,7 @@ from clawback.daemon.memory import inject, notes_from, renote, repeats, scope, s
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.store import Store, blob_ids
 from clawback.engine import EngineError
-from clawback.records import Call, JudgedSample, StepRecord
+from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 from tests.conftest import DaemonProcess, query, wait_for
 
 
@@ -64,7 +64,7 @@ def test_a_repeat_is_part_of_a_note_in_its_words_not_a_reversal_of_it():
 
 def _feedback(store: Store, kind: str, text: str | None) -> None:
     ev = {"event_id": str(uuid.uuid4()), "kind": kind, "session_id": "nobody", "target": "last", "text": text}
-    asyncio.run(store.apply_feedback(ev, time.time()))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of(ev), time.time()))
 
 
 def test_a_note_that_covers_older_ones_replaces_them(tmp_path: Path):
@@ -160,7 +160,7 @@ def test_a_note_about_the_task_is_scoped_to_its_conversation_by_its_wording():
 
 def _say(store: Store, session: str, text: str) -> dict:
     ev = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": session, "target": "last", "text": text}
-    return asyncio.run(store.apply_feedback(ev, time.time()))
+    return asyncio.run(store.apply_feedback(FeedbackRecord.of(ev), time.time()))
 
 
 def test_a_session_note_reaches_its_own_conversation_only_until_the_person_widens_it(tmp_path: Path):
@@ -177,8 +177,8 @@ def test_a_session_note_reaches_its_own_conversation_only_until_the_person_widen
         assert asyncio.run(store.note_texts(None, "B")) == ["Don't use bold.", "Use pandas for this one."]
         assert asyncio.run(store.note_texts(None, "new")) == ["Don't use bold."]
         # A conversation that continues A (a new session id after compaction) keeps A's notes.
-        asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "session_link", "session_id": "A-2",
-                                          "from": "A", "to": "A-2"}, time.time()))
+        asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "session_link", "session_id": "A-2",
+                                          "from": "A", "to": "A-2"}), time.time()))
         assert "Answer with just the number, like: 4." in asyncio.run(store.note_texts(None, "A-2"))
 
         # Bounded per scope: two general notes and two per conversation.
@@ -230,7 +230,7 @@ def test_a_note_from_a_correction_stored_before_its_call_is_linked_when_the_call
         sent = time.time()
         early = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "fresh", "target": "last",
                  "text": "Hmm. Don't use bold."}
-        assert asyncio.run(store.apply_feedback(early, sent))["status"] == "orphan"
+        assert asyncio.run(store.apply_feedback(FeedbackRecord.of(early), sent))["status"] == "orphan"
         assert [n["call_id"] for n in store.memory_notes()] == [None]
         call_id = _stored_call(store, "fresh", sent - 1)  # served before the correction was sent
         assert [n["call_id"] for n in store.memory_notes()] == [call_id]
@@ -240,13 +240,13 @@ def test_a_note_from_a_correction_stored_before_its_call_is_linked_when_the_call
         # A correction naming a turn that is not stored yet is linked when that turn's call is.
         turn = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "fresh", "target": "turn-2",
                 "text": "Keep answers short."}
-        assert asyncio.run(store.apply_feedback(turn, time.time()))["status"] == "orphan"
+        assert asyncio.run(store.apply_feedback(FeedbackRecord.of(turn), time.time()))["status"] == "orphan"
         second = _stored_call(store, "fresh", time.time(), "turn-2")
         assert {n["text"]: n["call_id"] for n in store.memory_notes()}["Keep answers short."] == second
 
         before = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "later", "target": "last",
                   "text": "Use metric units."}
-        asyncio.run(store.apply_feedback(before, time.time()))
+        asyncio.run(store.apply_feedback(FeedbackRecord.of(before), time.time()))
         _stored_call(store, "later", time.time() + 1)  # made after the correction: not what it was about
         assert {n["text"]: n["call_id"] for n in store.memory_notes()}["Use metric units."] is None
         assert query(store.db_path, "SELECT state, reason FROM feedback_events WHERE session_id = 'later'")[0][:] == (

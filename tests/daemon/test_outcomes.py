@@ -22,7 +22,7 @@ from clawback.daemon.config import OutcomeSettings, Settings
 from clawback.daemon.feedback import FeedbackEvent
 from clawback.daemon.outcomes import RULES, evidence, read_result, tool_outcome
 from clawback.daemon.store import Store
-from clawback.records import Outcome
+from clawback.records import FeedbackRecord, Outcome
 from tests.daemon.test_samples import engine, renderer  # noqa: F401, F811  (fixtures)
 from tests.daemon.test_store import record
 
@@ -166,7 +166,7 @@ def test_outcome_settings_from_clawback_toml(tmp_path: Path):
 # ---------------------------------------------------------------- outcome events in the store
 
 
-def outcome_event(session: str = "s1", reward: float = -1.0, **kw) -> dict:
+def outcome_event(session: str = "s1", reward: float = -1.0, **kw) -> FeedbackRecord:
     """An outcome event as the daemon stores it: validated, its credit filled in."""
     ev = FeedbackEvent.model_validate({"event_id": str(uuid.uuid4()), "kind": "outcome", "session_id": session,
                                        "reward": reward, "source": "ci", "credit": "last", **kw})
@@ -191,13 +191,13 @@ def trajectory(store: Store, session: str, turns: list[str]) -> list[str]:
     return ids
 
 
-def apply(store: Store, ev: dict) -> dict:
+def apply(store: Store, ev: FeedbackRecord) -> dict:
     return asyncio.run(store.apply_feedback(ev, time.time()))
 
 
-def credited(store: Store, ev: dict) -> dict[str, float]:
+def credited(store: Store, ev: FeedbackRecord) -> dict[str, float]:
     return dict(store.read(lambda c: c.execute("SELECT call_id, reward FROM outcome_rewards WHERE event_id = ?",
-                                               (ev["event_id"],)).fetchall()))
+                                               (ev.event_id,)).fetchall()))
 
 
 @pytest.mark.parametrize("credit, expected", [("last", {"s1-c2": -1.0}),

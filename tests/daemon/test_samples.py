@@ -21,7 +21,7 @@ from clawback.daemon.memory import inject
 from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, repetition_loop, teacher_messages
 from clawback.daemon.store import Store, blob_logprobs
 from clawback.engine import Token
-from clawback.records import Call, Feedback
+from clawback.records import Call, Feedback, FeedbackRecord
 
 
 class ScriptedJudge:
@@ -100,7 +100,7 @@ def served_call(store: Store, renderer: ChatRenderer, engine: EmbeddedEngine, ne
 def feedback(store: Store, call_kind: str, text: str | None = None) -> None:
     ev = {"event_id": str(uuid.uuid4()), "kind": call_kind, "session_id": "s", "target": "last", "text": text,
           "source": "cli"}
-    asyncio.run(store.apply_feedback(ev, time.time()))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of(ev), time.time()))
     store.flush()
 
 
@@ -484,8 +484,8 @@ def stored_reply(store: Store, session: str, response_ids: list[int], text: str,
         request=REQUEST, prompt_text="", prompt_ids=[1, 2, 3], response_ids=response_ids,
         behaviour_logprobs=[-1.0] * len(response_ids), response_text=text, tool_calls=None,
         finish_reason=finish_reason))
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
-                                      "target": "last", "source": "cli"}, time.time()))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
+                                      "target": "last", "source": "cli"}), time.time()))
     return call_id
 
 

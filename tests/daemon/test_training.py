@@ -17,7 +17,7 @@ from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.store import Store
 from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.training import TrainingLoop
-from clawback.records import Call, JudgedSample
+from clawback.records import Call, FeedbackRecord, JudgedSample
 from clawback.sim.local_worker import in_thread_trainer
 from clawback.trainer.config import TrainConfig
 from tests.conftest import query
@@ -32,8 +32,8 @@ def ready_sample(store: Store, response_ids: list[int]) -> str:
         request={"messages": [{"role": "user", "content": "hi"}]}, prompt_text="hi", prompt_ids=[1, 20, 30],
         response_ids=response_ids, behaviour_logprobs=[-2.0] * len(response_ids), response_text="x",
         tool_calls=None, finish_reason="stop"))
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
-                                      "target": "last", "source": "cli"}, now))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
+                                      "target": "last", "source": "cli"}), now))
     asyncio.run(store.write_sample(JudgedSample(call_id=call_id, revision=0, state="ready", reward=1.0,
                                                 reward_source="explicit", method="binary")))
     time.sleep(0.01)  # oldest first: keep the order of creation
@@ -119,8 +119,8 @@ def test_a_note_check_that_fails_never_stops_a_version_going_live(parts, tiny_mo
     store.add_call(Call(corrected, "s-note", "t", corrected, "main", "awaiting_next_state", now, now, "tiny", None,
                         {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}, "hi", [1, 20, 30], [60, 61, 2],
                         [-2.0] * 3, "x", None, "stop"))
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s-note",
-                                      "target": "last", "text": "Please answer in French."}, now))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s-note",
+                                      "target": "last", "text": "Please answer in French."}), now))
     (_, revision), = [p for p in store.pending_samples() if p[0] == corrected]
     assert asyncio.run(store.write_sample(JudgedSample(corrected, revision, "dropped", reason="held_out",
                                                        teacher_logprobs=[-1.0, -1.0, -1.0])))

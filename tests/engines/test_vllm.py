@@ -176,7 +176,7 @@ def test_a_rated_call_served_by_vllm_trains_top_k_opd(loop, engine, embedded, ad
     from clawback.daemon.config import SignalConfig
     from clawback.daemon.samples import SamplePipeline
     from clawback.daemon.store import Store, blob_ids
-    from clawback.records import Call
+    from clawback.records import Call, FeedbackRecord
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(hd64_model_dir)))
     request = {"model": "clawback", "messages": [{"role": "user", "content": "Explain rain."}]}
@@ -196,8 +196,8 @@ def test_a_rated_call_served_by_vllm_trains_top_k_opd(loop, engine, embedded, ad
             request=request, prompt_text="", prompt_ids=prompt, response_ids=ids,
             behaviour_logprobs=[t.logprob for t in toks], response_text="Rain.", tool_calls=None,
             finish_reason="length", top_ids=top_ids, top_logprobs=[list(t.top_logprobs) for t in toks]))
-        asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s",
-                                          "target": "last", "text": "Shorter please.", "source": "cli"}, now))
+        asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s",
+                                          "target": "last", "text": "Shorter please.", "source": "cli"}), now))
         store.flush()
         pipeline = SamplePipeline(store, engine, renderer, None, SignalConfig(method="combined"))
         (pending, revision), = store.pending_samples()

@@ -4,6 +4,7 @@ each a typed method returning frozen records."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,7 +183,7 @@ class Queries(Reads):
     def feedback_per_version(self) -> list[VersionFeedback]:
         """For each version that served main calls: how many, and their applied ratings."""
 
-        def q(c: Any) -> list[VersionFeedback]:
+        def q(c: sqlite3.Connection) -> list[VersionFeedback]:
             rated: dict[tuple[str | None, str], int] = {(r[0], r[1]): r[2] for r in c.execute(
                 "SELECT c.adapter_version, f.kind, count(*) FROM feedback_events f JOIN calls c ON c.call_id = f.call_id "
                 "WHERE f.state = 'applied' AND c.turn_type = 'main' GROUP BY c.adapter_version, f.kind")}
@@ -232,7 +233,7 @@ class Queries(Reads):
     def session_calls(self, session_id: str) -> list[SessionCall]:
         """The session's main calls, oldest first."""
 
-        def q(c: Any) -> list[SessionCall]:
+        def q(c: sqlite3.Connection) -> list[SessionCall]:
             out = []
             for r in c.execute(
                     "SELECT c.call_id, c.created_at, c.adapter_version, c.state, c.request_json, c.response_text, "
@@ -275,7 +276,7 @@ class Queries(Reads):
         """Of the first (or, `newest`, the last) `limit` main replies `version` served (None = base):
         how many there are, and how many got a 👎 and a correction applied."""
 
-        def q(c: Any) -> ReplyFeedback:
+        def q(c: sqlite3.Connection) -> ReplyFeedback:
             where = "adapter_version IS NULL" if version is None else "adapter_version = ?"
             args = () if version is None else (Version(version).name,)
             call_ids = [r[0] for r in c.execute(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from clawback.records import Feedback, Outcome, ReadySample, SampleInputs, Version
 
@@ -21,10 +21,13 @@ def adapter_row(r: sqlite3.Row) -> dict[str, Any]:
     return {**dict(r), "metrics": json.loads(r["metrics"]), "pinned": bool(r["pinned"]), "gate": json.loads(r["gate"])}
 
 
+T = TypeVar("T")
+
+
 class Reads:
     db_path: Path
 
-    def read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = connect(self.db_path, readonly=True)
         try:
             return fn(conn)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any
 
 from .schema import linked_sessions, marks
 
@@ -22,7 +21,7 @@ class Tx:
         """Tell listeners (after the commit) that something they may act on happened."""
         self._notes.append((kind, subject))
 
-    def _insert(self, table: str, columns: tuple[str, ...], row: dict[str, Any], or_ignore: bool = False) -> None:
+    def _insert(self, table: str, columns: tuple[str, ...], row: dict[str, object], or_ignore: bool = False) -> None:
         """INSERT the named columns; `row` must give exactly these (a missing or extra one is a bug)."""
         if set(row) != set(columns):
             raise ValueError(f"{table}: expected columns {sorted(columns)}, got {sorted(row)}")
@@ -30,7 +29,7 @@ class Tx:
             f"INSERT {'OR IGNORE ' if or_ignore else ''}INTO {table} ({', '.join(columns)}) VALUES ({marks(columns)})",
             [row[c] for c in columns])
 
-    def _event(self, kind: str, subject: str | None, payload: dict[str, Any] | None = None) -> None:
+    def _event(self, kind: str, subject: str | None, payload: dict[str, object] | None = None) -> None:
         self._conn.execute(
             "INSERT INTO events(ts, kind, subject_id, payload) VALUES (?, ?, ?, ?)",
             (time.time(), kind, subject, json.dumps(payload or {})),

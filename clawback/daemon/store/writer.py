@@ -20,9 +20,9 @@ import threading
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generic, Sequence, TypeVar, cast
 
-from clawback.records import Call, JudgedSample, StepRecord
+from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 
 from .forget import ForgetScope, ForgetWrites
 from .queries import Queries
@@ -38,15 +38,16 @@ class StoreBusy(RuntimeError):
     pass
 
 
-Reply = Callable[[Any, "BaseException | None"], None]
+T = TypeVar("T")
+Reply = Callable[[object, "BaseException | None"], None]
 # The write kinds that can change which notes are active: the notes, and the adapters' lineage.
 NOTE_WRITES = ("feedback", "memory_edit", "memory_scope", "memory_forget", "memory_retire", "forget", "train_step")
 
 
 @dataclass(frozen=True)
-class _Write:
+class _Write(Generic[T]):
     kind: str  # what a drop is counted as
-    apply: Callable[[], Any]  # runs on the writer thread, inside a transaction
+    apply: Callable[[], T]  # runs on the writer thread, inside a transaction
     reply: Reply | None = None  # gets (result, error) once committed
 
 
@@ -96,13 +97,13 @@ class Store(EventWrites, ForgetWrites, Queries):
     def reopen_session(self, session_id: str, ts: float) -> bool:
         return self._submit(_Write("reopen_session", partial(self._write_reopen_session, session_id, ts)))
 
-    def add_event(self, kind: str, subject: str | None, payload: dict[str, Any]) -> bool:
+    def add_event(self, kind: str, subject: str | None, payload: dict[str, object]) -> bool:
         return self._submit(_Write("event", partial(self._event, kind, subject, payload)))
 
     # ---- writes that are awaited until committed; StoreBusy when the queue is full ----
 
-    async def apply_feedback(self, event: dict[str, Any], received_at: float) -> dict[str, Any]:
-        """Apply one feedback event (the validated wire record) exactly once; what happened, for the ack."""
+    async def apply_feedback(self, event: FeedbackRecord, received_at: float) -> dict[str, Any]:
+        """Apply one validated feedback event exactly once; what happened, for the ack."""
         return await self._commit(_Write("feedback", partial(self._write_feedback, event, received_at)))
 
     async def write_sample(self, sample: JudgedSample) -> bool:
@@ -178,7 +179,7 @@ class Store(EventWrites, ForgetWrites, Queries):
             log.error("store queue full: dropped a %s write (%d so far)", write.kind, self.dropped[write.kind])
             return False
 
-    async def _commit(self, write: _Write) -> Any:
+    async def _commit(self, write: _Write[T]) -> T:
         """Queue a write and wait until it is committed; returns its result.
 
         For writes that are acknowledged to a client (feedback events) or that the caller must know
@@ -186,12 +187,13 @@ class Store(EventWrites, ForgetWrites, Queries):
         the event and sends it again.
         """
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+        fut: asyncio.Future[T] = loop.create_future()
 
-        def reply(result: Any, error: BaseException | None) -> None:
+        def reply(result: object, error: BaseException | None) -> None:
             def settle() -> None:
                 if not fut.done():
-                    fut.set_exception(error) if error is not None else fut.set_result(result)
+                    # `result` is what `write.apply` returned: a T
+                    fut.set_exception(error) if error is not None else fut.set_result(cast(T, result))
 
             loop.call_soon_threadsafe(settle)
 
@@ -238,7 +240,7 @@ class Store(EventWrites, ForgetWrites, Queries):
         if not writes and self.dropped == self._dropped_logged:
             return
         self._notes = []
-        outcomes: list[tuple[Any, BaseException | None]]
+        outcomes: list[tuple[object, BaseException | None]]
         try:
             self._conn.execute("BEGIN IMMEDIATE")
             results = [w.apply() for w in writes]

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from clawback.records import Call, JudgedSample, StepRecord, Version
+from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord, Version
 
 from .notes import NoteWrites
 from .schema import (ADAPTER_COLUMNS, CALL_COLUMNS, FEEDBACK_COLUMNS, NEXT_STATE_COLUMNS, OUTCOME_REWARD_COLUMNS,
@@ -84,27 +84,27 @@ class EventWrites(NoteWrites):
 
     # ---- signals: feedback events, samples, votes ----
 
-    def _write_feedback(self, ev: dict[str, Any], received_at: float) -> dict[str, Any]:
+    def _write_feedback(self, ev: FeedbackRecord, received_at: float) -> dict[str, Any]:
         row = self._conn.execute(
-            "SELECT state, call_id, reason FROM feedback_events WHERE event_id = ?", (ev["event_id"],)
+            "SELECT state, call_id, reason FROM feedback_events WHERE event_id = ?", (ev.event_id,)
         ).fetchone()
         if row is not None:
             return {"status": "duplicate", "state": row[0], "call_id": row[1], "reason": row[2]}
-        kind, sid = ev["kind"], ev["session_id"]
+        kind, sid = ev.kind, ev.session_id
         sessions = self._linked_sessions(sid)
         known = self._conn.execute(
             f"SELECT count(*) FROM sessions WHERE session_id IN ({marks(sessions)})", sessions
         ).fetchone()[0] > 0
         call_id = reason = None
         if kind == "session_link":
-            self._conn.execute("INSERT OR IGNORE INTO session_links VALUES (?, ?, ?)", (ev["from"], ev["to"], received_at))
+            self._conn.execute("INSERT OR IGNORE INTO session_links VALUES (?, ?, ?)", (ev.from_, ev.to, received_at))
             # The old id is done, but its waiting call now waits under the new id: close the
             # session without closing that call.
             self._conn.execute(
                 "UPDATE sessions SET state = 'closed', closed_at = ?, closed_reason = 'linked' "
-                "WHERE session_id = ? AND state = 'open'", (received_at, ev["from"]))
+                "WHERE session_id = ? AND state = 'open'", (received_at, ev.from_))
             self._event("session.linked", None, {})
-            if not self._session_known(ev["from"]):
+            if ev.from_ is None or not self._session_known(ev.from_):
                 reason = "unknown_session"
         elif not known:
             reason = "unknown_session"
@@ -113,36 +113,36 @@ class EventWrites(NoteWrites):
         elif kind == "outcome":
             call_id, reason = self._write_outcome(ev, sessions)
         else:
-            call_id = self._resolve_target(sessions, ev.get("target") or "last")
+            call_id = self._resolve_target(sessions, ev.target or "last")
             if call_id is None:
                 reason = "unknown_target"
         state = "orphan" if reason else "applied"
         self._insert("feedback_events", FEEDBACK_COLUMNS, {
-            "event_id": ev["event_id"], "kind": kind, "session_id": sid, "target": ev.get("target"),
-            "text": ev.get("text"), "source": ev.get("source") or "unknown", "ts": ev.get("ts"),
+            "event_id": ev.event_id, "kind": kind, "session_id": sid, "target": ev.target,
+            "text": ev.text, "source": ev.source, "ts": ev.ts,
             "received_at": received_at, "state": state, "call_id": call_id, "reason": reason,
-            "payload": json.dumps(ev, ensure_ascii=False)})
-        self._event(f"feedback.{state}", ev["event_id"], {"kind": kind, "call_id": call_id, "reason": reason})
-        if kind in ("correction", "thumbs_down") and (ev.get("text") or "").strip():
-            self._remember(ev["text"], kind, call_id, sid, received_at, ev["event_id"])
+            "payload": json.dumps(ev.wire(), ensure_ascii=False)})
+        self._event(f"feedback.{state}", ev.event_id, {"kind": kind, "call_id": call_id, "reason": reason})
+        if kind in ("correction", "thumbs_down") and ev.text and ev.text.strip():
+            self._remember(ev.text, kind, call_id, sid, received_at, ev.event_id)
         if call_id is not None and kind in SIGNAL_KINDS:
             self._want_sample(call_id, kind)
         return {"status": state, "call_id": call_id, "reason": reason}
 
-    def _trajectory(self, sessions: list[str], ev: dict[str, Any]) -> list[str]:
+    def _trajectory(self, sessions: list[str], ev: FeedbackRecord) -> list[str]:
         """The main calls an outcome event rates, oldest first: one call (`target`, a request id
         or "last"), one turn (`target`, a turn id), the turns from `turns[0]` to `turns[1]`, or the whole
         session (with the sessions linked to it)."""
         where = f"session_id IN ({marks(sessions)}) AND turn_type = 'main'"
         calls = self._conn.execute(f"SELECT call_id, request_id, turn_id FROM calls WHERE {where} "
                                    "ORDER BY created_at, rowid", sessions).fetchall()
-        if ev.get("target") == "last":
+        if ev.target == "last":
             return [c for c, _, _ in calls[-1:]]
-        if ev.get("target"):
-            one = [c for c, request_id, _ in calls if request_id == ev["target"]]
-            return one[-1:] or [c for c, _, turn_id in calls if turn_id == ev["target"]]
-        if ev.get("turns"):
-            first, last = ev["turns"]
+        if ev.target:
+            one = [c for c, request_id, _ in calls if request_id == ev.target]
+            return one[-1:] or [c for c, _, turn_id in calls if turn_id == ev.target]
+        if ev.turns:
+            first, last = ev.turns
             starts = [i for i, (_, _, turn_id) in enumerate(calls) if turn_id == first]
             ends = [i for i, (_, _, turn_id) in enumerate(calls) if turn_id == last]
             if not starts or not ends or ends[-1] < starts[0]:
@@ -150,20 +150,20 @@ class EventWrites(NoteWrites):
             return [c for c, _, _ in calls[starts[0]:ends[-1] + 1]]
         return [c for c, _, _ in calls]
 
-    def _write_outcome(self, ev: dict[str, Any], sessions: list[str]) -> tuple[str | None, str | None]:
+    def _write_outcome(self, ev: FeedbackRecord, sessions: list[str]) -> tuple[str | None, str | None]:
         """Credit an outcome event's reward to the main calls of the trajectory it rates (docs/
         protocol.md, "Credit assignment"): (the last of them, None), or (None, why not)."""
         trajectory = self._trajectory(sessions, ev)
         if not trajectory:
             return None, "unknown_target"
         credited = list(enumerate(trajectory))
-        if ev["credit"] == "last":
+        if ev.credit == "last":
             credited = credited[-1:]
-        group = ev.get("group") if ev["credit"] == "step" else None
+        group = ev.group if ev.credit == "step" else None
         for step, call_id in credited:
             self._insert("outcome_rewards", OUTCOME_REWARD_COLUMNS, {
-                "event_id": ev["event_id"], "call_id": call_id, "group_id": group, "step": step,
-                "raw_reward": ev["reward"], "reward": ev["reward"]})
+                "event_id": ev.event_id, "call_id": call_id, "group_id": group, "step": step,
+                "raw_reward": ev.reward, "reward": ev.reward})
         changed = {call_id for _, call_id in credited}
         if group is not None:
             changed |= self._normalise_steps(group)
