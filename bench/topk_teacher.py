@@ -105,7 +105,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     data = Path(tempfile.mkdtemp(prefix="topk-teacher-"))
     settings = Settings(data_dir=data, engine="vllm", dtype="float32", train={"lora_rank": 16},
                         engine_start_timeout_s=900, **({"engine_python": args.vllm_python} if args.vllm_python else {}))
-    vllm = build_engine(settings, str(model_dir))
+    vllm = build_engine(settings.engine_config(), str(model_dir))
     t0 = time.perf_counter()
     await vllm.start()
     started_s = time.perf_counter() - t0

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncGenerator, Protocol, Sequence
+from typing import AsyncGenerator, Literal, Protocol, Sequence
+
+from .adapter_format import ALL_LINEAR
 
 
 @dataclass(frozen=True)
@@ -163,3 +165,28 @@ def _count_params(model_dir: Path) -> int:
                     n *= d
                 total += n
     return total
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What an engine is built from: the daemon's settings for it (daemon/config.py `Settings`,
+    whose comments say what each means) and the LoRA the trainer trains, which a vLLM or SGLang
+    server is sized for."""
+
+    kind: Literal["embedded", "vllm", "sglang"] = "embedded"
+    device: str = "auto"
+    dtype: str = "auto"
+    torch_threads: int = 0
+    served_model_name: str = "clawback"
+    url: str | None = None  # attach to this server instead of launching one
+    api_key: str | None = None
+    python: str | None = None
+    command: str | None = None
+    args: str = ""
+    port: int = 0  # 0 = a free one
+    mem_fraction: float = 0.45
+    kv_cache_gib: float = 0
+    start_timeout_s: float = 900.0
+    log_dir: Path = Path(".")  # a launched server's log goes here
+    lora_rank: int = 16
+    lora_target_modules: str | tuple[str, ...] = ALL_LINEAR

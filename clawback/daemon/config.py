@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from clawback.engine import EngineConfig
 from clawback.trainer.config import PRESETS, TrainConfig
 
 from .layout import Layout
@@ -413,6 +414,17 @@ class Settings(BaseSettings):
 
     def train_config(self) -> TrainConfig:
         return self.train.config()
+
+    def engine_config(self) -> EngineConfig:
+        lora = self.train_config()
+        return EngineConfig(
+            kind=self.engine, device=self.device, dtype=self.dtype, torch_threads=self.torch_threads,
+            served_model_name=self.served_model_name, url=self.engine_url,
+            api_key=self.engine_api_key.get_secret_value() if self.engine_api_key else None,
+            python=self.engine_python, command=self.engine_command, args=self.engine_args, port=self.engine_port,
+            mem_fraction=self.engine_mem_fraction, kv_cache_gib=self.engine_kv_cache_gib,
+            start_timeout_s=self.engine_start_timeout_s, log_dir=self.data_dir / "logs",
+            lora_rank=lora.lora_rank, lora_target_modules=lora.target_modules)
 
     def signal_config(self) -> SignalConfig:
         """How the sample pipeline builds samples: the [judge] table and the preset's choices."""

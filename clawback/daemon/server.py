@@ -55,7 +55,7 @@ def build_state(settings: Settings, start_trainer: TrainerStarter | None = None)
     model_dir = resolve_model(settings.model, settings.models_dir, progress=log.info)
     engine_threads, trainer_threads = thread_budget(available_cores(), train, settings.torch_threads,
                                                     settings.train.threads)
-    engine = build_engine(settings, model_dir, engine_threads)
+    engine = build_engine(settings.engine_config(), model_dir, engine_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     store = Store(settings.db_path, queue_size=settings.store_queue_size, memory_max_notes=settings.memory_max_notes)
     renderer, hub = ChatRenderer(tokenizer), Hub()

@@ -31,10 +31,10 @@ import secrets
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator
 
 from clawback.adapter_format import lora_target_modules
-from clawback.engine import EngineError, ModelInfo, Sampling, Token
+from clawback.engine import EngineConfig, EngineError, ModelInfo, Sampling, Token
 
 from .remote import Endpoint, RemoteEngine
 from .supervisor import ServerProcess, free_port
@@ -118,34 +118,33 @@ class SGLangEngine(RemoteEngine):
         return out
 
 
-def build_sglang_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank: int,
-                        lora_targets: str | Sequence[str]) -> SGLangEngine:
+def build_sglang_engine(config: EngineConfig, model_dir: str, info: ModelInfo) -> SGLangEngine:
     """The engine for `engine = "sglang"`: attach to `engine_url`, or launch and supervise SGLang."""
-    key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
-    if settings.engine_url:
-        return SGLangEngine(info, Endpoint(settings.engine_url.rstrip("/"), key))
+    key = config.api_key
+    if config.url:
+        return SGLangEngine(info, Endpoint(config.url.rstrip("/"), key))
     key = key or secrets.token_hex(24)  # hex: a key starting with '-' would read as a flag
     admin_key = secrets.token_hex(24)  # adapter routes: only this daemon may swap
-    port = settings.engine_port or free_port()
+    port = config.port or free_port()
     venv_python = DEFAULT_SGLANG_VENV / "bin" / "python"
-    python = settings.engine_python or (str(venv_python) if venv_python.exists() else sys.executable)
-    command = shlex.split(settings.engine_command) if settings.engine_command else \
+    python = config.python or (str(venv_python) if venv_python.exists() else sys.executable)
+    command = shlex.split(config.command) if config.command else \
         [python, "-m", "sglang.launch_server"]
-    targets = lora_target_modules(model_dir, lora_targets)  # what the trainer adapts
+    targets = lora_target_modules(model_dir, config.lora_target_modules)  # what the trainer adapts
     command += [
-        "--model-path", model_dir, "--served-model-name", settings.served_model_name,
+        "--model-path", model_dir, "--served-model-name", config.served_model_name,
         "--host", "127.0.0.1", "--port", str(port),
-        "--enable-lora", "--max-lora-rank", str(lora_rank), "--lora-target-modules", *targets,
+        "--enable-lora", "--max-lora-rank", str(config.lora_rank), "--lora-target-modules", *targets,
         "--max-loras-per-batch", str(MAX_LORAS_PER_BATCH),
-        "--mem-fraction-static", str(settings.engine_mem_fraction),
+        "--mem-fraction-static", str(config.mem_fraction),
         "--api-key", key, "--admin-api-key", admin_key, "--enable-metrics",
-        *shlex.split(settings.engine_args or ""),
+        *shlex.split(config.args or ""),
     ]
-    if settings.dtype != "auto":
-        command += ["--dtype", settings.dtype]
+    if config.dtype != "auto":
+        command += ["--dtype", config.dtype]
     env = {**os.environ, "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "PYTHONUNBUFFERED": "1"}
     base_url = f"http://127.0.0.1:{port}"
-    server = ServerProcess(command, env, base_url, Path(settings.data_dir) / "logs" / "sglang.log",
-                           secrets_to_mask=[key, admin_key], start_timeout_s=settings.engine_start_timeout_s,
-                           auto_port=not settings.engine_port)
+    server = ServerProcess(command, env, base_url, config.log_dir / "sglang.log",
+                           secrets_to_mask=[key, admin_key], start_timeout_s=config.start_timeout_s,
+                           auto_port=not config.port)
     return SGLangEngine(info, Endpoint(base_url, key, admin_key), server)

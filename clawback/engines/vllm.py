@@ -40,7 +40,7 @@ import shlex
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from clawback.engine import EngineError, ModelInfo, Sampling, Token
+from clawback.engine import EngineConfig, EngineError, ModelInfo, Sampling, Token
 
 from .remote import Endpoint, RemoteEngine
 from .supervisor import ServerProcess, free_port
@@ -149,43 +149,43 @@ class VLLMEngine(RemoteEngine):
         return [row for row in rows if row is not None]
 
 
-def build_vllm_engine(settings: Any, model_dir: str, info: ModelInfo, lora_rank: int) -> VLLMEngine:
+def build_vllm_engine(config: EngineConfig, model_dir: str, info: ModelInfo) -> VLLMEngine:
     """The engine for `engine = "vllm"`: attach to `engine_url`, or launch and supervise vLLM."""
-    served = settings.served_model_name
-    key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
-    if settings.engine_url:
-        return VLLMEngine(info, Endpoint(settings.engine_url.rstrip("/"), key), served)
+    served = config.served_model_name
+    key = config.api_key
+    if config.url:
+        return VLLMEngine(info, Endpoint(config.url.rstrip("/"), key), served)
     key = key or secrets.token_hex(24)  # only the daemon talks to its own child
-    port = settings.engine_port or free_port()
-    python = settings.engine_python or str(DEFAULT_VLLM_VENV / "bin" / "python")
-    if not settings.engine_command and not Path(python).exists():
+    port = config.port or free_port()
+    python = config.python or str(DEFAULT_VLLM_VENV / "bin" / "python")
+    if not config.command and not Path(python).exists():
         raise EngineError(f"no vLLM python at {python}: run scripts/install-vllm-cpu.sh (CPU) or "
                           f"install vLLM and set engine_python")
-    command = shlex.split(settings.engine_command) if settings.engine_command else \
+    command = shlex.split(config.command) if config.command else \
         [python, "-m", "vllm.entrypoints.openai.api_server"]
     command += [
         "--model", model_dir, "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
-        "--enable-lora", "--max-lora-rank", str(_vllm_rank(lora_rank)), "--max-loras", "2",  # old + new during a swap
+        "--enable-lora", "--max-lora-rank", str(_vllm_rank(config.lora_rank)), "--max-loras", "2",  # old + new during a swap
         "--logprobs-mode", "raw_logprobs", "--max-model-len", str(info.context_length),
         # constraints arrive as llguidance grammars, as the embedded engine runs them
         "--structured-outputs-config", json.dumps({"backend": "guidance", "disable_any_whitespace": True}),
-        *shlex.split(settings.engine_args or ""),
+        *shlex.split(config.args or ""),
     ]
-    if settings.dtype != "auto":
-        command += ["--dtype", settings.dtype]
+    if config.dtype != "auto":
+        command += ["--dtype", config.dtype]
     env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_API_KEY": key,
            "PYTHONUNBUFFERED": "1"}
-    if _on_gpu(settings.device):
-        command += ["--gpu-memory-utilization", str(settings.engine_mem_fraction)]
+    if _on_gpu(config.device):
+        command += ["--gpu-memory-utilization", str(config.mem_fraction)]
     else:
-        gib = settings.engine_kv_cache_gib or cpu_kv_cache_gib(model_dir, info.context_length, settings.dtype,
-                                                               settings.engine_mem_fraction)
+        gib = config.kv_cache_gib or cpu_kv_cache_gib(model_dir, info.context_length, config.dtype,
+                                                               config.mem_fraction)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(gib)))
     env.pop("PYTHONPATH", None)  # vLLM's venv must not see clawback's packages
     base_url = f"http://127.0.0.1:{port}"
-    server = ServerProcess(command, env, base_url, Path(settings.data_dir) / "logs" / "vllm.log",
-                           secrets_to_mask=[key], start_timeout_s=settings.engine_start_timeout_s,
-                           auto_port=not settings.engine_port)
+    server = ServerProcess(command, env, base_url, config.log_dir / "vllm.log",
+                           secrets_to_mask=[key], start_timeout_s=config.start_timeout_s,
+                           auto_port=not config.port)
     return VLLMEngine(info, Endpoint(base_url, key), served, server)
 
 

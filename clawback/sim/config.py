@@ -11,6 +11,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawback.trainer.config import TrainConfig
+
+TRAINER = TrainConfig()  # the trainer's defaults, which a run keeps unless it sets its own
+
 
 @dataclass(frozen=True)
 class Method:
@@ -74,9 +78,9 @@ def parse_methods(text: str) -> tuple[str, ...]:
 class SimConfig:
     interactions: int = 48  # tasks (one session each) the simulated user sends and reacts to per cell
     batch_size: int = 4  # ready samples per training step
-    lr: float = 1e-4  # binary/opd/combined; seed keeps its recipe's 1e-5
-    lora_rank: int = 16
-    lora_alpha: int = 32
+    lr: float = TRAINER.lr  # binary/opd/combined; seed keeps its recipe's 1e-5
+    lora_rank: int = TRAINER.lora_rank
+    lora_alpha: int = TRAINER.lora_alpha
     # Per reply (training and eval): large enough that a finished reply is never cut (a cut reply
     # fails every check; bench/README.md counts the cut ones).
     max_tokens: int = 400
@@ -85,7 +89,7 @@ class SimConfig:
     # Greedy evaluation on the held-out tasks before the first interaction and at this many evenly
     # spaced points after it (the last at the end); the generation-free probe runs on every version.
     eval_points: int = 2
-    kl_coef: float = 0.0  # KL-to-base anchor of every training method
+    kl_coef: float = TRAINER.kl_coef  # KL-to-base anchor of every training method
     threads: int = 1  # torch threads for the engine and the trainer (they never run at once)
     # The simulated user: 👍 when a reply passes every check; below `thumbs_down_below` 👎 and a
     # correction; in between a correction alone, or, with probability `move_on`, no feedback at all

@@ -271,3 +271,12 @@ def test_a_setting_given_flat_and_nested_or_unknown_in_train_is_an_error(home: P
         load_settings(config_file=str(write_toml(home / "bad.toml", "[train]\ntis_cap = 0.5\n")))
     with pytest.raises(ValidationError, match="votes must be odd"):
         load_settings(config_file=str(write_toml(home / "even.toml", "[judge]\nvotes = 4\n")))
+
+
+def test_engines_get_their_settings_and_the_trained_lora_as_an_engine_config(home: Path) -> None:
+    s = Settings(data_dir=home / "d", engine="vllm", engine_url="http://h:1", engine_api_key="k", engine_port=5,
+                 train={"lora_rank": 8})
+    c = s.engine_config()
+    assert (c.kind, c.url, c.api_key, c.port, c.log_dir, c.lora_rank) == ("vllm", "http://h:1", "k", 5,
+                                                                           home / "d" / "logs", 8)
+    assert c.lora_target_modules == s.train_config().target_modules

@@ -38,7 +38,7 @@ def sglang_settings(data_dir: Path, **extra) -> Settings:
 
 
 def start_engine(loop, model_dir: Path, data_dir: Path) -> SGLangEngine:
-    engine = build_engine(sglang_settings(data_dir), str(model_dir))
+    engine = build_engine(sglang_settings(data_dir).engine_config(), str(model_dir))
     loop.run(engine.start())
     return engine
 
@@ -316,7 +316,7 @@ def test_attach_to_a_running_server_without_supervising_it(loop, engine: SGLangE
                                                           tmp_path: Path):
     """engine_url: the engine uses a server someone else runs, and leaves it running on close."""
     attached = build_engine(Settings(data_dir=tmp_path, engine="sglang", engine_url=engine.endpoint.base_url,
-                                     engine_api_key=engine.endpoint.api_key), str(tiny_model_dir))
+                                     engine_api_key=engine.endpoint.api_key).engine_config(), str(tiny_model_dir))
     assert attached.server is None
     loop.run(attached.start())
     toks = loop.run(collect(attached, Sampling(temperature=0, max_tokens=4)))
@@ -328,7 +328,7 @@ def test_attach_to_a_running_server_without_supervising_it(loop, engine: SGLangE
 def test_a_server_that_cannot_start_is_a_clear_error(loop, tiny_model_dir: Path, tmp_path: Path):
     settings = Settings(data_dir=tmp_path, engine="sglang", train={"lora_rank": 8},
                         engine_command=f"{sys.executable} -c 'import sys; print(\"no GPU\"); sys.exit(3)'")
-    engine = build_engine(settings, str(tiny_model_dir))
+    engine = build_engine(settings.engine_config(), str(tiny_model_dir))
     with pytest.raises(EngineError, match=r"exited with code 3(.|\n)*no GPU"):
         loop.run(engine.start())
     loop.run(engine.close())
@@ -339,7 +339,7 @@ def test_a_taken_port_is_replaced_by_a_free_one(loop, tiny_model_dir: Path, tmp_
     another free port and the engine follows it."""
     import socket
 
-    engine = build_engine(sglang_settings(tmp_path), str(tiny_model_dir))
+    engine = build_engine(sglang_settings(tmp_path).engine_config(), str(tiny_model_dir))
     picked = int(engine.server.command[engine.server.command.index("--port") + 1])
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", picked))

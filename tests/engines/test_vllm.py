@@ -56,7 +56,7 @@ def vllm_settings(data_dir: Path, python: str) -> Settings:
 @pytest.fixture(scope="module")
 def engine(loop, vllm_python: str, hd64_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the daemon sizes vLLM's KV cache itself
-    e = build_engine(vllm_settings(tmp_path_factory.mktemp("vllm-data"), vllm_python), str(hd64_model_dir))
+    e = build_engine(vllm_settings(tmp_path_factory.mktemp("vllm-data"), vllm_python).engine_config(), str(hd64_model_dir))
     loop.run(e.start())
     yield e
     loop.run(e.close())
