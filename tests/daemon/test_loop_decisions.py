@@ -22,7 +22,7 @@ from clawback.daemon.adapters import AdapterError, AdapterManager
 from clawback.daemon.gate import Verdict
 from clawback.daemon.store import Store
 from clawback.daemon.training import Refused, Trained, TrainingLoop
-from clawback.records import Call, JudgedSample, ReadySample, StepRecord, TrainResult, Version
+from clawback.records import Call, FeedbackRecord, JudgedSample, ReadySample, StepRecord, TrainResult, Version
 from clawback.trainer.config import TrainConfig
 from tests.conftest import query
 
@@ -120,8 +120,8 @@ def ready_sample(store: Store, served_by: int | None = None) -> str:
         request={"messages": [{"role": "user", "content": "hi"}]}, prompt_text="hi", prompt_ids=[1, 20, 30],
         response_ids=[40, 41, 2], behaviour_logprobs=[-2.0] * 3, response_text="x", tool_calls=None,
         finish_reason="stop"))
-    asyncio.run(store.apply_feedback({"event_id": str(uuid.uuid4()), "kind": "thumbs_up", "session_id": session,
-                                      "target": "last", "source": "cli"}, now))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "thumbs_up",
+                                                       "session_id": session, "target": "last", "source": "cli"}), now))
     asyncio.run(store.write_sample(JudgedSample(call_id=call_id, revision=0, state="ready", reward=1.0,
                                                 reward_source="explicit", method="binary")))
     time.sleep(0.01)  # oldest first
@@ -178,7 +178,8 @@ def test_samples_served_too_many_versions_ago_are_dropped_as_stale(parts):
     store, adapters, _, trainer = parts
     cfg = TrainConfig(method="binary", batch_size=2, lora_rank=2, lora_alpha=4, max_staleness=0)
     loop = TrainingLoop(store, adapters, cfg, lambda: trainer, poll_s=0.05)
-    ready_sample(store), ready_sample(store)
+    for _ in range(2):
+        ready_sample(store)
     run_until(loop, lambda: adapters.live() == 1)
     old = [ready_sample(store, served_by=None) for _ in range(2)]  # the base served them; v1 is live
     fresh = [ready_sample(store, served_by=1) for _ in range(2)]
@@ -217,11 +218,13 @@ def test_a_refused_candidate_stays_out_of_service_and_the_next_step_trains_from_
     gate = ScriptedGate(refuse={1})
     loop = TrainingLoop(store, adapters, CFG, lambda: trainer, poll_s=0.05, gate=gate,  # type: ignore[arg-type]
                         on_refused=refused.append)
-    ready_sample(store), ready_sample(store)
+    for _ in range(2):
+        ready_sample(store)
     run_until(loop, lambda: bool(refused))
     assert refused == [Refused(Version(1), "replies collapsed")]
     assert adapter_states(store) == {1: "refused"} and adapters.live() is None and "v1" not in slots.loaded
-    ready_sample(store), ready_sample(store)
+    for _ in range(2):
+        ready_sample(store)
     run_until(loop, lambda: adapters.live() == 2)
     assert gate.reviewed == [(1, None), (2, None)]
     assert trainer.resumed == [None, None]  # v1 is not what serves: the trainer went back to the base
