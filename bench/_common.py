@@ -116,7 +116,7 @@ class Daemon:
         self.proc = subprocess.Popen(self.cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=full_env,
                                      cwd=REPO)
 
-    def wait_ready(self, timeout: float = 300) -> "Daemon":
+    def wait_ready(self, timeout: float = 300) -> Daemon:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

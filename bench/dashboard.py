@@ -27,8 +27,8 @@ import uuid
 from pathlib import Path
 
 import httpx
-
 from _common import DEFAULT_MODEL, Daemon, tiny_model
+
 from clawback.daemon.store import Store
 from clawback.records import Call, FeedbackRecord
 

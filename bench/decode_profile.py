@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEFAULT_MODEL, write_result  # noqa: E402
 
-from clawback.engines.embedded import EmbeddedEngine  # noqa: E402
 from clawback.engine import Sampling  # noqa: E402
+from clawback.engines.embedded import EmbeddedEngine  # noqa: E402
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
+from clawback.adapter_format import publish, validate
 from clawback.engine import Sampling
 from clawback.engines.embedded import EmbeddedEngine
-from clawback.adapter_format import publish, validate
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 

@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from _common import DEFAULT_MODEL, REPO, Daemon, cpu_ns, machine, machine_busy_ns, pct, summary, tiny_model
 
 CACHE = Path(tempfile.gettempdir()) / "clawback-bench-hot-swap"
@@ -474,8 +473,8 @@ def engine_breakdown(model_dir: Path, paths: dict[str, str], threads: int, devic
     load under cProfile, the cost of copying weights into an already-built slot, and a decode step."""
     import torch
 
-    from clawback.engines.embedded import EmbeddedEngine
     from clawback.adapter_format import validate
+    from clawback.engines.embedded import EmbeddedEngine
 
     torch.set_num_threads(threads)
     engine = EmbeddedEngine(model_dir, device=device, torch_threads=threads)

@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 
 from clawback.chat import ChatRenderer, ChatRequest
-from clawback.engine import Sampling
 from clawback.daemon import memory
-from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.samples import teacher_messages
+from clawback.engine import Sampling
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.sim.scenarios import CANDIDATE_CHECKS, SCENARIOS, STUDENT, Check, Rating, Scenario
 
 # The OpenClaw-RL wording where it put it, the instruction wording in both places, and the notes

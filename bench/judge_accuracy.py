@@ -133,8 +133,8 @@ def embedded_backend(args: argparse.Namespace, model: str):
 
     from clawback.chat import ChatRenderer
     from clawback.daemon.config import Settings
-    from clawback.engines.embedded import EmbeddedEngine
     from clawback.daemon.models import resolve_model
+    from clawback.engines.embedded import EmbeddedEngine
     from clawback.judge.backends import EngineBackend
 
     model_dir = resolve_model(model, Settings().models_dir, progress=print)

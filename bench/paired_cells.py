@@ -28,8 +28,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from clawback.sim.results import (BROKEN, LAST_SESSIONS, adapt_order, all_cells, paired, right_of, sessions_to_adapt,
-                                  stamp_of)
+from clawback.sim.results import (
+    BROKEN,
+    LAST_SESSIONS,
+    adapt_order,
+    all_cells,
+    paired,
+    right_of,
+    sessions_to_adapt,
+    stamp_of,
+)
 
 METRICS = ("meets", "last", "right", "broken", "final", "probe")
 

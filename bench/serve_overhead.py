@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from _common import DEFAULT_MODEL, REPO, Daemon, cpu_ns, machine, machine_busy_ns, pct, summary, tiny_model
 
 # Added latency per request (p50, p99), plus per generated token when streaming; throughput ratio.

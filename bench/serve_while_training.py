@@ -85,7 +85,7 @@ class Clients:
                     self.errors.append(repr(e))
                 k += 1
 
-    def __enter__(self) -> "Clients":
+    def __enter__(self) -> Clients:
         for t in self.threads:
             t.start()
         return self
@@ -119,7 +119,7 @@ class Reviews:
                     start = None
                 time.sleep(0.1)
 
-    def __enter__(self) -> "Reviews":
+    def __enter__(self) -> Reviews:
         self.thread.start()
         return self
 

@@ -77,11 +77,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from clawback.adapter_format import lora_target_modules
     from clawback.chat import ChatRenderer, ChatRequest
     from clawback.daemon.config import Settings
+    from clawback.daemon.samples import teacher_messages
+    from clawback.engine import Sampling
     from clawback.engines import build_engine
     from clawback.engines.embedded import EmbeddedEngine
     from clawback.engines.vllm import PROMPT_TOP_LOGPROBS
-    from clawback.daemon.samples import teacher_messages
-    from clawback.engine import Sampling
 
     model_dir = Path(args.model)
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model_dir)))

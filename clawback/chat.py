@@ -31,7 +31,7 @@ class TextPart(BaseModel):
     refusal: str | None = None
 
     @model_validator(mode="after")
-    def _text_only(self) -> "TextPart":
+    def _text_only(self) -> TextPart:
         if self.type not in ("text", "input_text", "refusal"):
             raise ValueError(f"content part type {self.type!r} is not supported: this model reads text only")
         if (self.text if self.type != "refusal" else self.refusal) is None:
@@ -68,7 +68,7 @@ class Message(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _shape(self) -> "Message":
+    def _shape(self) -> Message:
         if self.role != "assistant" and self.content is None:
             raise ValueError(f"a {self.role} message needs content")
         if self.role == "assistant" and self.content is None and not self.tool_calls:
@@ -144,7 +144,7 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _schema_given(self) -> "ResponseFormat":
+    def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type 'json_schema' needs json_schema")
         return self
@@ -226,7 +226,7 @@ class ChatRequest(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _tools(self) -> "ChatRequest":
+    def _tools(self) -> ChatRequest:
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) != len(names):
             raise ValueError("tool names must be unique")

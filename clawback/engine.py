@@ -10,9 +10,10 @@ behaviour logprobs that training uses, so `score()` on the same ids must reprodu
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncGenerator, Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 from .adapter_format import ALL_LINEAR
 

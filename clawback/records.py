@@ -12,8 +12,9 @@ adapter names, the HTTP API and status pushes, and the TEXT columns that have al
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Mapping, overload
+from typing import Any, Literal, overload
 
 
 class Version(int):

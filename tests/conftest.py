@@ -90,7 +90,7 @@ def ending_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPath
 class DaemonProcess:
     """`clawback serve` as a child process, exactly as a user runs it."""
 
-    started: list["DaemonProcess"] = []  # every one ever started, stopped at the end of the session
+    started: list[DaemonProcess] = []  # every one ever started, stopped at the end of the session
 
     def __init__(self, data_dir: Path, model_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.data_dir, self.model_dir, self.extra = data_dir, model_dir, extra
@@ -100,7 +100,7 @@ class DaemonProcess:
         self.proc: subprocess.Popen | None = None
         self.log = data_dir / f"daemon-{self.port}.log"
 
-    def start(self, timeout: float = 120) -> "DaemonProcess":
+    def start(self, timeout: float = 120) -> DaemonProcess:
         timeout = scaled(timeout)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "clawback.daemon.cli", "serve", "--data-dir", str(self.data_dir),

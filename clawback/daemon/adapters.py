@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clawback.adapter_format import AdapterError as FileError, install, read_files, validate, version_dir
+from clawback.adapter_format import AdapterError as FileError
+from clawback.adapter_format import install, read_files, validate, version_dir
 from clawback.engine import Engine
 from clawback.records import Version
 
@@ -191,7 +192,8 @@ class AdapterManager:
 
 def promoted_summary(out: dict[str, Any]) -> str:
     """What `AdapterManager.promote` did, in words: the CLI prints it, the dashboard shows it."""
-    return f"{Version(out['live']).name} is live; this overrides the gate: {out['overrides'] or 'nothing (it was %s)' % out['previous_state']}"
+    overrides = out["overrides"] or f"nothing (it was {out['previous_state']})"
+    return f"{Version(out['live']).name} is live; this overrides the gate: {overrides}"
 
 
 def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str, Any]:

@@ -20,12 +20,13 @@ import logging
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from clawback.chat import ChatRequest, Message
-from clawback.replies import parse_tool_calls
 from clawback.records import Call
+from clawback.replies import parse_tool_calls
 
 from .memory import strip
 from .store import Store

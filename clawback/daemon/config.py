@@ -163,7 +163,7 @@ class TrainSettings(BaseModel):
     correction_reward: float = Field(default=0.0, ge=-1.0, le=1.0)
 
     @model_validator(mode="after")
-    def _overrides_are_train_config_fields(self) -> "TrainSettings":
+    def _overrides_are_train_config_fields(self) -> TrainSettings:
         unknown = sorted(set(self.model_extra or {}) - _TRAIN_FIELDS)
         if unknown:
             raise ValueError(f"[train] has no setting {', '.join(unknown)}; besides enabled, preset, teacher, "

@@ -19,9 +19,10 @@ import hmac
 import re
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse

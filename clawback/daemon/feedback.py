@@ -15,7 +15,8 @@ import hmac
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
@@ -70,7 +71,7 @@ class FeedbackEvent(BaseModel):
             raise ValueError("event_id must be a UUID") from None
 
     @model_validator(mode="after")
-    def _shape(self) -> "FeedbackEvent":
+    def _shape(self) -> FeedbackEvent:
         if self.kind == "session_link":
             if not (self.from_ and self.to):
                 raise ValueError("session_link needs 'from' and 'to'")
@@ -211,7 +212,7 @@ async def _auth_frame(ws: WebSocket, expected: str) -> bool:
         message = await asyncio.wait_for(ws.receive(), AUTH_TIMEOUT_S)
         frame = parse_json(message["text"]) if message.get("text") is not None else None
         key = frame.get("api_key") if isinstance(frame, dict) and frame.get("type") == "auth" else None
-    except (asyncio.TimeoutError, BodyError, WebSocketDisconnect):
+    except (TimeoutError, BodyError, WebSocketDisconnect):
         key = None
     if key is not None and hmac.compare_digest(str(key).encode(), expected.encode()):
         await ws.send_json({"type": "auth_ok"})

@@ -34,8 +34,9 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine, Sampling

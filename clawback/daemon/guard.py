@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import comb
-from typing import Any, Callable
+from typing import Any
 
 from clawback.records import Version
 

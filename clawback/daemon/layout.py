@@ -98,7 +98,7 @@ class TrainerPlacement(Placement):
     num_gpus: float | None = Field(default=None, ge=0)  # type: ignore[assignment]  # None: 1 if [train] device is cuda, else 0
 
     @model_validator(mode="after")
-    def _asks_for_something(self) -> "TrainerPlacement":
+    def _asks_for_something(self) -> TrainerPlacement:
         if not (self.num_cpus or self.num_gpus or self.resources):  # Ray rejects an empty bundle
             raise ValueError("layout.trainer asks for no resources: give it num_cpus, num_gpus or resources")
         return self

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine

@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from clawback.chat import ChatRenderer, ChatRequest, append_text
 from clawback.engine import Engine, EngineError, Sampling
@@ -152,7 +153,7 @@ class SamplePipeline:
                         task.add_done_callback(tasks.discard)
                 try:
                     await asyncio.wait_for(self._wake.wait(), poll_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             for t in tasks:

@@ -28,11 +28,11 @@ from .capture import Capture
 from .config import Settings
 from .feedback import Hub
 from .forget import forget
-from .layout import RayPlacement
-from .samples import SamplePipeline
 from .gate import CandidateGate
 from .guard import LiveGuard
+from .layout import RayPlacement
 from .retirement import NoteRetirement
+from .samples import SamplePipeline
 from .store import ForgetScope, Store
 from .training import RayTrainer, Trained, TrainerStarter, TrainingLoop
 

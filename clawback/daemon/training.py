@@ -33,8 +33,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from clawback.records import ReadySample, StepRecord, TrainResult, Version
 from clawback.trainer.config import TrainConfig
@@ -163,7 +164,7 @@ class TrainingLoop:
                 log.exception("training loop error")
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def retry_delay(self) -> float:

@@ -17,6 +17,7 @@ from pydantic_core import core_schema
 
 from .feedback import FeedbackEvent
 
+
 class Frame(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 from clawback.engine import Engine, EngineConfig, read_model_info
 
 

@@ -38,8 +38,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache

@@ -4,8 +4,9 @@ how each row's next token is drawn."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -60,7 +61,7 @@ class KVLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.n if self.is_initialized else 0
 
-    def _place(self, rows: int, capacity: int, parts: list[tuple[Any, "KVLayer"]]) -> None:
+    def _place(self, rows: int, capacity: int, parts: list[tuple[Any, KVLayer]]) -> None:
         """New zeroed buffers of `rows` x `capacity` columns; each (rows, layer) part's used columns
         go to those rows, right-aligned at the end column max(n) (the left padding stays zero, so
         it is finite under the mask)."""
@@ -73,7 +74,7 @@ class KVLayer(DynamicLayer):
         self.kbuf, self.vbuf, self.n = k, v, end
         self.keys, self.values = k[:, :, :end], v[:, :, :end]
 
-    def append_rows(self, other: "KVLayer") -> None:
+    def append_rows(self, other: KVLayer) -> None:
         b = self.kbuf.shape[0]
         self._place(b + other.kbuf.shape[0], max(self.n, other.n) + GROW,
                     [(slice(0, b), self), (slice(b, None), other)])
@@ -105,7 +106,7 @@ class Batch:
     def __len__(self) -> int:
         return len(self.pending) + len(self.gens)
 
-    def merge(self, other: "Batch") -> None:
+    def merge(self, other: Batch) -> None:
         """Append another batch's rows after this one's."""
         if not self.gens:
             self.gens, self.cache, self.mask = other.gens, other.cache, other.mask

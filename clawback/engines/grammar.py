@@ -17,7 +17,6 @@ import torch
 
 from clawback.engine import Constraint, EngineError
 
-
 MAX_SCHEMA_PARTS = 10_000  # subschemas visited with every local $ref expanded
 
 

@@ -26,9 +26,10 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 

@@ -30,8 +30,9 @@ import os
 import secrets
 import shlex
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from clawback.adapter_format import lora_target_modules
 from clawback.engine import EngineConfig, EngineError, ModelInfo, Sampling, Token

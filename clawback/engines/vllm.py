@@ -37,8 +37,9 @@ import json
 import os
 import secrets
 import shlex
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from clawback.engine import EngineConfig, EngineError, ModelInfo, Sampling, Token
 

@@ -7,7 +7,8 @@ turns any failure into a failed vote, so a broken judge never breaks the daemon.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import httpx
 from pydantic import ValidationError
@@ -122,7 +123,7 @@ class OpenAIBackend:
             await self._client.aclose()
             self._client = None
 
-    async def __aenter__(self) -> "OpenAIBackend":
+    async def __aenter__(self) -> OpenAIBackend:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -18,10 +18,11 @@ import json
 import re
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib.resources import files
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 from clawback.replies import parse_tool_calls
 
@@ -300,7 +301,7 @@ def fill(template: str, fields: Mapping[str, str]) -> str:
     return _PLACEHOLDER.sub(sub, template)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_template(version: str) -> PromptTemplate:
     """Read `prompts/<version>.txt`: a `[[system]]` section, then a `[[user]]` section.
 
@@ -352,7 +353,7 @@ async def _vote(
                 backend.complete(messages, temperature=temperature, max_tokens=max_tokens, seed=seeds[attempt]),
                 timeout_s,
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             error = f"timed out after {timeout_s:g}s"
             continue
         except PromptTooLongError as e:  # the same prompt will not fit on a retry either

@@ -20,8 +20,9 @@ import os
 import shutil
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 PROGRESS = "progress.json"
 

@@ -26,9 +26,10 @@ import contextlib
 import dataclasses
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import httpx
 

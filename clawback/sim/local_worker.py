@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import sys
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from clawback.daemon.training import TrainerStarter
 from clawback.records import ReadySample, TrainResult

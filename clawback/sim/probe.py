@@ -15,9 +15,9 @@ import math
 from typing import Any
 
 from clawback.chat import ChatRequest
+from clawback.daemon.memory import inject
 from clawback.engine import Sampling
 from clawback.records import Version
-from clawback.daemon.memory import inject
 
 from .scenarios import Scenario, Task
 

@@ -160,7 +160,7 @@ class Sandbox:
         self.backend = backend
 
     @classmethod
-    def detect(cls) -> "Sandbox":
+    def detect(cls) -> Sandbox:
         """bwrap when it is installed and can make its namespaces here, else rlimits."""
         if shutil.which("bwrap"):
             d = task_directory()

@@ -18,8 +18,8 @@ adaptation count those (sim/results.py).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from .answers import answer_right, arithmetic_holds
 from .tasks import EVAL_ANSWERS, EVAL_PROBLEMS, PROBLEMS, STUDENT_ANSWERS

@@ -27,16 +27,27 @@ import random
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
 from .checkpoint import Checkpoint, cached_base, fingerprint, new_progress
 from .config import SimConfig
-from .harness import (Cell, SimError, _request_seed, _settle, _tally, cell_record, cell_settings, daemon_outcome,
-                      eval_marks, in_process_daemon)
+from .harness import (
+    Cell,
+    SimError,
+    _request_seed,
+    _settle,
+    _tally,
+    cell_record,
+    cell_settings,
+    daemon_outcome,
+    eval_marks,
+    in_process_daemon,
+)
 from .sandbox import Sandbox, task_directory
 from .shell_tasks import EVAL, SHELL, TRAIN, ShellTask, Verdict
 from .stamp import code_stamp

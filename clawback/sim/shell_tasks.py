@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 import random
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .sandbox import ExecResult, Sandbox
 

@@ -7,8 +7,9 @@ the step turns each into the `Sample` rows it trains on.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.utils.checkpoint

@@ -18,8 +18,9 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

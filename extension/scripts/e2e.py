@@ -69,7 +69,7 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
         self.log = data_dir / "daemon.log"
 
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "CLAWBACK_TRAIN": "false", "CLAWBACK_JUDGE": "off"}
         self.proc = subprocess.Popen(
@@ -115,7 +115,7 @@ class Gateway:
         self.events: list[dict] = []
         self._n = 0
 
-    def start(self) -> "Gateway":
+    def start(self) -> Gateway:
         self.proc = subprocess.Popen([NODE, OC_MJS, "gateway", "run", "--port", str(self.port), "--bind", "loopback"],
                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)

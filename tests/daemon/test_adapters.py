@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from clawback.daemon.adapters import AdapterError, AdapterManager
-from clawback.engines.embedded import EmbeddedEngine
-from clawback.daemon.store import Store
 from clawback.adapter_format import publish
+from clawback.daemon.adapters import AdapterError, AdapterManager
+from clawback.daemon.store import Store
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.records import StepRecord
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import make_lora_model, make_optimizer

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 
-from clawback.daemon.capture import Capture, CallMeta, MetaError, next_state_messages, parse_meta
 from clawback.chat import ChatRequest, Message
+from clawback.daemon.capture import CallMeta, Capture, MetaError, next_state_messages, parse_meta
 from clawback.daemon.memory import inject
 from clawback.daemon.store import Store
 from clawback.records import Call
@@ -53,7 +53,7 @@ def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, A
 def raw_tool_text(*calls: dict[str, Any]) -> str:
     """What the model generated for these calls: the record keeps the raw text, as the API does."""
     return "\n".join(
-        '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (c["function"]["name"], c["function"]["arguments"])
+        f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n</tool_call>'
         for c in calls
     )
 

@@ -11,8 +11,13 @@ import torch
 
 from clawback.engine import EngineError, Sampling
 from clawback.engines import embedded
-from clawback.engines.embedded import (BACKGROUND_EVERY, BACKGROUND_HOLD_S, BACKGROUND_TOKENS, EmbeddedEngine,
-                                              background_turn)
+from clawback.engines.embedded import (
+    BACKGROUND_EVERY,
+    BACKGROUND_HOLD_S,
+    BACKGROUND_TOKENS,
+    EmbeddedEngine,
+    background_turn,
+)
 from clawback.engines.embedded_batch import sample
 
 PROMPT = [1, 520, 33, 4481, 28, 2, 198, 77, 9000]

@@ -15,9 +15,9 @@ import torch
 from clawback.adapter_format import publish
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.config import GateConfig
-from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.gate import CandidateGate
 from clawback.daemon.store import Store
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step

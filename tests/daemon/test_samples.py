@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from clawback.chat import ChatRenderer, ChatRequest
-from clawback.engines.embedded import EmbeddedEngine
 from clawback.daemon.config import SignalConfig
 from clawback.daemon.memory import inject
 from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, repetition_loop, teacher_messages
 from clawback.daemon.store import Store, blob_logprobs
 from clawback.engine import Token
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.records import Call, Feedback, FeedbackRecord
 
 

@@ -13,10 +13,10 @@ import pytest
 
 from clawback.chat import ChatRenderer
 from clawback.daemon.adapters import AdapterManager
-from clawback.engines.embedded import EmbeddedEngine
-from clawback.daemon.store import Store
 from clawback.daemon.retirement import NoteRetirement
+from clawback.daemon.store import Store
 from clawback.daemon.training import TrainingLoop
+from clawback.engines.embedded import EmbeddedEngine
 from clawback.records import Call, FeedbackRecord, JudgedSample
 from clawback.sim.local_worker import in_thread_trainer
 from clawback.trainer.config import TrainConfig

@@ -46,7 +46,7 @@ class RayCluster:
         self.env = {"RAY_TMPDIR": str(self.root), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         self.procs: list[subprocess.Popen] = []
 
-    def start(self) -> "RayCluster":
+    def start(self) -> RayCluster:
         self._node("head", "--head", f"--port={self.address.split(':')[1]}", "--include-dashboard=false")
         self.nodes(1)
         self._node("trainer", f"--address={self.address}", '--resources={"trainer_node": 1}',

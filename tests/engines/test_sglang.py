@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from clawback.daemon.config import Settings
-from clawback.engines import build_engine
 from clawback.engine import EngineError, Sampling
+from clawback.engines import build_engine
 from clawback.engines.embedded import EmbeddedEngine
 from clawback.engines.sglang import SGLangEngine
 

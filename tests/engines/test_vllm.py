@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from clawback.daemon.config import Settings
-from clawback.engines import build_engine
 from clawback.engine import EngineError, Sampling
+from clawback.engines import build_engine
 from clawback.engines.embedded import EmbeddedEngine
 from clawback.engines.vllm import DEFAULT_VLLM_VENV, VLLMEngine
 

@@ -12,8 +12,8 @@ import pytest
 from clawback.judge.backends import JudgeBackendError, PromptTooLongError
 from clawback.judge.prm import (
     CONTEXT_CHARS,
-    REQUEST_CHARS,
     HINT_PROMPT,
+    REQUEST_CHARS,
     Vote,
     build_messages,
     fill,

@@ -9,8 +9,16 @@ import pytest
 
 from clawback.daemon.config import Settings
 from clawback.sim.config import METHODS, SimConfig, parse_methods
-from clawback.sim.results import (adapt_order, markdown_table, mean_ci, sessions_to_adapt, sign_test, step_curve,
-                                  summarize, t975)
+from clawback.sim.results import (
+    adapt_order,
+    markdown_table,
+    mean_ci,
+    sessions_to_adapt,
+    sign_test,
+    step_curve,
+    summarize,
+    t975,
+)
 
 
 def test_seed_is_the_daemons_seed_preset():

@@ -13,8 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from clawback import adapter_format as adapters
-from clawback.adapter_format import (AdapterError, install, list_versions, publish, read_files, resume,
-                                       validate)
+from clawback.adapter_format import AdapterError, install, list_versions, publish, read_files, resume, validate
 from clawback.trainer.config import TrainConfig
 from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
 

@@ -13,7 +13,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from clawback.trainer.config import MICRO_BATCH_TOKENS, TrainConfig
 from clawback.trainer.step import (
-    Sample, collate, make_lora_model, make_optimizer, micro_batches, response_logprobs, train_step,
+    Sample,
+    collate,
+    make_lora_model,
+    make_optimizer,
+    micro_batches,
+    response_logprobs,
+    train_step,
 )
 
 V, PROMPT_LEN, RESPONSE_LEN, N = 64, 4, 8, 32

@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from clawback.trainer.config import PRESETS, TrainConfig, preset
-from clawback.trainer.losses import (advantages, masked_mean, policy_loss, topk_advantages, topk_distill_term,
-                                     topk_policy_term)
+from clawback.trainer.losses import (
+    advantages,
+    masked_mean,
+    policy_loss,
+    topk_advantages,
+    topk_distill_term,
+    topk_policy_term,
+)
 
 
 def t(*rows):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-
-from clawback.records import Version
-from typing import Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
+
+from clawback.records import Version
 
 from .errors import ApiError, read_json
 from .state import AppState

@@ -9,8 +9,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Lifespan
 from pydantic import BaseModel
+from starlette.types import Lifespan
 
 from clawback.chat import ChatRequest
 

@@ -25,7 +25,7 @@ class NoteScope(BaseModel):
     session_id: str | None = Field(None, min_length=1, max_length=256)
 
     @model_validator(mode="after")
-    def _session_only_for_session(self) -> "NoteScope":
+    def _session_only_for_session(self) -> NoteScope:
         if self.scope == "general" and self.session_id is not None:
             raise ValueError("a general note has no session_id")
         return self

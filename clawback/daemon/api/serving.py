@@ -8,8 +8,9 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -17,9 +18,9 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from clawback.chat import ChatRequest
-from clawback.replies import IncrementalDetokenizer, TextGate, parse_tool_calls
 from clawback.engine import EngineError, Sampling, Token
 from clawback.records import Call, Version
+from clawback.replies import IncrementalDetokenizer, TextGate, parse_tool_calls
 
 from ...engines import grammar
 from ..capture import CallMeta, MetaError, parse_meta, random_id
@@ -27,7 +28,6 @@ from ..memory import inject
 from ..store import StoreBusy
 from .errors import CLIENT_GONE, ApiError, read_json, validation_error
 from .state import AppState
-
 
 IMAGE_PARTS = ("image_url", "input_image", "image")
 

@@ -7,8 +7,9 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -53,7 +54,7 @@ def resolve_api_key(settings: Settings) -> str | None:
 class LiveMetrics:
     """Values read from live state at scrape time (queue depth, drops, sessions, capture counters)."""
 
-    def __init__(self, state: "AppState") -> None:
+    def __init__(self, state: AppState) -> None:
         self.state = state
 
     def collect(self) -> Iterator[Metric]:

@@ -7,10 +7,11 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Callable, Collection
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Collection
+from typing import Any
 
 import numpy as np
 

@@ -17,10 +17,11 @@ import json
 import logging
 import queue
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Generic, Sequence, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 

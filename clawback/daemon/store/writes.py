@@ -12,9 +12,20 @@ import numpy as np
 from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord, Version
 
 from .notes import NoteWrites
-from .schema import (ADAPTER_COLUMNS, CALL_COLUMNS, FEEDBACK_COLUMNS, NEXT_STATE_COLUMNS, OUTCOME_REWARD_COLUMNS,
-                     SAMPLE_BLOBS, SAMPLE_VERDICT_COLUMNS, TRAIN_STEP_COLUMNS, VOTE_COLUMNS, ids_blob, logprobs_blob,
-                     marks)
+from .schema import (
+    ADAPTER_COLUMNS,
+    CALL_COLUMNS,
+    FEEDBACK_COLUMNS,
+    NEXT_STATE_COLUMNS,
+    OUTCOME_REWARD_COLUMNS,
+    SAMPLE_BLOBS,
+    SAMPLE_VERDICT_COLUMNS,
+    TRAIN_STEP_COLUMNS,
+    VOTE_COLUMNS,
+    ids_blob,
+    logprobs_blob,
+    marks,
+)
 
 SIGNAL_KINDS = ("thumbs_up", "thumbs_down", "correction")  # feedback that changes a sample
 STEP_EPS = 1e-6  # step credit: the z-score's (v - mean) / (std + STEP_EPS), as upstream's step-wise normalisation
