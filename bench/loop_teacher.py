@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -48,7 +49,7 @@ def main(paths: list[str]) -> None:
 
     at_repeat = []
     for p in paths:
-        cell = json.load(open(p))
+        cell = json.loads(Path(p).read_text())
         scenario = SCENARIOS[cell["cell"]["scenario"]]
         user = SimulatedUser(scenario, cell["cell"]["seed"], len(cell["interactions"]), 0.5, 0.0)
         notes = [n["text"] for n in cell["memory_notes"]]

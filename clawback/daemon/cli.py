@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -243,10 +244,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise ValueError(f"no daemon at {url} ({type(e).__name__}); start it with `clawback serve`") from None
     print(f"dashboard (this link logs in once, within 2 minutes): {link}")
     if not args.no_browser:
-        try:
+        with contextlib.suppress(webbrowser.Error):  # no browser here (a server): the printed link is the way in
             webbrowser.get().open(link)
-        except webbrowser.Error:
-            pass  # no browser on this machine (a server): the printed link is the way in
     return 0
 
 

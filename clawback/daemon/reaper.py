@@ -11,6 +11,7 @@ elsewhere nothing starts it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -71,10 +72,8 @@ def end(seen: dict[int, str]) -> None:
     """SIGTERM the processes still running, SIGKILL those left after GRACE_S."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in _still_running(seen):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
         deadline = time.monotonic() + GRACE_S
         while _still_running(seen) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -25,6 +25,7 @@ It runs as a bounded pool of asyncio tasks beside the server, never on the servi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -151,10 +152,8 @@ class SamplePipeline:
                         task = asyncio.create_task(self._guarded(call_id, revision))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), poll_s)
-                except TimeoutError:
-                    pass
         finally:
             for t in tasks:
                 t.cancel()

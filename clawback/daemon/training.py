@@ -30,6 +30,7 @@ and resumes from the live version, whose files the daemon sends it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -162,10 +163,8 @@ class TrainingLoop:
                 raise
             except Exception:
                 log.exception("training loop error")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
-            except TimeoutError:
-                pass
 
     def retry_delay(self) -> float:
         """Seconds to wait after the last failed step: doubles with each failure in a row, capped."""

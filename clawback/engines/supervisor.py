@@ -12,6 +12,7 @@ file with the keys masked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -87,6 +88,7 @@ class ServerProcess:
                     raise
                 self._rebind(free_port())
                 log.warning("model server port was taken: retrying on %s", self.base_url)
+        return None
 
     def _rebind(self, port: int) -> None:
         i = self.command.index("--port")
@@ -191,10 +193,8 @@ class ServerProcess:
     async def _kill(self, proc: subprocess.Popen, timeout: float = 30.0) -> None:
         """SIGTERM to the child's process group, SIGKILL if it lingers."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, sig)  # the group id is the child's pid (start_new_session)
-            except (ProcessLookupError, PermissionError):
-                pass
             try:
                 await asyncio.to_thread(proc.wait, timeout)
                 if sig == signal.SIGTERM:  # give the group's other members the same signal's chance
@@ -205,10 +205,8 @@ class ServerProcess:
 
 
 def _killpg_quietly(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _die_with_parent() -> None:

@@ -9,6 +9,7 @@ validation, hot-swap) is the daemon's code path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import sys
 from collections.abc import Callable, Sequence
@@ -60,10 +61,8 @@ class InThreadTrainer:
 def _trim() -> None:
     """Hand freed heap back to the OS after each call (glibc keeps it otherwise)."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # not glibc (musl): nothing to trim
             ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc (musl): nothing to trim
-            pass
 
 
 def in_thread_trainer(model_dir: str, cfg: TrainConfig, threads: int) -> TrainerStarter:

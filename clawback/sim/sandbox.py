@@ -27,6 +27,7 @@ out after N seconds." for a timeout, "Command aborted by signal SIGKILL" for a k
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -140,10 +141,8 @@ def escapes(command: str) -> str | None:
 def _processes_of(uid: int) -> int:
     n = 0
     for p in Path("/proc").iterdir():
-        try:
+        with contextlib.suppress(OSError):
             n += p.name.isdigit() and p.stat().st_uid == uid
-        except OSError:
-            pass
     return n
 
 
@@ -248,7 +247,5 @@ class Sandbox:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

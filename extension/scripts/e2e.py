@@ -13,6 +13,7 @@ Prints one `E2E ...` line per step; exits non-zero on the first failed assertion
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -185,10 +186,8 @@ class Gateway:
 
     def stop(self) -> None:
         if self.ws is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.ws.close()
-            except Exception:  # noqa: BLE001
-                pass
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

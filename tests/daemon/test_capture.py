@@ -236,10 +236,7 @@ def test_meta_blank_header_falls_back_to_body() -> None:
 @pytest.mark.parametrize("where", ["header", "body"])
 @pytest.mark.parametrize("value", ["primary", "MAIN-TURN", "judge", "0"])
 def test_meta_invalid_turn_type_raises(where: str, value: str) -> None:
-    if where == "header":
-        args = ({"x-turn-type": value}, chat(user("hi")))
-    else:
-        args = ({}, chat(user("hi"), turn_type=value))
+    args = ({"x-turn-type": value}, chat(user("hi"))) if where == "header" else ({}, chat(user("hi"), turn_type=value))
     with pytest.raises(MetaError, match="turn type"):
         parse_meta(*args)
     assert issubclass(MetaError, ValueError)

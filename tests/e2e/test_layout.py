@@ -8,6 +8,7 @@ private RAY_TMPDIR (so no other program's `ray.init()` finds this cluster) and a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -77,20 +78,16 @@ class RayCluster:
             _signal_group(p, signal.SIGTERM)
         deadline = time.monotonic() + 5
         for p in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             _signal_group(p, signal.SIGKILL)  # GCS and raylet that did not drain in time; workers follow their raylet
             p.wait()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ live under load with zero failed requests; a killed trainer loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -50,10 +51,8 @@ def test_hot_swap_under_load_three_swaps_and_a_rollback(tiny_model_dir: Path, tm
     def listen() -> None:
         with connect(d.url.replace("http", "ws") + "/v1/feedback/ws") as sock:
             while not stop.is_set():
-                try:
+                with contextlib.suppress(TimeoutError):
                     pushes.append(json.loads(sock.recv(timeout=0.5)))
-                except TimeoutError:
-                    pass
 
     listener = threading.Thread(target=listen)
     listener.start()
