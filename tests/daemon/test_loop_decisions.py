@@ -199,7 +199,8 @@ def test_a_failing_step_is_recorded_the_trainer_goes_back_and_repeat_samples_are
     run_until(loop, lambda: loop.failures == 2)
     steps = query(store.db_path, "SELECT outcome, error FROM train_steps ORDER BY step")
     assert [s["outcome"] for s in steps] == ["failed", "failed"] and "loss is NaN" in steps[0]["error"]
-    assert trainer.resumed == [None, None, None]  # after each failure: back to what serves
+    # After each failure the trainer goes back to what serves (the last one may still be under way).
+    assert trainer.resumed[:2] == [None, None] and set(trainer.resumed) == {None}
     states = sample_states(store)
     assert [states[c][0] for c in batch] == ["quarantined"] * 2
     assert "training failed 2 times: RuntimeError: loss is NaN" in states[batch[0]][1]

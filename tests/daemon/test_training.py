@@ -139,7 +139,7 @@ def test_a_note_check_that_fails_never_stops_a_version_going_live(parts, tiny_mo
     loop = TrainingLoop(store, adapters, cfg, start, trained.append, poll_s=0.2, retirement=retirement)
     run_until(loop, lambda: bool(trained))  # reported once the step, its check included, is over
     assert adapters.live() == 1 and loop.failures == 0
-    assert [t["version"] for t in trained] == ["v1"]  # the step completed
+    assert [t.version.name for t in trained] == ["v1"]  # the step completed
     assert [sample_states(store)[c][0] for c in good] == ["consumed", "consumed"]
     assert tried, "the check ran"
     note, = store.memory_notes(1)
