@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from clawback.engine import EngineError
 BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
 
 
-class AdapterSlots:
+class AdapterSlots(ABC):
     """Which versions are loaded, active and in use, for EmbeddedEngine: the loop side checks and
     counts them under a lock; the worker thread loads and deletes them (`_load`, `_unload`)."""
 
@@ -34,9 +35,9 @@ class AdapterSlots:
         self._free_slots: list[str] = []  # slots of unloaded versions, refilled by the next load
         self._lock = threading.Lock()  # guards the three dicts above across loop and worker
 
+    @abstractmethod
     async def _call(self, op: str, *args: object) -> Any:
         """Runs `op` on the worker thread (EmbeddedEngine)."""
-        raise NotImplementedError
 
     async def load_adapter(self, version: str, path: str) -> None:
         if version == BASE:
