@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeAlias, overload
+
+JsonObject: TypeAlias = dict[str, Any]
+"""A JSON object whose shape is not clawback's to declare: an OpenAI request body, a message, a
+tool's schema or call as the client sent them, or a file read back before it is checked. Data whose
+shape clawback decides is a record (a frozen dataclass) or a TypedDict instead."""
 
 
 class Version(int):
@@ -75,13 +80,13 @@ class Call:
     finished_at: float
     model: str
     adapter_version: int | None
-    request: dict[str, Any]  # the OpenAI request body as received
+    request: JsonObject  # the OpenAI request body as received
     prompt_text: str
     prompt_ids: list[int]
     response_ids: list[int]
     behaviour_logprobs: list[float]  # temperature-1 logprobs of response_ids
     response_text: str
-    tool_calls: list[dict[str, Any]] | None
+    tool_calls: list[JsonObject] | None
     finish_reason: str
     timings: dict[str, float] = field(default_factory=dict)
     # Logprob of each token under the distribution it was drawn from (temperature, top-p): the
@@ -149,14 +154,14 @@ class SampleInputs:
     state: str
     session_id: str
     adapter_version: int | None
-    request: dict[str, Any]
+    request: JsonObject
     prompt_ids: list[int]
     response_ids: list[int]
     behaviour_logprobs: list[float]
     response_text: str
-    next_state: list[dict[str, Any]] | None
+    next_state: list[JsonObject] | None
     feedback: tuple[Feedback, ...]
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[JsonObject] | None = None
     finish_reason: str = "stop"
     top_ids: list[list[int]] | None = None  # recorded at serve time, for the teacher to score (top-K OPD)
     outcome: Outcome | None = None  # the newest outcome event's credit to this call
@@ -195,7 +200,7 @@ class JudgedSample:
     correction: str | None = None
     teacher: str | None = None  # self | base
     teacher_adapter: int | None = None
-    teacher_messages: list[dict[str, Any]] | None = None
+    teacher_messages: list[JsonObject] | None = None
     teacher_prompt_ids: list[int] | None = None
     teacher_logprobs: list[float] | None = None
     teacher_top_logprobs: list[list[float]] | None = None  # T x K: the teacher's logprobs of calls.top_ids
