@@ -105,6 +105,45 @@ CANDIDATES |= {
 }
 
 
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def tagged_answer(text: str, task: S.Task) -> bool:
+    """The right answer stands inside <answer></answer> tags."""
+    return any(S.answer_right(span, task.answer, task.prompt)
+               for span in re.findall(r"<answer>\s*([^<]+?)\s*</answer>", text))
+
+
+def hashes_line(text: str, task: S.Task) -> bool:
+    """The last line is "#### N" with the right N (the GSM8K convention)."""
+    line = _last_line(text)
+    return line.startswith("####") and S.answer_right(line.removeprefix("####"), task.answer, task.prompt)
+
+
+def ends_the_answer_is(text: str, task: S.Task) -> bool:
+    """The reply ends on a sentence "The answer is N." with the right N."""
+    last = re.split(r"(?<=[.!?])\s+", _last_line(text))[-1]
+    return last.lower().startswith("the answer is") and S.answer_right(last, task.answer, task.prompt)
+
+
+CANDIDATES |= {
+    "tag1": replace(S.PLAIN, name="tag", checks=(
+        replace(SW, ask="show each calculation"),
+        C("tagged_answer", tagged_answer, "put the final answer inside <answer></answer> tags, like <answer>15</answer>"))),
+    "hashes1": replace(S.PLAIN, name="hashes", checks=(
+        replace(SW, ask="show each calculation"),
+        C("hashes_line", hashes_line, "end with a last line '#### <number>' holding only the answer"))),
+    "answeris1": replace(S.PLAIN, name="answeris", checks=(
+        replace(SW, ask="work it out showing each calculation"),
+        C("ends_the_answer_is", ends_the_answer_is, "end with the sentence 'The answer is <number>.'"))),
+    "code1": replace(S.PLAIN, name="code", checks=(
+        C("python_block", lambda r, t: "```python" in r, "show the calculation as a short Python snippet in a code block"),
+        replace(SW, ask="then say the answer in a sentence"))),
+}
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
