@@ -89,7 +89,7 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="clawback-bench-dashboard-"))
     model = tiny_model(DEFAULT_MODEL, tmp / "tiny")
-    env = {"CLAWBACK_JUDGE": "off", "CLAWBACK_TRAIN": "false"}
+    env = {"CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_TRAIN__ENABLED": "false"}
     print(f"| main calls | {' | '.join(PARTS)} | whole page |\n|---|{'---|' * (len(PARTS) + 1)}")
     for sessions in args.sessions:
         data = tmp / f"data-{sessions}"

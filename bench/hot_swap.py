@@ -167,8 +167,8 @@ def prepare_versions(model_dir: Path, k: int, fresh: bool, threads: int, device:
             return info
     shutil.rmtree(root, ignore_errors=True)
     data = root / "data"
-    env = {"CLAWBACK_JUDGE": "off", "CLAWBACK_TRAIN": "true", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1",
-           "CLAWBACK_KEEP_VERSIONS": str(max(k, 5))}
+    env = {"CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_TRAIN__ENABLED": "true", "CLAWBACK_TRAIN__METHOD": "binary", "CLAWBACK_TRAIN__BATCH_SIZE": "1",
+           "CLAWBACK_TRAIN__KEEP_VERSIONS": str(max(k, 5))}
     print(f"training v1..v{k} with a daemon (binary, batch size 1) into {root}", flush=True)
     t0 = time.time()
     d = start_daemon(model_dir, data, env, threads, device, log_level)
@@ -731,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"versions v1..v{args.versions}: {'cached' if prepared['cached'] else 'trained'} in {prepared['root']}", flush=True)
 
     data_dir = serving_copy(prepared)
-    daemon = start_daemon(model_dir, data_dir, {"CLAWBACK_JUDGE": "off", "CLAWBACK_TRAIN": "false"}, args.threads,
+    daemon = start_daemon(model_dir, data_dir, {"CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_TRAIN__ENABLED": "false"}, args.threads,
                           args.device, args.daemon_log_level, args.instrument)
     swap_log = data_dir / "swap_phases.jsonl" if args.instrument else None
     run = Run(daemon.url, args.clients, args.max_tokens)

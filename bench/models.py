@@ -121,7 +121,7 @@ def start(model: str) -> tuple[Daemon, dict[str, Any]]:
     from clawback.daemon.models import resolve_model
 
     model_dir = Path(resolve_model(model, Settings().models_dir, progress=print))
-    env = {"CLAWBACK_TRAIN": "false", "CLAWBACK_JUDGE": "off", "CLAWBACK_MEMORY": "false"}
+    env = {"CLAWBACK_TRAIN__ENABLED": "false", "CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_MEMORY": "false"}
     t0 = time.perf_counter()
     d = Daemon(model_dir, Path(tempfile.mkdtemp(prefix="clawback-bench-models-")), 0, "cpu", "warning", env=env)
     d.wait_ready(timeout=1800)

@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(Path.home() / ".cache" / "clawback" / "vllm-venv" / "bin" / "python"))
     args = ap.parse_args()
 
-    off = {"CLAWBACK_TRAIN": "false", "CLAWBACK_JUDGE": "off", "CLAWBACK_DTYPE": "float32"}
+    off = {"CLAWBACK_TRAIN__ENABLED": "false", "CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_DTYPE": "float32"}
     env = {"embedded": {**off, "CLAWBACK_ENGINE": "embedded"},
            "vllm": {**off, "CLAWBACK_ENGINE": "vllm", "CLAWBACK_ENGINE_PYTHON": args.vllm_python,
                     "VLLM_CPU_KVCACHE_SPACE": "1"}}

@@ -179,10 +179,10 @@ def main() -> None:
     args = ap.parse_args()
 
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
-    env = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": str(args.batch),
-           "CLAWBACK_MAX_STALENESS": "1000", "CLAWBACK_GATE": json.dumps({"guard_replies": 0, "probes": args.probes})}
+    env = {"CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_TRAIN__METHOD": "binary", "CLAWBACK_TRAIN__BATCH_SIZE": str(args.batch),
+           "CLAWBACK_TRAIN__MAX_STALENESS": "1000", "CLAWBACK_GATE": json.dumps({"guard_replies": 0, "probes": args.probes})}
     if args.micro_batch_tokens:
-        env["CLAWBACK_MICRO_BATCH_TOKENS"] = str(args.micro_batch_tokens)
+        env["CLAWBACK_TRAIN__MICRO_BATCH_TOKENS"] = str(args.micro_batch_tokens)
     d = Daemon(args.model, Path(tempfile.mkdtemp(prefix="clawback-bench-")), 0, "cpu", "warning", env=env)
     db = d.data_dir / "clawback.db"
     rounds: list[dict[str, Any]] = []

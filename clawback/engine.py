@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from .adapter_format import ALL_LINEAR
-
 
 @dataclass(frozen=True)
 class Constraint:
@@ -174,20 +172,20 @@ class EngineConfig:
     whose comments say what each means) and the LoRA the trainer trains, which a vLLM or SGLang
     server is sized for."""
 
-    kind: Literal["embedded", "vllm", "sglang"] = "embedded"
-    device: str = "auto"
-    dtype: str = "auto"
-    torch_threads: int = 0
-    served_model_name: str = "clawback"
-    url: str | None = None  # attach to this server instead of launching one
-    api_key: str | None = None
-    python: str | None = None
-    command: str | None = None
-    args: str = ""
-    port: int = 0  # 0 = a free one
-    mem_fraction: float = 0.45
-    kv_cache_gib: float = 0
-    start_timeout_s: float = 900.0
-    log_dir: Path = Path(".")  # a launched server's log goes here
-    lora_rank: int = 16
-    lora_target_modules: str | tuple[str, ...] = ALL_LINEAR
+    kind: Literal["embedded", "vllm", "sglang"]
+    device: str
+    dtype: str
+    torch_threads: int
+    served_model_name: str
+    url: str | None  # attach to this server instead of launching one
+    api_key: str | None
+    python: str | None
+    command: str | None
+    args: str
+    port: int  # 0 = a free one
+    mem_fraction: float
+    kv_cache_gib: float
+    start_timeout_s: float
+    log_dir: Path  # a launched server's log goes here
+    lora_rank: int
+    lora_target_modules: str | tuple[str, ...]

@@ -50,7 +50,7 @@ def main() -> int:
     log = (data_dir / "daemon.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "clawback.cli", "serve", "--model", args.model, "--port", str(port),
                              "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "CLAWBACK_JUDGE": "off"})
+                            env={**os.environ, "CLAWBACK_JUDGE__BACKEND": "off"})
     try:
         deadline = time.time() + 1800
         while time.time() < deadline:

@@ -102,7 +102,7 @@ def test_a_renamed_field_fails_validation():
 
 
 def test_status_and_socket_frames_of_a_real_daemon_validate(tiny_model_dir: Path, tmp_path: Path):
-    d = DaemonProcess(tmp_path / "data", tiny_model_dir, env={"CLAWBACK_JUDGE": "off"}).start()
+    d = DaemonProcess(tmp_path / "data", tiny_model_dir, env={"CLAWBACK_JUDGE__BACKEND": "off"}).start()
     try:
         auth = {"authorization": f"Bearer {d.api_key}"}
         status = httpx.get(f"{d.url}/v1/status", headers=auth, timeout=30).json()

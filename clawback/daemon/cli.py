@@ -13,12 +13,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-from clawback.records import Version
+from clawback.records import JsonObject, Version
 
 from . import display
 from .config import Settings, load_settings
+
+Subcommands = argparse._SubParsersAction  # what a command's parser is added to
 
 
 def _settings_flags(p: argparse.ArgumentParser) -> None:
@@ -54,7 +55,7 @@ def _private_data_dir(s: Settings) -> None:
     its children create private (umask 077: files 0600, dirs 0700)."""
     os.umask(0o077)
     s.data_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(s.data_dir, 0o700)
+    s.data_dir.chmod(0o700)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -134,7 +135,7 @@ def _daemon(args: argparse.Namespace, s: Settings) -> tuple[str, dict[str, str]]
     return url, ({"authorization": f"Bearer {key}"} if key else {})
 
 
-def _call(method: str, url: str, headers: dict[str, str], body: Any = None) -> Any:
+def _call(method: str, url: str, headers: dict[str, str], body: JsonObject | None = None) -> JsonObject:
     import httpx
 
     r = httpx.request(method, url, headers=headers, json=body, timeout=60)
@@ -211,7 +212,7 @@ def cmd_openclaw(args: argparse.Namespace) -> int:
         if args.action == "install":
             key_file = s.api_key_path if key and s.api_key is None else None
 
-            def offline_model() -> dict[str, Any]:  # what the daemon would serve, when it is not running
+            def offline_model() -> JsonObject:  # the daemon's /v1/models entry, when it is not running
                 from clawback.engine import read_model_info
 
                 from .models import resolve_model
@@ -296,7 +297,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 1
     since = _parse_since(args.since)
     if args.out and args.out != "-":
-        with open(args.out, "w") as f:
+        with Path(args.out).open("w") as f:
             n = export_jsonl(s.db_path, f, since)
         print(f"wrote {n} records to {args.out}", file=sys.stderr)
     else:
@@ -368,7 +369,7 @@ def _export_adapter(args: argparse.Namespace, s: Settings) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, commands: Sequence[Callable[[Any], None]] = ()) -> int:
+def main(argv: list[str] | None = None, commands: Sequence[Callable[[Subcommands], None]] = ()) -> int:
     """Parse and run; each of `commands` adds its subcommand to the subparsers it is given."""
     parser = argparse.ArgumentParser(prog="clawback", description="Serve, capture, judge, train.")
     sub = parser.add_subparsers(dest="command", required=True)

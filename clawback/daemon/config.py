@@ -6,16 +6,16 @@ Built once at start, frozen, and passed down explicitly.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import ArgsKwargs
 from pydantic_settings import (
     BaseSettings,
-    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -116,27 +116,32 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("CLAWBACK_DATA_DIR") or Path.home() / ".clawback")
 
 
-# The sample-building half of a preset (its training half is clawback.trainer.config.PRESETS).
+@dataclass(frozen=True)
+class PresetSignals:
+    """The sample-building half of a preset (its training half is clawback.trainer.config.PRESETS):
+    what [train] teacher / count_zero_signal and [judge] context are when they are not given."""
+
+    teacher: Literal["self", "base"] = "self"
+    judge_context: Literal["full", "response_only"] = "full"
+    count_zero_signal: bool = False
+
+
 # "seed", the original OpenClaw-RL recipe: the teacher is the frozen base model + hint, the judge
 # sees only the reply and its next state, and samples without a signal count toward the batch.
-PRESET_SIGNALS: dict[str, dict[str, Any]] = {
-    "seed": {"teacher": "base", "judge_context": "response_only", "count_zero_signal": True},
+PRESET_SIGNALS: dict[str, PresetSignals] = {
+    "seed": PresetSignals(teacher="base", judge_context="response_only", count_zero_signal=True),
 }
-_TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
 
-_TRAIN_CONFIG = TypeAdapter(TrainConfig)  # built once: building its schema takes milliseconds
-
-
-class TrainSettings(BaseModel):
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class TrainSettings(TrainConfig):
     """`[train]`: whether and how the daemon trains.
 
-    `preset` picks a recipe; any other field of `TrainConfig` (clawback/trainer/config.py, where
-    each is documented: `lr`, `tis_cap`, `kl_coef`, `weight_decay`, `batch_size`, `lora_rank`,
-    `method`, ...) may be given here too and overrides the preset's value.
+    Besides the fields below it takes every field of `TrainConfig` (clawback/trainer/config.py,
+    where each is documented: `lr`, `tis_cap`, `kl_coef`, `weight_decay`, `batch_size`,
+    `lora_rank`, `method`, ...): `preset` gives their values, and one given here overrides its
+    preset's.
     """
-
-    model_config = ConfigDict(frozen=True, extra="allow")
 
     enabled: bool = True  # train in the background once batch_size samples are ready
     preset: Literal["binary", "opd", "combined", "seed"] = "combined"
@@ -162,21 +167,20 @@ class TrainSettings(BaseModel):
     # reply trains only through the OPD teacher under the correction (Binary RL drops it).
     correction_reward: float = Field(default=0.0, ge=-1.0, le=1.0)
 
-    @model_validator(mode="after")
-    def _overrides_are_train_config_fields(self) -> TrainSettings:
-        unknown = sorted(set(self.model_extra or {}) - _TRAIN_FIELDS)
-        if unknown:
-            raise ValueError(f"[train] has no setting {', '.join(unknown)}; besides enabled, preset, teacher, "
-                             f"count_zero_signal, keep_versions, device, threads, hint_template, "
-                             f"hint_placement, drop_cut_replies and correction_reward it takes the fields of "
-                             f"TrainConfig: {', '.join(sorted(_TRAIN_FIELDS))}")
-        self.config()  # a bad value is an error when the settings load, not at the first batch
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_under_the_table(cls, data: object) -> object:
+        """The preset's TrainConfig values wherever the table gives none. Without a preset the
+        fields' own defaults stand: they are the default preset, combined."""
+        if isinstance(data, ArgsKwargs):  # TrainSettings(preset=...) called directly
+            data = data.kwargs or {}
+        if isinstance(data, dict) and data.get("preset") in PRESETS:
+            return {**dataclasses.asdict(PRESETS[data["preset"]]), **data}
+        return data
 
     def config(self) -> TrainConfig:
-        """The preset with this table's overrides."""
-        values = {**dataclasses.asdict(PRESETS[self.preset]), **(self.model_extra or {})}
-        return _TRAIN_CONFIG.validate_python(values)
+        """The trainer's part of the table."""
+        return TrainConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)})
 
 
 class JudgeSettings(BaseModel):
@@ -211,38 +215,38 @@ class JudgeSettings(BaseModel):
 
 @dataclass(frozen=True)
 class SignalConfig:
-    """What the sample pipeline needs, resolved from the settings (`Settings.signal_config`)."""
+    """What the sample pipeline needs, resolved from the settings (`Settings.signal_config`, where
+    each comes from)."""
 
-    method: Literal["binary", "opd", "combined"] = "combined"
-    teacher: Literal["self", "base"] = "self"
-    judge_votes: int = 3
-    judge_temperature: float = 0.6
-    judge_max_tokens: int = 512
-    judge_timeout_s: float = 120.0
-    judge_retries: int = 1
-    concurrency: int = 2
-    judge_context: Literal["full", "response_only"] = "full"
-    count_zero_signal: bool = False
-    hint_template: Literal["instruction", "hint"] = "hint"
-    hint_placement: Literal["user", "system"] = "user"
+    method: Literal["binary", "opd", "combined"]
+    teacher: Literal["self", "base"]
+    judge_votes: int
+    judge_temperature: float
+    judge_max_tokens: int
+    judge_timeout_s: float
+    judge_retries: int
+    concurrency: int
+    judge_context: Literal["full", "response_only"]
+    count_zero_signal: bool
+    hint_template: Literal["instruction", "hint"]
+    hint_placement: Literal["user", "system"]
     # Positive evidence: also generate the teacher's own (greedy) reply under the hint, so that a
     # preference the policy never samples can still be learned (TrainConfig.evidence_weight > 0).
-    positive_evidence: bool = False
-    drop_cut_replies: bool = False  # see TrainSettings
-    train_loops: bool = False  # a looping reply marked wrong trains against its loop (TrainConfig.loop_penalty > 0)
-    correction_reward: float = 0.0  # see TrainSettings
+    positive_evidence: bool
+    drop_cut_replies: bool  # see TrainSettings
+    train_loops: bool  # a looping reply marked wrong trains against its loop (TrainConfig.loop_penalty > 0)
+    correction_reward: float  # see TrainSettings
     # A reply served with preference notes trains in its request without them (see Settings.memory_consolidate).
-    consolidate_notes: bool = False
+    consolidate_notes: bool
     # Outcome rules tried on each tool result, in order (outcomes.py; empty = off), and their rewards.
-    outcome_rules: tuple[str, ...] = tuple(RULES)
-    outcome_success: float = 1.0
-    outcome_failure: float = -1.0
+    outcome_rules: tuple[str, ...]
+    outcome_success: float
+    outcome_failure: float
 
 
-# The flat keys of earlier versions and where each lives in the tree; they load as before (toml,
-# CLAWBACK_* env vars, keyword arguments). `train = false` and `judge = "off"` give the table's
-# `enabled` / `backend`.
-LEGACY_KEYS: dict[str, tuple[str, str]] = {
+# The flat keys of earlier versions and where each lives now, as (table, key). They are refused,
+# naming their new place, wherever they are given: toml, CLAWBACK_* env vars, keyword arguments.
+MOVED_KEYS: dict[str, tuple[str, str]] = {
     "train": ("train", "enabled"), "method": ("train", "method"), "teacher": ("train", "teacher"),
     "count_zero_signal": ("train", "count_zero_signal"), "batch_size": ("train", "batch_size"),
     "lr": ("train", "lr"), "lora_rank": ("train", "lora_rank"), "lora_alpha": ("train", "lora_alpha"),
@@ -257,47 +261,27 @@ LEGACY_KEYS: dict[str, tuple[str, str]] = {
 }
 
 
-def _nest_legacy_keys(data: dict[str, Any]) -> dict[str, Any]:
-    """Move flat keys into [train] / [judge]; a key given both ways with two values is an error."""
-    data = dict(data)
-    tables: dict[str, dict[str, Any]] = {}
-    for table in ("train", "judge"):
-        value = data.get(table)
-        if isinstance(value, str) and value.lstrip().startswith("{"):  # CLAWBACK_TRAIN='{"lr": 1e-5}'
-            value = json.loads(value)
-        if isinstance(value, BaseModel):
-            value = {**value.model_dump(exclude_unset=True), **(value.model_extra or {})}
-        if isinstance(value, dict):
-            tables[table] = dict(value)
-            del data[table]
-    for flat, (table, key) in LEGACY_KEYS.items():
-        if flat not in data:
-            continue
-        value = data.pop(flat)
-        nested = tables.setdefault(table, {})
-        if key in nested and nested[key] != value:
-            raise ValueError(f"{flat} = {value!r} and [{table}] {key} = {nested[key]!r}: give it once, "
-                             f"as [{table}] {key} ({flat} is its old flat name)")
-        nested[key] = value
-    return {**data, **tables}
+def _moved(flat: str, given_as: str) -> ValueError:
+    table, key = MOVED_KEYS[flat]
+    return ValueError(f"{given_as} is no longer read (a flat key of earlier versions): give [{table}] {key} in "
+                      f"clawback.toml, or CLAWBACK_{table.upper()}__{key.upper()} in the environment")
 
 
-class _LegacyEnvSource(PydanticBaseSettingsSource):
-    """CLAWBACK_<flat key> env vars of the flat keys (CLAWBACK_BATCH_SIZE=2, ...): the env source
-    reads only fields, so these would otherwise be ignored without a word."""
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        env = {k.lower(): v for k, v in os.environ.items() if k.upper().startswith("CLAWBACK_")}
-        # train and judge are fields: the env source already passes CLAWBACK_TRAIN / CLAWBACK_JUDGE on.
-        return {flat: env[f"clawback_{flat}"] for flat in LEGACY_KEYS
-                if flat not in ("train", "judge") and f"clawback_{flat}" in env}
+def _refuse_moved_env_vars() -> None:
+    """The env source reads only fields (and would fail to parse CLAWBACK_JUDGE=off as a table),
+    so the flat keys' variables are refused here, before it runs."""
+    env = {k.upper(): v for k, v in os.environ.items()}
+    for flat in MOVED_KEYS:
+        value = env.get(f"CLAWBACK_{flat.upper()}")
+        # CLAWBACK_TRAIN / CLAWBACK_JUDGE holding a JSON table is the tables' own variable.
+        if value is not None and not (flat in ("train", "judge") and value.lstrip().startswith("{")):
+            raise _moved(flat, f"CLAWBACK_{flat.upper()}")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CLAWBACK_", frozen=True, extra="forbid")
+    # CLAWBACK_TRAIN__BATCH_SIZE=2 sets [train] batch_size (and so on for every table).
+    model_config = SettingsConfigDict(env_prefix="CLAWBACK_", env_nested_delimiter="__", frozen=True,
+                                      extra="forbid")
 
     # Where clawback.toml is looked for: explicit path, else <data_dir>/clawback.toml, else ./clawback.toml.
     config_file: Path | None = None
@@ -367,11 +351,9 @@ class Settings(BaseSettings):
     # alone, and retired no note (bench/README.md, "Training without the notes").
     memory_consolidate: bool = False
 
-    # [train] and [judge]: what the daemon learns from and how (TrainSettings, JudgeSettings below).
-    # The flat keys they replace (`method`, `lr`, `judge_url`, `train = false`, ...) still load:
-    # LEGACY_KEYS maps each to its place in the tree.
-    train: Annotated[TrainSettings, NoDecode] = Field(default_factory=lambda: TrainSettings())
-    judge: Annotated[JudgeSettings, NoDecode] = Field(default_factory=lambda: JudgeSettings())
+    # [train] and [judge]: what the daemon learns from and how (TrainSettings, JudgeSettings above).
+    train: TrainSettings = Field(default_factory=lambda: TrainSettings())
+    judge: JudgeSettings = Field(default_factory=lambda: JudgeSettings())
     ray_address: str | None = None  # join an existing Ray cluster; default: a local Ray runtime
     layout: Layout = Field(default_factory=lambda: Layout())  # [layout]: where engine, judge and trainer run (daemon/layout.py)
     gate: GateConfig = Field(default_factory=lambda: GateConfig())  # [gate]: checks before and after a version goes live
@@ -381,8 +363,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="before")
     @classmethod
-    def _tree(cls, data: Any) -> Any:
-        return _nest_legacy_keys(data) if isinstance(data, dict) else data
+    def _no_moved_keys(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for flat in MOVED_KEYS.keys() & data.keys():
+                # `train = false`, `judge = "off"`: a table's name given one value, not the table
+                if flat not in ("train", "judge") or isinstance(data[flat], bool | str):
+                    raise _moved(flat, flat)
+        return data
 
     @field_validator("engine_url")
     @classmethod
@@ -406,8 +393,9 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Earlier sources win: CLI flags (init kwargs) > env > toml > field defaults.
+        _refuse_moved_env_vars()
         toml_path = _find_toml(init_settings, env_settings)
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, _LegacyEnvSource(settings_cls)]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if toml_path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
         return tuple(sources)
@@ -416,7 +404,6 @@ class Settings(BaseSettings):
         return self.train.config()
 
     def engine_config(self) -> EngineConfig:
-        lora = self.train_config()
         return EngineConfig(
             kind=self.engine, device=self.device, dtype=self.dtype, torch_threads=self.torch_threads,
             served_model_name=self.served_model_name, url=self.engine_url,
@@ -424,23 +411,23 @@ class Settings(BaseSettings):
             python=self.engine_python, command=self.engine_command, args=self.engine_args, port=self.engine_port,
             mem_fraction=self.engine_mem_fraction, kv_cache_gib=self.engine_kv_cache_gib,
             start_timeout_s=self.engine_start_timeout_s, log_dir=self.data_dir / "logs",
-            lora_rank=lora.lora_rank, lora_target_modules=lora.target_modules)
+            lora_rank=self.train.lora_rank, lora_target_modules=self.train.target_modules)
 
     def signal_config(self) -> SignalConfig:
         """How the sample pipeline builds samples: the [judge] table and the preset's choices."""
-        j, preset = self.judge, PRESET_SIGNALS.get(self.train.preset, {})
+        j, preset = self.judge, PRESET_SIGNALS.get(self.train.preset, PresetSignals())
         return SignalConfig(
-            method=self.train_config().method,
-            teacher=self.train.teacher or preset.get("teacher", "self"),
+            method=self.train.method,
+            teacher=self.train.teacher or preset.teacher,
             count_zero_signal=(self.train.count_zero_signal if self.train.count_zero_signal is not None
-                               else preset.get("count_zero_signal", False)),
-            judge_context=j.context or preset.get("judge_context", "full"),
+                               else preset.count_zero_signal),
+            judge_context=j.context or preset.judge_context,
             hint_template=self.train.hint_template,
             hint_placement=self.train.hint_placement, drop_cut_replies=self.train.drop_cut_replies,
             correction_reward=self.train.correction_reward,
             consolidate_notes=self.memory and self.memory_consolidate,
-            positive_evidence=self.train_config().evidence_weight > 0,
-            train_loops=self.train_config().loop_penalty > 0,
+            positive_evidence=self.train.evidence_weight > 0,
+            train_loops=self.train.loop_penalty > 0,
             judge_votes=j.votes, judge_temperature=j.temperature, judge_max_tokens=j.max_tokens,
             judge_timeout_s=j.timeout_s, judge_retries=j.retries, concurrency=j.concurrency,
             outcome_rules=self.signals.outcomes.rules if self.signals.outcomes.enabled else (),
@@ -464,22 +451,22 @@ class Settings(BaseSettings):
 
 
 def _find_toml(init: PydanticBaseSettingsSource, env: PydanticBaseSettingsSource) -> Path | None:
-    def pick(source: PydanticBaseSettingsSource, key: str) -> Any:
-        return source().get(key)
+    def pick(key: str) -> Path | None:  # a flag before its env var
+        value = init().get(key) or env().get(key)
+        return Path(value).expanduser() if value else None
 
-    explicit = pick(init, "config_file") or pick(env, "config_file")
+    explicit = pick("config_file")
     if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        return path
-    data_dir = Path(pick(init, "data_dir") or pick(env, "data_dir") or default_data_dir()).expanduser()
+        if not explicit.is_file():
+            raise FileNotFoundError(f"config file not found: {explicit}")
+        return explicit
+    data_dir = pick("data_dir") or default_data_dir().expanduser()
     for candidate in (data_dir / "clawback.toml", Path.cwd() / "clawback.toml"):
         if candidate.is_file():
             return candidate
     return None
 
 
-def load_settings(**cli_flags: Any) -> Settings:
+def load_settings(**cli_flags: Any) -> Settings:  # Any: pydantic checks each flag against its field
     """Build settings; CLI flags that were not given (None) do not override anything."""
     return Settings(**{k: v for k, v in cli_flags.items() if v is not None})

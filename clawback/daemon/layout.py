@@ -32,11 +32,17 @@ import secrets
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from clawback.records import JsonObject
+
 from . import reaper
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +135,7 @@ class Layout(BaseModel):
         return 1.0 if trainer_device.startswith("cuda") else 0.0
 
 
-def check_nodes(layout: Layout, nodes: list[dict[str, Any]], daemon_node: str, trainer_device: str) -> list[str]:
+def check_nodes(layout: Layout, nodes: list[JsonObject], daemon_node: str, trainer_device: str) -> list[str]:
     """What in `layout` no node can satisfy; `nodes` as `ray.nodes()` returns them. Empty = fits.
 
     The engine and the judge must fit the daemon's own node (together); the trainer any alive node,
@@ -162,14 +168,15 @@ def check_nodes(layout: Layout, nodes: list[dict[str, Any]], daemon_node: str, t
     return problems
 
 
-def _unmet(resources: dict[str, float], labels: dict[str, str], node: dict[str, Any]) -> dict[str, Any]:
+def _unmet(resources: dict[str, float], labels: dict[str, str], node: JsonObject) -> dict[str, float | str]:
+    """What of `resources` and `labels` the node lacks: amounts, and the label values it lacks."""
     have, tags = node.get("Resources", {}), node.get("Labels", {})
-    missing: dict[str, Any] = {k: v for k, v in resources.items() if have.get(k, 0.0) < v}
+    missing: dict[str, float | str] = {k: v for k, v in resources.items() if have.get(k, 0.0) < v}
     missing.update({f"label {k}": v for k, v in labels.items() if tags.get(k) != v})
     return missing
 
 
-def _describe(node: dict[str, Any]) -> str:
+def _describe(node: JsonObject) -> str:
     resources = {k: v for k, v in node.get("Resources", {}).items()
                  if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
     labels = {k: v for k, v in node.get("Labels", {}).items() if k != NODE_ID_LABEL}
@@ -215,7 +222,7 @@ class RayPlacement:
         self.layout, self.ray_address, self.trainer_device = layout, ray_address, trainer_device
         self.trainer_gpus = layout.trainer_gpus(trainer_device)
         self.node_id: str | None = None  # the daemon's own Ray node
-        self.group: Any = None  # ray.util.placement_group.PlacementGroup, once reserved
+        self.group: PlacementGroup | None = None  # once reserved
         self.reaper: subprocess.Popen | None = None  # ends the local runtime with this process
         self.trainer_bundle = 0
 
@@ -226,21 +233,22 @@ class RayPlacement:
 
         if self.group is not None:
             return
-        if not ray.is_initialized():
-            local: dict[str, Any] = {}
-            if not self.ray_address:
-                # Its files (logs, sockets, session data) inside a private dir (0700: Ray makes its
-                # own temp dir 0777), not in /tmp/ray; the reaper deletes it and ends every Ray
-                # process when the daemon ends.
-                private = tempfile.mkdtemp(prefix="clawback-ray-")
-                self.reaper = reaper.start(private)
-                local = {"num_cpus": max(2, os.cpu_count() or 2), "include_dashboard": False,
-                         "object_store_memory": 256 * 1024 * 1024, "_temp_dir": os.path.join(private, "ray")}
-                _no_api_server()
-            try:  # "local": never join a cluster some other program on this machine started
-                ray.init(address=self.ray_address or "local", log_to_driver=False, ignore_reinit_error=True, **local)
+        if self.ray_address and not ray.is_initialized():
+            try:
+                ray.init(address=self.ray_address, log_to_driver=False, ignore_reinit_error=True)
             except ConnectionError as e:
                 raise PlacementError(f"cannot join the Ray cluster at {self.ray_address}: {e}") from e
+        elif not ray.is_initialized():
+            # Its files (logs, sockets, session data) inside a private dir (0700: Ray makes its
+            # own temp dir 0777), not in /tmp/ray; the reaper deletes it and ends every Ray
+            # process when the daemon ends.
+            private = tempfile.mkdtemp(prefix="clawback-ray-")
+            self.reaper = reaper.start(private)
+            _no_api_server()
+            # "local": never join a cluster some other program on this machine started
+            ray.init(address="local", log_to_driver=False, ignore_reinit_error=True,
+                     num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
+                     object_store_memory=256 * 1024 * 1024, _temp_dir=str(Path(private) / "ray"))
         self.node_id = ray.get_runtime_context().get_node_id()
         problems = check_nodes(self.layout, ray.nodes(), self.node_id, self.trainer_device)
         if problems:
@@ -262,10 +270,20 @@ class RayPlacement:
         self.group = group
         log.info("layout reserved on Ray: %s (daemon node %s)", bundles, self.node_id)
 
-    def trainer_options(self) -> dict[str, Any]:
+    def trainer_options(self) -> TrainerOptions:
         """`ray.remote(...).options(...)` for the trainer actor: its resources, inside its bundle."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        assert self.group is not None, "connect() reserves the group first"
         trainer = self.layout.trainer
         return {"num_cpus": trainer.num_cpus, "num_gpus": self.trainer_gpus, "resources": dict(trainer.resources),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, self.trainer_bundle)}
+
+
+class TrainerOptions(TypedDict):
+    """The trainer actor's `ray.remote(...).options(...)` (RayPlacement.trainer_options)."""
+
+    num_cpus: float
+    num_gpus: float
+    resources: dict[str, float]
+    scheduling_strategy: PlacementGroupSchedulingStrategy

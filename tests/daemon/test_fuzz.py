@@ -31,7 +31,7 @@ BODIES = ("/v1/chat/completions", "/v1/feedback", "/v1/forget")  # where some of
 @pytest.fixture(scope="module")
 def daemon(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     d = DaemonProcess(tmp_path_factory.mktemp("fuzz-data"), tiny_model_dir, env={
-        "CLAWBACK_TRAIN": "false", "CLAWBACK_DEFAULT_MAX_TOKENS": "8", "CLAWBACK_SERVED_MODEL_NAME": "clawback"})
+        "CLAWBACK_TRAIN__ENABLED": "false", "CLAWBACK_DEFAULT_MAX_TOKENS": "8", "CLAWBACK_SERVED_MODEL_NAME": "clawback"})
     d.start()
     yield d
     d.stop()

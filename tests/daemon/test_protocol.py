@@ -92,7 +92,7 @@ def test_schema_and_daemon_reject_the_same_events(ev):
 
 
 def test_real_daemon_frames_match_their_schemas(tiny_model_dir: Path, tmp_path: Path):
-    d = DaemonProcess(tmp_path / "data", tiny_model_dir, env={"CLAWBACK_JUDGE": "off"}).start()
+    d = DaemonProcess(tmp_path / "data", tiny_model_dir, env={"CLAWBACK_JUDGE__BACKEND": "off"}).start()
     try:
         auth = {"authorization": f"Bearer {d.api_key}"}
         httpx.post(f"{d.url}/v1/chat/completions", timeout=60, headers={**auth, "x-session-id": "p", "x-turn-type": "main"},

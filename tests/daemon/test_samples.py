@@ -4,6 +4,7 @@ text), a real SQLite store and a real embedded engine on a tiny random Llama."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import sqlite3
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from clawback.chat import ChatRenderer, ChatRequest
-from clawback.daemon.config import SignalConfig
+from clawback.daemon.config import Settings
 from clawback.daemon.memory import inject
 from clawback.daemon.samples import SamplePipeline, degenerate, explicit_reward, repetition_loop, teacher_messages
 from clawback.daemon.store import Store, blob_logprobs
@@ -138,7 +139,9 @@ def store(tmp_path: Path):
 
 
 def pipe(store, engine, renderer, judge=None, **cfg) -> SamplePipeline:
-    return SamplePipeline(store, engine, renderer, judge, SignalConfig(**{"judge_timeout_s": 10, **cfg}))
+    """A pipeline with the settings' defaults (tests/daemon holds no clawback.toml) but for `cfg`."""
+    defaults = Settings(data_dir=Path(__file__).parent).signal_config()
+    return SamplePipeline(store, engine, renderer, judge, dataclasses.replace(defaults, **{"judge_timeout_s": 10, **cfg}))
 
 
 NEXT_USER = [{"role": "user", "content": "No, that's wrong, explain it properly."}]

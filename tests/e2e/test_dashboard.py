@@ -29,7 +29,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # The gate refuses every version (any token entropy is below 1000× the live one's: "collapse"), on
 # 2 short probes; each goes live by a click on Promote.
-TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1",
+TRAIN_ENV = {"CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_TRAIN__METHOD": "binary", "CLAWBACK_TRAIN__BATCH_SIZE": "1",
              "CLAWBACK_GATE": '{"entropy_low": 1000, "probes": 2, "probe_max_tokens": 4, "held_out_share": 0, '
                               '"guard_replies": 0}'}
 TRAIN_TIMEOUT_S = 300  # the first step starts Ray on a busy 2-core machine

@@ -39,7 +39,7 @@ def forget_cli(d: DaemonProcess, *args: str) -> str:
 def test_forget_through_the_daemon_then_on_the_stopped_store(tiny_model_dir: Path, tmp_path: Path):
     """The note learnt from the forgotten session's correction was injected into the other
     session's call: the forget takes it out of that call too."""
-    d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth", env={"CLAWBACK_TRAIN": "false"}).start()
+    d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth", env={"CLAWBACK_TRAIN__ENABLED": "false"}).start()
     db = d.data_dir / "clawback.db"
     try:
         talk(d, "private", "PRIVATE-MARKER-1", "Please sign as PRIVATE-NOTE-MARKER.")
@@ -68,7 +68,7 @@ def test_forget_through_the_daemon_then_on_the_stopped_store(tiny_model_dir: Pat
 
 def test_retain_days_forgets_old_sessions_by_itself(tiny_model_dir: Path, tmp_path: Path):
     d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth", env={
-        "CLAWBACK_TRAIN": "false", "CLAWBACK_RETAIN_DAYS": str(2 / 86400), "CLAWBACK_SESSION_SWEEP_INTERVAL_S": "1"})
+        "CLAWBACK_TRAIN__ENABLED": "false", "CLAWBACK_RETAIN_DAYS": str(2 / 86400), "CLAWBACK_SESSION_SWEEP_INTERVAL_S": "1"})
     d.start()
     try:
         talk(d, "brief", "BRIEF-MARKER-4")

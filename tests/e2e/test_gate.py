@@ -16,7 +16,7 @@ import httpx
 from tests.conftest import DaemonProcess, query, stream_clients, wait_for
 from tests.e2e.test_training import cli
 
-ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "6"}
+ENV = {"CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_TRAIN__METHOD": "binary", "CLAWBACK_TRAIN__BATCH_SIZE": "6"}
 # All rated calls train here (the replay has its own tests); a short guard window; 8 short
 # probes, as the review yields to 8 busy streams (tests/daemon/test_gate.py uses the real set).
 TOML = "[gate]\nheld_out_share = 0\nguard_replies = 10\nprobes = 8\nprobe_max_tokens = 8\n"

@@ -20,7 +20,7 @@ from tests.conftest import DaemonProcess, query
 @pytest.fixture(scope="module")
 def daemon(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     d = DaemonProcess(tmp_path_factory.mktemp("hard-data"), tiny_model_dir, "--no-auth",
-                      env={"CLAWBACK_TRAIN": "false", "CLAWBACK_CLIENT_TIMEOUT_S": "2"})
+                      env={"CLAWBACK_TRAIN__ENABLED": "false", "CLAWBACK_CLIENT_TIMEOUT_S": "2"})
     d.data_dir.chmod(0o755)  # as an older version left it
     d.start()
     yield d
@@ -67,7 +67,7 @@ def test_an_oversized_feedback_body_is_refused_before_it_ends(daemon: DaemonProc
 
 def test_a_main_call_is_committed_before_its_reply_completes(tiny_model_dir: Path, tmp_path: Path):
     """kill -9 right after each 200: every call whose reply completed is in the store."""
-    d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth", env={"CLAWBACK_TRAIN": "false"}).start()
+    d = DaemonProcess(tmp_path / "data", tiny_model_dir, "--no-auth", env={"CLAWBACK_TRAIN__ENABLED": "false"}).start()
     ids = []
     with httpx.Client(base_url=d.url, timeout=120) as c:
         for i in range(6):

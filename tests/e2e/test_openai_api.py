@@ -28,7 +28,7 @@ def client(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from tests.conftest import DaemonProcess
 
     d = DaemonProcess(tmp_path_factory.mktemp("api-data"), embedded_model_dir,
-                      env={"CLAWBACK_TRAIN": "false", "CLAWBACK_JUDGE": "off"}).start()
+                      env={"CLAWBACK_TRAIN__ENABLED": "false", "CLAWBACK_JUDGE__BACKEND": "off"}).start()
     try:
         yield openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.api_key, max_retries=0, timeout=180)
     finally:

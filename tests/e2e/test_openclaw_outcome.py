@@ -46,7 +46,7 @@ def test_a_failing_exec_result_in_openclaw_rewards_the_call_that_ran_it(tmp_path
 
     # Binary RL: the teacher's scoring of OpenClaw's 15 K-token prompt under the hint would take
     # minutes on a CPU (the hint and the teacher are tested in tests/daemon/test_feedback.py).
-    monkeypatch.setenv("CLAWBACK_METHOD", "binary")
+    monkeypatch.setenv("CLAWBACK_TRAIN__METHOD", "binary")
     e2e = e2e_module(monkeypatch)
     model_dir = pull(CATALOGUE["qwen2.5-coder-0.5b-instruct"], CACHE / "models")
     daemon = e2e.Daemon(tmp_path / "daemon", model_dir, free_port())

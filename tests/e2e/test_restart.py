@@ -107,7 +107,7 @@ def test_rollback_to_base_survives_graceful_restart_and_kill(tiny_model_dir: Pat
     data.mkdir()
     published_versions(tiny_model_dir, data, 2)
     flags = ("--no-auth",)
-    env = {"CLAWBACK_TRAIN": "false"}
+    env = {"CLAWBACK_TRAIN__ENABLED": "false"}
     d = DaemonProcess(data, tiny_model_dir, *flags, env=env).start()
     assert live_version(d) == "v2"
     out = cli("adapters", "rollback", "base", "--data-dir", str(data), "--port", str(d.port), "--no-auth")

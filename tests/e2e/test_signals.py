@@ -77,7 +77,7 @@ def test_conversation_thumbs_down_and_correction_become_samples(embedded_model_d
 
 def test_acked_events_survive_kill_9(tiny_model_dir: Path, tmp_path: Path):
     data = tmp_path / "data"
-    d = DaemonProcess(data, tiny_model_dir, env={"CLAWBACK_JUDGE": "off"}).start()
+    d = DaemonProcess(data, tiny_model_dir, env={"CLAWBACK_JUDGE__BACKEND": "off"}).start()
     client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.api_key, max_retries=0, timeout=scaled(60))
     client.chat.completions.create(model="clawback", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                    extra_headers={"X-Session-Id": "k9", "X-Turn-Type": "main"})
@@ -93,7 +93,7 @@ def test_acked_events_survive_kill_9(tiny_model_dir: Path, tmp_path: Path):
         d.proc.send_signal(signal.SIGKILL)  # no shutdown, no drain
         d.proc.wait(10)
     assert len(acked) == 20
-    d2 = DaemonProcess(data, tiny_model_dir, env={"CLAWBACK_JUDGE": "off"}).start()
+    d2 = DaemonProcess(data, tiny_model_dir, env={"CLAWBACK_JUDGE__BACKEND": "off"}).start()
     try:
         stored = {r["event_id"] for r in query(data / "clawback.db", "SELECT event_id FROM feedback_events")}
         assert set(acked) <= stored

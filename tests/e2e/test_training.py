@@ -23,7 +23,7 @@ from tests.conftest import DaemonProcess, query, scaled, stream_clients, wait_fo
 
 # Every trained version goes live at once: these tests are about swapping (tests/e2e/test_gate.py
 # covers the gate in front of it).
-TRAIN_ENV = {"CLAWBACK_JUDGE": "off", "CLAWBACK_METHOD": "binary", "CLAWBACK_BATCH_SIZE": "1",
+TRAIN_ENV = {"CLAWBACK_JUDGE__BACKEND": "off", "CLAWBACK_TRAIN__METHOD": "binary", "CLAWBACK_TRAIN__BATCH_SIZE": "1",
              "CLAWBACK_GATE": '{"enabled": false, "guard_replies": 0}'}
 
 
@@ -135,7 +135,7 @@ def test_killed_trainer_loses_nothing_and_training_resumes(embedded_model_dir: P
     point (its hold file) and names its pid, so the kill always lands inside a step."""
     hold = tmp_path / "hold-step"
     hold.touch()
-    env = {**TRAIN_ENV, "CLAWBACK_BATCH_SIZE": "2", "CLAWBACK_TRAIN_HOLD_FILE": str(hold)}
+    env = {**TRAIN_ENV, "CLAWBACK_TRAIN__BATCH_SIZE": "2", "CLAWBACK_TRAIN_HOLD_FILE": str(hold)}
     d = DaemonProcess(tmp_path / "data", embedded_model_dir, "--no-auth", env=env).start()
     db = d.data_dir / "clawback.db"
     try:

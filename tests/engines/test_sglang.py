@@ -296,8 +296,8 @@ def test_daemon_serves_through_sglang_and_stops_it(daemon_factory, tiny_model_di
     """`clawback serve --engine sglang`: a chat completion goes through the (fake) server, and
     stopping the daemon stops the server."""
     d = daemon_factory(tiny_model_dir, "--engine", "sglang",
-                       env={"CLAWBACK_ENGINE_COMMAND": f"{sys.executable} {FAKE}", "CLAWBACK_LORA_RANK": "8",
-                            "CLAWBACK_TRAIN": "false"})
+                       env={"CLAWBACK_ENGINE_COMMAND": f"{sys.executable} {FAKE}", "CLAWBACK_TRAIN__LORA_RANK": "8",
+                            "CLAWBACK_TRAIN__ENABLED": "false"})
     children = _children(d.proc.pid)
     assert children, "the daemon launched its model server"
     r = httpx.post(f"{d.url}/v1/chat/completions", headers={"authorization": f"Bearer {d.api_key}"},

@@ -173,7 +173,6 @@ def test_a_rated_call_served_by_vllm_trains_top_k_opd(loop, engine, embedded, ad
     from transformers import AutoTokenizer
 
     from clawback.chat import ChatRenderer, ChatRequest
-    from clawback.daemon.config import SignalConfig
     from clawback.daemon.samples import SamplePipeline
     from clawback.daemon.store import Store, blob_ids
     from clawback.records import Call, FeedbackRecord
@@ -199,7 +198,7 @@ def test_a_rated_call_served_by_vllm_trains_top_k_opd(loop, engine, embedded, ad
         asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "s",
                                           "target": "last", "text": "Shorter please.", "source": "cli"}), now))
         store.flush()
-        pipeline = SamplePipeline(store, engine, renderer, None, SignalConfig(method="combined"))
+        pipeline = SamplePipeline(store, engine, renderer, None, Settings(data_dir=tmp_path).signal_config())
         (pending, revision), = store.pending_samples()
         loop.run(pipeline.process(pending, revision))
 
@@ -293,7 +292,7 @@ def test_clawback_serve_engine_vllm_starts_as_typed(vllm_python: str, hd64_model
     import uuid
 
     d = DaemonProcess(tmp_path / "data", hd64_model_dir, "--engine", "vllm", "--dtype", "float32", "--no-auth",
-                      env={"CLAWBACK_TRAIN": "false", "CLAWBACK_ENGINE_PYTHON": vllm_python, "CLAWBACK_JUDGE": "off"})
+                      env={"CLAWBACK_TRAIN__ENABLED": "false", "CLAWBACK_ENGINE_PYTHON": vllm_python, "CLAWBACK_JUDGE__BACKEND": "off"})
     d.env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     d.start(timeout=900)
     try:
