@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .engine import Constraint
+from .records import JsonObject
 from .replies import TOOL_CLOSE, TOOL_OPEN
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -42,7 +43,7 @@ class TextPart(BaseModel):
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     name: str
-    arguments: str | dict[str, Any] = "{}"
+    arguments: str | JsonObject = "{}"
 
 
 class ToolCall(BaseModel):
@@ -92,7 +93,7 @@ class FunctionDef(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     name: str
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonObject | None = None
     strict: bool | None = None
 
     @field_validator("name")
@@ -104,7 +105,7 @@ class FunctionDef(BaseModel):
 
     @field_validator("parameters")
     @classmethod
-    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _schema(cls, v: JsonObject | None) -> JsonObject | None:
         if v is not None and v.get("type", "object") != "object":
             raise ValueError("function parameters must be a JSON Schema of type 'object'")
         if v is not None and "properties" in v and not isinstance(v["properties"], dict):
@@ -134,7 +135,7 @@ class NamedToolChoice(BaseModel):
 class JsonSchemaFormat(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     name: str = "response"
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    schema_: JsonObject = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
@@ -263,7 +264,7 @@ class ChatRequest(BaseModel):
     def tool_names(self) -> frozenset[str]:
         return frozenset(t.function.name for t in self.tools or ()) if self.tools_enabled() else frozenset()
 
-    def openai_body(self) -> dict[str, Any]:
+    def openai_body(self) -> JsonObject:
         """The request as stored: everything the client sent except clawback's own metadata."""
         return self.model_dump(
             exclude={"session_id", "turn_type", "turn_id", "request_id", "session_done"},
@@ -274,7 +275,7 @@ class ChatRequest(BaseModel):
 # ---------------------------------------------------------------- rendering
 
 
-def _arguments_obj(arguments: str | dict[str, Any]) -> Any:
+def _arguments_obj(arguments: str | JsonObject) -> object:
     if isinstance(arguments, dict):
         return arguments
     try:
@@ -306,7 +307,7 @@ def _tools_instruction(req: ChatRequest) -> str:
 class ChatRenderer:
     """Renders requests through the model's own chat template."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any) -> None:  # transformers' tokenizer; its stubs type each call's result as a union of every call shape
         self.tokenizer = tokenizer
         template = tokenizer.chat_template or ""
         if not template:
@@ -316,10 +317,10 @@ class ChatRenderer:
 
     def render(self, req: ChatRequest) -> tuple[str, list[int]]:
         tools_on = req.tools_enabled()
-        messages: list[dict[str, Any]] = []
+        messages: list[JsonObject] = []
         for m in req.messages:
             role = "system" if m.role == "developer" else m.role
-            msg: dict[str, Any] = {"role": role, "content": m.text()}
+            msg: JsonObject = {"role": role, "content": m.text()}
             if m.tool_calls:
                 if self.native_tool_calls:
                     msg["tool_calls"] = [
@@ -334,16 +335,17 @@ class ChatRenderer:
             if m.name is not None and role == "tool":
                 msg["name"] = m.name
             messages.append(msg)
-        kwargs: dict[str, Any] = {}
-        if tools_on and self.native_tools:
-            kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools or []]
-        elif tools_on:
+        native_tools = tools_on and self.native_tools
+        if tools_on and not native_tools:
             instruction = _tools_instruction(req)
             if messages[0]["role"] == "system":
                 messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{instruction}"}
             else:
                 messages.insert(0, {"role": "system", "content": instruction})
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False,
+            tools=[t.model_dump(exclude_none=True) for t in req.tools or []] if native_tools else None)
+        assert isinstance(text, str)  # tokenize=False: the rendered text
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return text, list(ids)
 
@@ -352,7 +354,7 @@ class ChatRenderer:
 
 
 
-def append_text(messages: list[dict[str, Any]], role: str, text: str) -> list[dict[str, Any]]:
+def append_text(messages: list[JsonObject], role: str, text: str) -> list[JsonObject]:
     """A copy of `messages` with `text` appended to the last message of `role` (a new one, placed
     first for a system message and last for a user message, if there is none)."""
     out = copy.deepcopy(messages)

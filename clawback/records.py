@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeAlias, overload
 
+from .replies import ToolCall
+
 JsonObject: TypeAlias = dict[str, Any]
 """A JSON object whose shape is not clawback's to declare: an OpenAI request body, a message, a
 tool's schema or call as the client sent them, or a file read back before it is checked. Data whose
@@ -86,7 +88,7 @@ class Call:
     response_ids: list[int]
     behaviour_logprobs: list[float]  # temperature-1 logprobs of response_ids
     response_text: str
-    tool_calls: list[JsonObject] | None
+    tool_calls: list[ToolCall] | None
     finish_reason: str
     timings: dict[str, float] = field(default_factory=dict)
     # Logprob of each token under the distribution it was drawn from (temperature, top-p): the

@@ -6,17 +6,29 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 BARE_CALL_OPENERS = ("{", "```json")  # how a reply that is only a tool call in bare JSON begins
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(TypedDict):
+    """One entry of an OpenAI reply's `tool_calls`."""
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
 
 
 def new_tool_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
     """Split a reply into content and OpenAI `tool_calls`.
 
     Blocks that are not valid JSON with a string `name` stay in the content, so nothing the model
@@ -30,7 +42,7 @@ def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str |
         call = _bare_call(text, tool_names)
         return (None, [call]) if call else (text, [])
     content_parts = [text[:start]]
-    calls: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
     pos = start
     while pos >= 0:
         body_start = pos + len(TOOL_OPEN)
@@ -49,7 +61,7 @@ def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str |
     return (content or None), calls
 
 
-def _bare_call(text: str, tool_names: Collection[str]) -> dict[str, Any] | None:
+def _bare_call(text: str, tool_names: Collection[str]) -> ToolCall | None:
     body = text.strip()
     if not tool_names or not body.endswith(("}", "```")):
         return None
@@ -61,7 +73,7 @@ def _bare_call(text: str, tool_names: Collection[str]) -> dict[str, Any] | None:
     return call
 
 
-def _parse_call(body: str) -> dict[str, Any] | None:
+def _parse_call(body: str) -> ToolCall | None:
     try:
         obj = json.loads(body.strip())
     except json.JSONDecodeError:
@@ -76,7 +88,7 @@ def _parse_call(body: str) -> dict[str, Any] | None:
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas without splitting UTF-8 characters."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any) -> None:  # transformers' tokenizer: only decode and its Rust backend are used
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.prefix = 0  # ids[prefix:read] decode to text already emitted (context for the next piece)

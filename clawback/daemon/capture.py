@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -119,12 +119,12 @@ def next_state_messages(messages: list[Message]) -> list[Message]:
     return list(reversed(tail))
 
 
-def _reply_signature(content: str | None, tool_calls: list[dict[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
+def _reply_signature(content: str | None, tool_calls: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
     names = tuple(c["function"]["name"] for c in tool_calls or [])
     return (content or "").strip(), names
 
 
-def _served_signature(response_text: str | None, tool_calls: list[dict[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
+def _served_signature(response_text: str | None, tool_calls: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
     """Our reply as the client got it: the stored text is raw, and with tool calls the client's
     content is only what lies outside the <tool_call> blocks."""
     names = {c["function"]["name"] for c in tool_calls or []}

@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import httpx
+
+from clawback.records import JsonObject
 
 PLUGIN_ID = "clawback"
 EXTENSION_DIR = Path(__file__).resolve().parents[2] / "extension"  # a checkout's plugin (link mode)
@@ -31,6 +33,80 @@ CHECK_SESSION = "agent:main:clawback-install-check"  # the plugin caps this sess
 CHECK_MESSAGE = "Say hello in five words."
 RECENT_MAIN_S = 24 * 3600
 REDACTED = "__OPENCLAW_REDACTED__"  # what `openclaw config get` shows for a secret
+
+
+# The part of OpenClaw's config that install writes (`openclaw config patch`), in OpenClaw's own keys.
+class ModelCost(TypedDict):
+    input: float
+    output: float
+    cacheRead: float
+    cacheWrite: float
+
+
+class ProviderModel(TypedDict):
+    id: str
+    name: str
+    reasoning: bool
+    input: list[str]
+    cost: ModelCost
+    contextWindow: int
+    maxTokens: int
+
+
+class Provider(TypedDict):
+    baseUrl: str
+    api: str
+    apiKey: str
+    models: list[ProviderModel]
+
+
+class PluginConfig(TypedDict, total=False):
+    daemonUrl: str
+    apiKeyFile: str
+
+
+class PluginHooks(TypedDict):
+    allowConversationAccess: bool
+
+
+class PluginEntry(TypedDict):
+    enabled: bool
+    hooks: PluginHooks
+    config: PluginConfig
+
+
+class Plugins(TypedDict):
+    entries: dict[str, PluginEntry]
+
+
+class Providers(TypedDict):
+    providers: dict[str, Provider]
+
+
+class PrimaryModel(TypedDict):
+    primary: str
+
+
+class AgentDefaults(TypedDict, total=False):
+    model: PrimaryModel
+    skills: list[str]
+    bootstrapMaxChars: int
+    bootstrapTotalMaxChars: int
+
+
+class Agents(TypedDict):
+    defaults: AgentDefaults
+
+
+class ToolPolicy(TypedDict):
+    deny: list[str]
+
+
+class ConfigPatch(TypedDict, total=False):
+    plugins: Plugins
+    models: Providers
+    tools: ToolPolicy
+    agents: Agents
 
 
 class SetupError(RuntimeError):
@@ -67,7 +143,7 @@ class OpenClawCli:
             raise SetupError(f"`openclaw {shlex.join(args)}` failed (exit {proc.returncode}):\n{(proc.stderr or proc.stdout)[-2000:]}")
         return proc
 
-    def json(self, *args: str) -> Any:
+    def json(self, *args: str) -> JsonObject:
         """The JSON document a `--json` command printed (OpenClaw may print a banner first)."""
         out = self.run(*args, "--json").stdout
         start = min((i for i in (out.find("{"), out.find("[")) if i >= 0), default=-1)
@@ -85,27 +161,27 @@ class Daemon:
     url: str  # without /v1
     key: str | None
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str) -> JsonObject:
         headers = {"authorization": f"Bearer {self.key}"} if self.key else {}
         r = httpx.get(f"{self.url}{path}", headers=headers, timeout=30)
         r.raise_for_status()
         return r.json()
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
     if isinstance(value, dict) and (value or not prefix):
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for k, v in value.items():
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
         return out
     return {prefix: value}
 
 
-def config_changes(before: dict[str, Any], after: dict[str, Any], secret: str | None) -> list[str]:
+def config_changes(before: Mapping[str, object], after: Mapping[str, object], secret: str | None) -> list[str]:
     """What changed between two configs, one line per leaf path; the API key is never printed."""
     old, new = _flatten(before), _flatten(after)
 
-    def show(v: Any) -> str:
+    def show(v: object) -> str:
         text = json.dumps(v, ensure_ascii=False)
         return text.replace(secret, "<api key>") if secret else text
 
@@ -115,7 +191,7 @@ def config_changes(before: dict[str, Any], after: dict[str, Any], secret: str | 
     return lines
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> JsonObject:
     if not path.is_file():
         return {}
     try:
@@ -125,26 +201,26 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def provider_patch(daemon: Daemon, model: str, context: int, key_file: Path | None, max_tokens: int,
-                   make_default: bool, slim: bool) -> dict[str, Any]:
-    provider = {
+                   make_default: bool, slim: bool) -> ConfigPatch:
+    provider: Provider = {
         "baseUrl": daemon.url + "/v1", "api": "openai-completions", "apiKey": daemon.key or "no-auth",
         "models": [{"id": model, "name": f"clawback {model}", "reasoning": False, "input": ["text"],
                     "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
                     "contextWindow": context, "maxTokens": max_tokens or min(4096, max(256, context // 8))}],
     }
-    plugin_config: dict[str, Any] = {"daemonUrl": daemon.url}
+    plugin_config: PluginConfig = {"daemonUrl": daemon.url}
     if key_file is not None:
         plugin_config["apiKeyFile"] = str(key_file)
-    patch: dict[str, Any] = {
+    patch: ConfigPatch = {
         "plugins": {"entries": {PLUGIN_ID: {"enabled": True, "hooks": {"allowConversationAccess": True},
                                             "config": plugin_config}}},
         "models": {"providers": {PLUGIN_ID: provider}},
     }
-    defaults: dict[str, Any] = {}
+    defaults: AgentDefaults = {}
     if make_default:
         defaults["model"] = {"primary": f"{PLUGIN_ID}/{model}"}
     if slim:
-        defaults.update({"skills": [], "bootstrapMaxChars": 500, "bootstrapTotalMaxChars": 1000})
+        defaults.update(skills=[], bootstrapMaxChars=500, bootstrapTotalMaxChars=1000)
         patch["tools"] = {"deny": ["*"]}
     if defaults:
         patch["agents"] = {"defaults": defaults}
@@ -166,7 +242,7 @@ def _backup_dir(data_dir: Path) -> Path:
 
 
 def install(oc: OpenClawCli, daemon: Daemon, data_dir: Path, key_file: Path | None,
-            offline_model: Callable[[], dict[str, Any]], *, plugin: str | None,
+            offline_model: Callable[[], JsonObject], *, plugin: str | None,
             make_default: bool | None, slim: bool | None, max_tokens: int, restart: bool, verify: bool,
             assume_yes: bool) -> int:
     timings: dict[str, float] = {}
@@ -260,7 +336,7 @@ def verify_turn(oc: OpenClawCli, daemon: Daemon, timeout_s: float = 600, progres
     started = time.time()
     model = daemon.get("/v1/models")["data"][0]["id"]
 
-    def tagged(status: dict[str, Any]) -> bool:
+    def tagged(status: JsonObject) -> bool:
         last = (status.get("main_calls") or {}).get("last_tagged_at")
         return last is not None and last >= started - 1
 
@@ -294,7 +370,7 @@ def verify_turn(oc: OpenClawCli, daemon: Daemon, timeout_s: float = 600, progres
                      f"{(err or out)[-1500:]}")
 
 
-def _without(value: Any, secret: str) -> Any:
+def _without(value: object, secret: str) -> object:
     """`value` with every string field equal to `secret` left out."""
     if isinstance(value, dict):
         return {k: _without(v, secret) for k, v in value.items() if v != secret}
@@ -326,8 +402,8 @@ def scrub_key(state_dir: Path, key: str) -> tuple[list[Path], list[Path]]:
             continue
         tmp = path.with_name(path.name + f".clawback-{uuid.uuid4().hex[:8]}")
         tmp.write_text(json.dumps(_without(doc, key), indent=2, ensure_ascii=False) + "\n")
-        os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
+        tmp.chmod(path.stat().st_mode & 0o777)
+        tmp.replace(path)
         scrubbed.append(path)
     return scrubbed, remaining
 
@@ -347,7 +423,7 @@ def uninstall(oc: OpenClawCli, data_dir: Path, key: str | None = None) -> int:
     if manifest["existed"]:
         tmp = config.with_name(config.name + f".clawback-{uuid.uuid4().hex[:8]}")
         shutil.copyfile(backup / "openclaw.json.before", tmp)
-        os.replace(tmp, config)  # atomic: the gateway never reads a half-written config
+        tmp.replace(config)  # atomic: the gateway never reads a half-written config
         say(f"restored {config} as it was before `clawback openclaw install`")
     else:
         config.unlink(missing_ok=True)
@@ -391,7 +467,7 @@ def doctor(oc: OpenClawCli, daemon: Daemon, *, test_turn: bool = False, now: Cal
             ok, detail, fix = False, str(e).splitlines()[0][:300], ""
         checks.append(Check(name, ok, detail, fix))
 
-    status: dict[str, Any] = {}
+    status: JsonObject = {}
 
     def daemon_up() -> tuple[bool, str, str]:
         status.update(daemon.get("/v1/status"))

@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, NotRequired, TypedDict, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from clawback.chat import ChatRequest
 from clawback.engine import EngineError, Sampling, Token
-from clawback.records import Call, Version
-from clawback.replies import IncrementalDetokenizer, TextGate, parse_tool_calls
+from clawback.records import Call, JsonObject, Version
+from clawback.replies import IncrementalDetokenizer, TextGate, ToolCall, parse_tool_calls
 
 from ...engines import grammar
 from ..capture import CallMeta, MetaError, parse_meta, random_id
@@ -29,10 +29,34 @@ from ..store import StoreBusy
 from .errors import CLIENT_GONE, ApiError, read_json, validation_error
 from .state import AppState
 
+T = TypeVar("T")
+
+
+class TopLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(TypedDict):
+    """A choice's OpenAI `logprobs`."""
+    content: list[TokenLogprob]
+
+
+class ReplyMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: NotRequired[list[ToolCall]]
+
+
 IMAGE_PARTS = ("image_url", "input_image", "image")
 
 
-def refuse_images(raw: dict[str, Any]) -> None:
+def refuse_images(raw: JsonObject) -> None:
     """Image content parts get a plain answer rather than a schema path."""
     messages = raw.get("messages")
     for i, m in enumerate(messages if isinstance(messages, list) else []):
@@ -146,9 +170,8 @@ async def _render(state: AppState, request: Request, req: ChatRequest, meta: Cal
     return served, prompt_text, prompt_ids
 
 
-def _top_matrix(tokens: list[Token], field: str) -> list[list[Any]] | None:
+def _top_matrix(rows: list[list[T]]) -> list[list[T]] | None:
     """T x K `top_ids` or `top_logprobs`; None unless every position has the same K > 0."""
-    rows = [list(getattr(t, field)) for t in tokens]
     widths = {len(r) for r in rows}
     return rows if len(widths) == 1 and 0 not in widths else None
 
@@ -169,7 +192,7 @@ class _Run:
         self.tokens: list[Token] = []
         self.first_token_at: float | None = None
         self.finish_reason = "cancelled"
-        self.tool_calls: list[dict[str, Any]] = []
+        self.tool_calls: list[ToolCall] = []
         self.content: str | None = None
         self.finished = False
 
@@ -204,19 +227,19 @@ class _Run:
         else:
             self.content = self.gate.content
 
-    def logprobs_content(self) -> dict[str, Any] | None:
+    def logprobs_content(self) -> ChoiceLogprobs | None:
         """OpenAI `logprobs.content` for every sampled token (the end token included)."""
         if not self.p.req.logprobs:
             return None
         decode = self.state.renderer.tokenizer.decode
 
-        def entry(token_id: int, lp: float) -> dict[str, Any]:
+        def entry(token_id: int, lp: float) -> TopLogprob:
             text = decode([token_id])
             return {"token": text, "logprob": lp, "bytes": list(text.encode())}
 
         n = self.p.req.top_logprobs or 0  # the engine may hold more: main calls keep top-K for OPD
-        return {"content": [{**entry(t.id, t.logprob),
-                             "top_logprobs": [entry(i, lp) for i, lp in zip(t.top_ids[:n], t.top_logprobs[:n])]}
+        return {"content": [TokenLogprob(**entry(t.id, t.logprob),
+                                         top_logprobs=[entry(i, lp) for i, lp in zip(t.top_ids[:n], t.top_logprobs[:n])])
                             for t in self.tokens]}
 
     @property
@@ -236,8 +259,8 @@ class _Run:
             created_at=p.arrived, finished_at=now, model=self.state.engine.info.name,
             adapter_version=Version.of(p.adapter), request=p.served.openai_body(), prompt_text=p.prompt_text,
             prompt_ids=p.prompt_ids, response_ids=self.ids, behaviour_logprobs=[t.logprob for t in self.tokens],
-            sampling_logprobs=_sampling_logprobs(self.tokens), top_ids=_top_matrix(self.tokens, "top_ids"),
-            top_logprobs=_top_matrix(self.tokens, "top_logprobs"),
+            sampling_logprobs=_sampling_logprobs(self.tokens), top_ids=_top_matrix([list(t.top_ids) for t in self.tokens]),
+            top_logprobs=_top_matrix([list(t.top_logprobs) for t in self.tokens]),
             response_text=self.gate.text, tool_calls=self.tool_calls or None,
             finish_reason=self.finish_reason,
             timings={"render_s": p.rendered - p.arrived, "ttft_s": ttft, "total_s": now - p.arrived,
@@ -361,7 +384,7 @@ async def serve_chat(state: AppState, request: Request) -> Response:
     except BaseException:
         run.finish()
         raise
-    message: dict[str, Any] = {"role": "assistant", "content": run.content}
+    message: ReplyMessage = {"role": "assistant", "content": run.content}
     if run.tool_calls:
         message["tool_calls"] = run.tool_calls
     body = {
@@ -379,7 +402,7 @@ async def _sse(state: AppState, run: _Run) -> AsyncIterator[bytes]:
             "model": p.req.model, "system_fingerprint": p.adapter or "base"}
     include_usage = bool(p.req.stream_options and p.req.stream_options.include_usage)
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+    def chunk(delta: Mapping[str, object], finish: str | None = None, logprobs: ChoiceLogprobs | None = None) -> bytes:
         body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
