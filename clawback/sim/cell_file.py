@@ -4,9 +4,10 @@ TypedDicts, not records: a cell file is JSON that results.py, bench/paired_cells
 back as it was written, years of cells among them. A key marked NotRequired is one that older
 cells lack; a cell written now has every key. The first cells (bench/results/simulate) predate
 `meets` and `gate` on each interaction and are not summarized.
-"""
 
-from __future__ import annotations
+Evaluated annotations (no `from __future__ import annotations`), so that each TypedDict's
+`__required_keys__` knows its NotRequired keys.
+"""
 
 from typing import NotRequired, TypedDict
 
