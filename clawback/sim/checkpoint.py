@@ -22,18 +22,24 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+from clawback.daemon.store import Store
+from clawback.records import JsonObject
+
+from .cell_file import Progress
 
 PROGRESS = "progress.json"
+T = TypeVar("T")
 
 
-def new_progress(**fields: Any) -> dict[str, Any]:
-    """A cell's progress before its first interaction; `fields`: the harness's own lists."""
+def new_progress() -> Progress:
+    """A cell's progress before its first interaction."""
     return {"next": 0, "wall_s": 0.0, "resumed_at": [], "curve": [], "interactions": [], "evals": {},
-            "base_eval_from": None, **fields}
+            "base_eval_from": None, "probes": [], "probed_notes": []}
 
 
-def fingerprint(*parts: Any) -> str:
+def fingerprint(*parts: object) -> str:
     """What must match for a checkpoint to be resumed: code stamp, settings, cell, model."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -44,7 +50,7 @@ class Checkpoint:
         self.data_dir = root / "data"
         self._saved = root / "checkpoint"
 
-    def restore(self) -> dict[str, Any] | None:
+    def restore(self) -> Progress | None:
         """The saved progress, with the data dir put back as it was then; None (and an empty data
         dir) when there is nothing to resume for this key."""
         progress = self._read()
@@ -54,15 +60,15 @@ class Checkpoint:
             shutil.rmtree(self._saved, ignore_errors=True)
             return None
         _copy_state(self._saved, self.data_dir)
-        run = progress["harness"]
+        run: Progress = progress["harness"]
         run["resumed_at"].append(run["next"])
         return run
 
-    def save(self, store: Any, db_path: Path, run: dict[str, Any], next_i: int, started: float) -> None:
+    def save(self, store: Store, db_path: Path, run: Progress, next_i: int, started: float) -> None:
         """Snapshot the settled daemon (its store at `db_path`, its adapters) with the harness's
         progress `run`, the next interaction being `next_i`; `started`: when this process began."""
         store.flush()
-        harness = {**run, "next": next_i, "wall_s": run["wall_s"] + time.time() - started}
+        harness: Progress = {**run, "next": next_i, "wall_s": run["wall_s"] + time.time() - started}
         tmp = self.root / "checkpoint.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -73,15 +79,16 @@ class Checkpoint:
         old = self.root / "checkpoint.old"
         shutil.rmtree(old, ignore_errors=True)
         if self._saved.exists():
-            os.replace(self._saved, old)
-        os.replace(tmp, self._saved)  # from here on the new checkpoint is the one a restart finds
+            self._saved.replace(old)
+        tmp.replace(self._saved)  # from here on the new checkpoint is the one a restart finds
         shutil.rmtree(old, ignore_errors=True)
 
-    def _read(self) -> dict[str, Any] | None:
+    def _read(self) -> JsonObject | None:
+        """progress.json as saved: {"key": the fingerprint, "harness": the Progress}."""
         saved = self._saved
         if not saved.is_dir() and (self.root / "checkpoint.old").is_dir():
             saved = self.root / "checkpoint.old"  # stopped between the two renames of `save`
-            os.replace(saved, self._saved)
+            saved.replace(self._saved)
         try:
             progress = json.loads((self._saved / PROGRESS).read_text())
         except (OSError, json.JSONDecodeError):
@@ -108,7 +115,7 @@ def _copy_state(saved: Path, data_dir: Path) -> None:
 
 
 async def cached_base(path: Path | None, key: str, cell: str,
-                      compute: Callable[[int], Awaitable[Any]]) -> tuple[Any, str | None]:
+                      compute: Callable[[int], Awaitable[T]]) -> tuple[T, str | None]:
     """The evaluation before the first interaction, from `path` when a cell with the same `key`
     kept it there, else `compute(0)` (kept for the next cell); with the cell it came from (None:
     computed here)."""
@@ -124,5 +131,5 @@ async def cached_base(path: Path | None, key: str, cell: str,
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"key": key, "cell": cell, "value": value}))
-        os.replace(tmp, path)
+        tmp.replace(path)
     return value, None

@@ -9,11 +9,13 @@ import multiprocessing
 import shutil
 import sys
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from clawback.daemon.config import DEFAULT_MODEL
 
+from .cell_file import CellRecord, ProgressEvent
 from .config import METHODS, SimConfig, parse_methods
 from .scenarios import SCENARIOS
 from .shell_tasks import SHELL
@@ -22,7 +24,11 @@ SCENARIO_NAMES = [*SCENARIOS, SHELL]
 WORK = ".work"  # under --out: unfinished cells and the shared base evaluations (not results)
 
 
-def add_parser(sub: Any) -> None:
+if TYPE_CHECKING:
+    from .harness import Cell
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="measure personalization: the real loop against a simulated user",
                        description=__doc__)
     p.add_argument("--scenario", default="student",
@@ -51,7 +57,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(fn=cmd_simulate)
 
 
-def _names(text: str, known: Any, what: str) -> list[str]:
+def _names(text: str, known: Collection[str], what: str) -> list[str]:
     names = list(known) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in known]
     if bad or not names:
@@ -80,8 +86,8 @@ class Progress:
             print(file=sys.stderr)
 
 
-async def _run(cell: Any, cfg: SimConfig, model_dir: Path, work_dir: Path, base_cache: Path, on_progress: Any,
-               args: argparse.Namespace) -> dict[str, Any]:
+async def _run(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: Path, base_cache: Path,
+               on_progress: Callable[[ProgressEvent], None], args: argparse.Namespace) -> CellRecord:
     import os
 
     from .harness import run_cell
@@ -101,11 +107,11 @@ async def _run(cell: Any, cfg: SimConfig, model_dir: Path, work_dir: Path, base_
         await rater.close()
 
 
-def _units(cfg: SimConfig, cell: Any) -> int:
+def _units(cfg: SimConfig, cell: Cell) -> int:
     return cfg.interactions
 
 
-def _cell_process(cell: Any, cfg: SimConfig, model_dir: Path, out: Path, args: argparse.Namespace,
+def _cell_process(cell: Cell, cfg: SimConfig, model_dir: Path, out: Path, args: argparse.Namespace,
                   progress_at: tuple[int, int, float]) -> None:
     """Run one cell and write its file (the body of the per-cell process)."""
     from transformers.utils import logging as hf_logging
@@ -117,9 +123,9 @@ def _cell_process(cell: Any, cfg: SimConfig, model_dir: Path, out: Path, args: a
     progress.done, progress.t0, progress.cell = progress_at[0], progress_at[2], cell.key
     n = _units(cfg, cell)
 
-    def on_progress(ev: dict[str, Any]) -> None:
+    def on_progress(ev: ProgressEvent) -> None:
         if "score" in ev:
-            v = ev["version"]
+            v = ev.get("version")
             progress.note = f"{'base' if v is None else f'v{v}'} score {ev['score']:.2f}"
         else:
             progress.done += 1
@@ -134,15 +140,14 @@ def _cell_process(cell: Any, cfg: SimConfig, model_dir: Path, out: Path, args: a
     progress.end_cell()
 
 
-def _check_config(existing: dict[str, Any], cfg: SimConfig, path: Path) -> None:
+def _check_config(existing: CellRecord, cfg: SimConfig, path: Path) -> None:
     from .results import stamp_of
     from .stamp import code_stamp
 
     # A key added since the cell ran had its default then, except the gate: cells from before it
     # ran without one.
-    defaults = {**SimConfig().as_dict(), "gate": False}
-    diff = {k: (existing["config"].get(k, defaults[k]), v) for k, v in cfg.as_dict().items()
-            if existing["config"].get(k, defaults[k]) != v}
+    was: dict[str, object] = {**SimConfig().as_dict(), "gate": False, **existing["config"]}
+    diff = {k: (was[k], v) for k, v in cfg.as_dict().items() if was[k] != v}
     if diff:
         raise ValueError(f"{path} was run with other settings {diff} (was, now): use another --out or delete it")
     # A cell of other code is not this code's result; skipping it would leave a hole in the summary.

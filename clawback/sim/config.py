@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from clawback.trainer.config import TrainConfig
+
+from .cell_file import SimConfigFields
 
 TRAINER = TrainConfig()  # the trainer's defaults, which a run keeps unless it sets its own
 
@@ -22,7 +24,7 @@ class Method:
     preset: str | None = None  # the daemon's [train] preset; None = no training
     keeps_own_lr: bool = False  # the preset's lr is part of the recipe (seed): --lr does not apply
     memory: bool = False  # the person's preference notes in the prompt (the daemon's default is on)
-    train: dict[str, Any] = field(default_factory=dict)  # more [train] values (TrainConfig fields)
+    train: dict[str, float] = field(default_factory=dict)  # more [train] values (TrainConfig fields)
     gated: bool = True  # False: every trained version goes live (the gate and live guard off)
     consolidate: bool = False  # with memory: replies train without the notes (Settings.memory_consolidate)
 
@@ -113,8 +115,10 @@ class SimConfig:
             raise ValueError("kl_coef must not be negative")
 
     def settings_for(self, method: Method, seed: int) -> dict[str, Any]:
-        """The `Settings` values of one cell besides its paths: the method's preset, the run's sizes."""
-        train: dict[str, Any] = {"enabled": method.trains, "preset": method.preset or "combined",
+        """The `Settings` values of one cell besides its paths: the method's preset, the run's sizes.
+
+        Any: `Settings` keyword arguments, each of its own type, its sections given as dicts."""
+        train: dict[str, object] = {"enabled": method.trains, "preset": method.preset or "combined",
                                  "batch_size": self.batch_size, "lora_rank": self.lora_rank,
                                  "lora_alpha": self.lora_alpha, "seed": seed, "threads": self.threads,
                                  "kl_coef": self.kl_coef, "drop_cut_replies": True, **method.train}
@@ -124,5 +128,5 @@ class SimConfig:
                 "torch_threads": self.threads, "memory": method.memory, "memory_consolidate": method.consolidate,
                 "gate": {} if self.gate and method.gated else {"enabled": False, "guard_replies": 0}}
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def as_dict(self) -> SimConfigFields:
+        return cast(SimConfigFields, dataclasses.asdict(self))

@@ -26,23 +26,38 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypedDict, cast
 
 import httpx
 
 from clawback import __version__
+from clawback.daemon.api.state import AppState
 from clawback.daemon.config import Settings
 from clawback.daemon.server import build_state, daemon_app
 from clawback.daemon.store import Store
+from clawback.records import JsonObject
 
+from .cell_file import (
+    CellHeader,
+    CellRecord,
+    CodeStamp,
+    DaemonOutcome,
+    MemoryNote,
+    NoteCheck,
+    Progress,
+    ProgressEvent,
+    SampleCounts,
+    TrainStepRow,
+    Versions,
+)
 from .checkpoint import Checkpoint, cached_base, fingerprint, new_progress
 from .config import METHODS, SimConfig
 from .local_worker import in_thread_trainer
 from .probe import active_notes, opener_mass
-from .raters import RuleRater
+from .raters import Judgement, RuleRater
 from .scenarios import Task, scenario
 from .stamp import code_stamp
 from .user import SimulatedUser
@@ -65,12 +80,33 @@ class SimError(RuntimeError):
     pass
 
 
+class Rater(Protocol):
+    """Who judges replies for the user and for the score (raters.py)."""
+
+    name: str
+
+    async def judge(self, reply: str, task: Task, complete: bool = True) -> Judgement: ...
+
+
+class Evaluation(TypedDict):
+    """The held-out greedy replies at one point, judged."""
+
+    score: float
+    meets: float
+    right: float
+    checks: dict[str, float]  # each check's pass rate
+    cut: int
+    meta: int
+    repeat: int
+    replies: list[str]
+
+
 def _request_seed(seed: int, i: int) -> int:
     return seed * 100_003 + i
 
 
-async def _chat(client: httpx.AsyncClient, messages: list[dict[str, Any]], headers: dict[str, str],
-                **sampling: Any) -> tuple[str, bool]:
+async def _chat(client: httpx.AsyncClient, messages: list[JsonObject], headers: dict[str, str],
+                **sampling: float) -> tuple[str, bool]:
     """The reply's text and whether it finished (False: the token budget cut it)."""
     r = await client.post("/v1/chat/completions", json={"model": "clawback", "messages": messages, **sampling},
                           headers=headers)
@@ -88,8 +124,8 @@ async def _feedback(client: httpx.AsyncClient, session: str, target: str, kind: 
         raise SimError(f"feedback {kind} failed: {r.status_code} {r.text[:500]}")
 
 
-async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...], max_tokens: int,
-                   point: int, turn_type: str = "main") -> dict[str, Any]:
+async def evaluate(client: httpx.AsyncClient, rater: Rater, tasks: tuple[Task, ...], max_tokens: int,
+                   point: int, turn_type: str = "main") -> Evaluation:
     """Greedy first replies to the held-out tasks, judged: the score, the share that meets the
     scenario, the share whose answer is right, each check's pass rate, how many the budget cut.
 
@@ -97,7 +133,7 @@ async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...
     without the preference notes (the daemon injects them into main calls only): what the weights
     alone do."""
 
-    async def one(j: int, task: Task) -> tuple[str, Any]:
+    async def one(j: int, task: Task) -> tuple[str, Judgement]:
         reply, complete = await _chat(client, [{"role": "user", "content": task.prompt}],
                                       {"x-session-id": f"eval-{turn_type}-{point}-{j}", "x-turn-type": turn_type,
                                        "x-session-done": "true"},
@@ -114,7 +150,7 @@ async def evaluate(client: httpx.AsyncClient, rater: Any, tasks: tuple[Task, ...
             "replies": list(replies)}
 
 
-async def _settle(state: Any, batch_size: int) -> None:
+async def _settle(state: AppState, batch_size: int) -> None:
     """Wait until every queued sample is judged and no full batch is waiting to be trained."""
     trainer, deadline = state.trainer, time.monotonic() + SETTLE_TIMEOUT_S
     failures = trainer.failures if trainer is not None else 0
@@ -134,7 +170,7 @@ async def _settle(state: Any, batch_size: int) -> None:
     raise SimError(f"the daemon did not settle within {SETTLE_TIMEOUT_S:.0f}s")
 
 
-def _train_steps(store: Store) -> list[dict[str, Any]]:
+def _train_steps(store: Store) -> list[TrainStepRow]:
     keep = ("loss", "drift", "entropy", "adv", "ratio", "tis", "grad_norm", "reward_mean", "reward_pos",
             "reward_neg", "clip_frac", "response_len", "step_time_s", "samples", "kl", "topk_adv", "topk_clip",
             "evidence_rows", "distill_kl")
@@ -143,20 +179,21 @@ def _train_steps(store: Store) -> list[dict[str, Any]]:
             for t in store.train_steps()]
 
 
-def _note_checks(store: Store) -> list[dict[str, Any]]:
+def _note_checks(store: Store) -> list[NoteCheck]:
     """Each preference note checked against each version that went live (daemon/retirement.py)."""
-    return [{"note_id": None if subject is None else int(subject), **payload} for subject, payload in store.event_payloads("memory.checked")]
+    return [NoteCheck(note_id=None if subject is None else int(subject), **payload)
+            for subject, payload in store.event_payloads("memory.checked")]
 
 
-def _sample_counts(store: Store) -> dict[str, Any]:
-    counts: dict[str, Any] = {"dropped": {}}
+def _sample_counts(store: Store) -> SampleCounts:
+    dropped: dict[str, int] = {}
+    states: dict[str, int] = {}
     for r in store.sample_counts():
         if r.state == "dropped":
-            counts["dropped"][r.reason] = r.samples
+            dropped[r.reason] = r.samples
         else:
-            counts[r.state] = counts.get(r.state, 0) + r.samples
-    counts["loops"] = store.loop_sample_count()  # trained against their loop
-    return counts
+            states[r.state] = states.get(r.state, 0) + r.samples
+    return cast(SampleCounts, {"dropped": dropped, **states, "loops": store.loop_sample_count()})
 
 
 def cell_settings(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path) -> Settings:
@@ -165,7 +202,8 @@ def cell_settings(cell: Cell, cfg: SimConfig, model_dir: Path, data_dir: Path) -
 
 
 @contextlib.asynccontextmanager
-async def in_process_daemon(settings: Settings, model_dir: Path, threads: int) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+async def in_process_daemon(settings: Settings, model_dir: Path,
+                            threads: int) -> AsyncIterator[tuple[AppState, httpx.AsyncClient]]:
     """The daemon's state, its app with its lifespan running, and a client that calls it in process."""
     state = build_state(settings, in_thread_trainer(str(model_dir), settings.train_config(), threads))
     app = daemon_app(settings, state)
@@ -176,23 +214,24 @@ async def in_process_daemon(settings: Settings, model_dir: Path, threads: int) -
         yield state, client
 
 
-async def daemon_outcome(state: Any) -> dict[str, Any]:
+async def daemon_outcome(state: AppState) -> DaemonOutcome:
     """What the daemon did in the cell: training steps, samples, notes and their checks, versions."""
     notes = await asyncio.to_thread(state.store.memory_notes, state.adapters.live())
     return {"steps": await asyncio.to_thread(_train_steps, state.store),
             "samples": await asyncio.to_thread(_sample_counts, state.store),
             "versions": _versions(await asyncio.to_thread(state.store.adapters)),
-            "memory_notes": [{k: n[k] for k in ("note_id", "text", "created_at", "retired_by", "retired_at", "active")}
+            "memory_notes": [MemoryNote(note_id=n["note_id"], text=n["text"], created_at=n["created_at"],
+                                        retired_by=n["retired_by"], retired_at=n["retired_at"], active=n["active"])
                              for n in notes],
             "memory_checks": await asyncio.to_thread(_note_checks, state.store)}
 
 
-def cell_record(cell: Cell, cfg: SimConfig, model_dir: Path, settings: Settings, code: dict[str, Any],
-                started: float, user: str, run: dict[str, Any]) -> dict[str, Any]:
+def cell_record(cell: Cell, cfg: SimConfig, model_dir: Path, settings: Settings, code: CodeStamp,
+                started: float, user: str, run: Progress) -> CellHeader:
     """The fields every cell file has, whatever its scenario. `run`: the cell's progress
     (checkpoint.new_progress), for the time spent before a resume and where it resumed."""
     train_cfg = settings.train_config() if METHODS[cell.method].trains else None
-    return {"cell": dataclasses.asdict(cell), "config": cfg.as_dict(), "model": str(model_dir.name), "user": user,
+    return {"cell": {"scenario": cell.scenario, "method": cell.method, "seed": cell.seed}, "config": cfg.as_dict(), "model": str(model_dir.name), "user": user,
             "code": code, "clawback_version": __version__,
             "settings": settings.model_dump(mode="json", exclude={"data_dir", "model", "config_file"}),
             "train_config": None if train_cfg is None else dataclasses.asdict(train_cfg),
@@ -201,8 +240,8 @@ def cell_record(cell: Cell, cfg: SimConfig, model_dir: Path, settings: Settings,
 
 
 async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: Path,
-                   on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
-                   rater: Any = None, base_cache: Path | None = None) -> dict[str, Any]:
+                   on_progress: Callable[[ProgressEvent], None] = lambda _: None,
+                   rater: Rater | None = None, base_cache: Path | None = None) -> CellRecord:
     """Run one cell in `work_dir` (its data dir and checkpoint, checkpoint.py), going on from its
     checkpoint when one was saved by the same code and settings; returns its result record (see
     results.py).
@@ -218,7 +257,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: Path,
     ckpt = Checkpoint(work_dir, fingerprint(code["stamp"], cfg.as_dict(), cell.key, model_dir.name, rater.name))
     base_key = fingerprint(code["stamp"], cfg.as_dict(), cell.scenario, model_dir.name, rater.name)
     # The harness's progress: all that a checkpoint saves besides the daemon's own state.
-    run = ckpt.restore() or new_progress(probes=[], probed_notes=[])
+    run = ckpt.restore() or new_progress()
     settings = cell_settings(cell, cfg, model_dir, ckpt.data_dir)
     curve, probes, interactions, evals = run["curve"], run["probes"], run["interactions"], run["evals"]
     marks = eval_marks(cfg)
@@ -229,7 +268,7 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: Path,
             mass = await opener_mass(state, scen, scen.eval)  # one forward pass a task: all of them
             probes.append({"interaction": i, "version": state.adapters.live(), "mass": mass})
 
-        async def held_out(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        async def held_out(i: int) -> tuple[Evaluation, Evaluation]:
             """The greedy replies with the notes a main call gets, and without them."""
             result = await evaluate(client, rater, eval_tasks, cfg.max_tokens, i)
             # Without the notes: what training put into the weights. Where no notes are injected
@@ -303,7 +342,7 @@ def eval_marks(cfg: SimConfig) -> list[int]:
     return sorted({round(cfg.interactions * (k + 1) / cfg.eval_points) for k in range(cfg.eval_points)})
 
 
-def _versions(adapters: list[dict[str, Any]]) -> dict[str, Any]:
+def _versions(adapters: list[JsonObject]) -> Versions:
     """Which trained versions went live and which the gate (or the live guard) refused, and why;
     and what the gate measured on each (its report, less the probe reply texts)."""
     return {"promoted": [a["version"] for a in adapters if a["live_at"] is not None],
@@ -313,7 +352,7 @@ def _versions(adapters: list[dict[str, Any]]) -> dict[str, Any]:
                      for a in adapters if a["gate"]}}
 
 
-def _tally(items) -> dict[str, int]:
+def _tally(items: Iterable[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for x in items:
         out[x] = out.get(x, 0) + 1

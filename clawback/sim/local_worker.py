@@ -14,7 +14,7 @@ import ctypes
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 from clawback.daemon.training import TrainerStarter
 from clawback.records import ReadySample, TrainResult
@@ -22,6 +22,7 @@ from clawback.trainer.config import TrainConfig
 from clawback.trainer.worker import TrainerWorker  # at import: a cell runs the code its stamp hashed
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class InThreadTrainer:
@@ -32,14 +33,14 @@ class InThreadTrainer:
     arena kept ~1.5 GB of freed training tensors: RSS grew by that much per step until the machine
     ran out of memory.)"""
 
-    def __init__(self, worker: Any) -> None:
+    def __init__(self, worker: TrainerWorker) -> None:
         self.worker = worker
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawback-trainer")
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         def call() -> T:
             try:
-                return fn(*args)
+                return fn(*args, **kwargs)
             finally:
                 _trim()
 
@@ -51,7 +52,7 @@ class InThreadTrainer:
     async def ping(self) -> int | None:
         return await self._run(self.worker.ping)
 
-    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, Any]) -> TrainResult:
+    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, object]) -> TrainResult:
         return await self._run(self.worker.train, samples, version, meta)
 
     async def close(self) -> None:

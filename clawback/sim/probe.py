@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
 
 from clawback.chat import ChatRequest
+from clawback.daemon.api.state import AppState
 from clawback.daemon.memory import inject
 from clawback.engine import Sampling
 from clawback.records import Version
@@ -24,7 +24,7 @@ from .scenarios import Scenario, Task
 TOP = 20
 
 
-async def active_notes(state: Any, live: str | None = None) -> list[str]:
+async def active_notes(state: AppState, live: str | None = None) -> list[str]:
     """The preference notes a main call to the live version gets now in a new conversation (none
     with memory off): the general ones."""
     if not state.settings.memory:
@@ -34,7 +34,7 @@ async def active_notes(state: Any, live: str | None = None) -> list[str]:
             if n["active"] and n["scope"] == "general"]
 
 
-async def opener_mass(state: Any, scen: Scenario, tasks: tuple[Task, ...]) -> float | None:
+async def opener_mass(state: AppState, scen: Scenario, tasks: tuple[Task, ...]) -> float | None:
     if scen.good_opener is None:
         return None
     live = state.engine.active_version()

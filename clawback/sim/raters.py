@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -63,7 +62,7 @@ _CORRECTION = re.compile(r"\[CORRECTION\](.*?)\[/CORRECTION\]", re.DOTALL)
 
 class LLMRater:
     def __init__(self, scenario: Scenario, url: str, model: str, api_key: str | None = None,
-                 timeout_s: float = 120.0, transport: Any = None) -> None:
+                 timeout_s: float = 120.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.scenario, self.model = scenario, model
         self.name = f"llm:{model}@{url}"
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}

@@ -36,13 +36,110 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import textwrap
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict, cast
 
+from .cell_file import CellRecord, CurvePoint
 from .harness import Cell
+
+MeanCI = tuple[float, float, float]  # mean and its 95% interval (nan, nan with one value)
+BeforeAfter = tuple[MeanCI, MeanCI]
+HeldOutKey = Literal["meets", "right", "meets_off", "right_off"]
+PairedMetric = Literal["sessions_to_adapt", "meets_rate", "meets_last", "right_rate", "broken_rate", "final_score",
+                       "meets_off_gain", "right_off_gain", "probe_final"]
+PAIRED_METRICS: tuple[PairedMetric, ...] = (
+    "sessions_to_adapt", "meets_rate", "meets_last", "right_rate", "broken_rate", "final_score", "meets_off_gain",
+    "right_off_gain", "probe_final")
+
+
+class PairedDiff(TypedDict):
+    """Per shared seed, a − b, and its mean with the 95% t-interval."""
+
+    seeds: list[int]
+    diffs: list[float]
+    mean: float
+    low: float
+    high: float
+
+
+class AdaptOrder(TypedDict):
+    """Over shared seeds: how often a adapted sooner than b, at the same session, later, or neither did."""
+
+    seeds: list[int]
+    sooner: int
+    same: int
+    later: int
+    neither: int
+    sign_p: float
+
+
+class Comparison(TypedDict):
+    """One method against its comparator: each metric's paired difference, and adaptation's order."""
+
+    sessions_to_adapt: PairedDiff | None
+    meets_rate: PairedDiff | None
+    meets_last: PairedDiff | None
+    right_rate: PairedDiff | None
+    broken_rate: PairedDiff | None
+    final_score: PairedDiff | None
+    meets_off_gain: PairedDiff | None
+    right_off_gain: PairedDiff | None
+    probe_final: PairedDiff | None
+    adapt_order: AdaptOrder | None
+
+
+class MethodSummary(TypedDict):
+    """One scenario × method over its seeds: a row of the summary."""
+
+    seeds: list[int]
+    interactions: int
+    sessions_to_adapt: dict[str, int | None]  # per seed; None = not adapted
+    adapted: str  # "k/n"
+    sessions_to_adapt_adapted: MeanCI | None
+    meets_rate: MeanCI | None
+    meets_last: MeanCI | None
+    broken_rate: MeanCI | None
+    right_rate: MeanCI | None
+    meets_by_session: list[float]
+    mean: list[float]  # the held-out score at x = 0..interactions, mean and band over seeds
+    low: list[float]
+    high: list[float]
+    probe_mean: list[float] | None
+    before: MeanCI
+    final: MeanCI
+    meets_before_after: BeforeAfter | None
+    right_before_after: BeforeAfter | None
+    meets_off_before_after: BeforeAfter | None
+    right_off_before_after: BeforeAfter | None
+    meets_off_gain: MeanCI | None
+    right_off_gain: MeanCI | None
+    meets_gain: MeanCI | None
+    right_gain: MeanCI | None
+    run_mean: MeanCI
+    steps_per_seed: list[int]
+    samples_used_per_seed: list[int]
+    failed_steps: int
+    gate: list[bool]
+    promoted_per_seed: list[int]
+    refused_per_seed: list[int]
+    mean_drift: float | None
+    mean_entropy: float | None
+    wall_s_per_seed: list[float]
+
+
+class Summary(TypedDict):
+    """summary.json."""
+
+    code_stamp: str | None
+    commits: list[str]
+    excluded_other_code: list[str]
+    scenarios: dict[str, dict[str, MethodSummary]]
+    paired: dict[str, dict[str, Comparison]]  # scenario -> "method - comparator" -> ...
+    missing: list[str]  # the expected cells that have no file
 
 # Two-sided 95% Student-t quantiles t(0.975, df) (scipy is not a dependency): every df to 30, then
 # a few more; a df between two listed ones takes the smaller df's quantile (a slightly wider
@@ -63,30 +160,35 @@ def cell_path(out: Path, cell: Cell) -> Path:
     return out / "cells" / cell.scenario / cell.method / f"seed{cell.seed}.json"
 
 
-def write_cell(out: Path, cell: Cell, record: dict[str, Any]) -> Path:
+def write_cell(out: Path, cell: Cell, record: CellRecord) -> Path:
     path = cell_path(out, cell)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)  # a cell file is whole or absent
+    tmp.replace(path)  # a cell file is whole or absent
     return path
 
 
-def read_cell(out: Path, cell: Cell) -> dict[str, Any] | None:
+def read_cell(out: Path, cell: Cell) -> CellRecord | None:
     path = cell_path(out, cell)
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        return _cell_of(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e}); delete it to run the cell again") from None
 
 
-def all_cells(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/*/seed*.json"))]
+def all_cells(out: Path) -> list[CellRecord]:
+    return [_cell_of(p.read_text()) for p in sorted((out / "cells").glob("*/*/seed*.json"))]
 
 
-def stamp_of(cell: dict[str, Any]) -> str:
+def _cell_of(text: str) -> CellRecord:
+    """A cell file's record, as written (not checked: cells of older code lack newer keys)."""
+    return cast(CellRecord, json.loads(text))
+
+
+def stamp_of(cell: CellRecord) -> str:
     return (cell.get("code") or {}).get("stamp") or "unstamped"
 
 
@@ -106,10 +208,10 @@ def sessions_to_adapt(meets: list[bool], window: int = ADAPT_WINDOW, need: int =
     return first + 1
 
 
-def right_of(cell: dict[str, Any]) -> list[bool] | None:
+def right_of(cell: CellRecord) -> list[bool] | None:
     """Whether each reply's answer was right; None for a cell recorded before answers were checked."""
     its = cell["interactions"]
-    return [bool(i["right"]) for i in its] if all("right" in i for i in its) else None
+    return [bool(i.get("right")) for i in its] if all("right" in i for i in its) else None
 
 
 # How the rule-based user rates a reply that fails every rule at once (raters.Judgement.gate).
@@ -128,22 +230,28 @@ COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combin
                ("default_consolidated", "default"), ("default_consolidated", "memory"))
 
 
-def _gain(members: list[dict[str, Any]], key: str) -> dict[int, float]:
+def _first_last(cell: CellRecord, key: HeldOutKey) -> tuple[float, float] | None:
+    """The held-out `key` at the first and at the last evaluation; None for a cell recorded
+    before `key` existed."""
+    first, last = cell["curve"][0].get(key), cell["curve"][-1].get(key)
+    return None if first is None or last is None else (first, last)
+
+
+def _gain(members: list[CellRecord], key: HeldOutKey) -> dict[int, float]:
     """Per seed: the held-out `key` at the last evaluation minus at the first (the base model);
     cells recorded before `key` existed are left out."""
-    return {m["cell"]["seed"]: m["curve"][-1][key] - m["curve"][0][key] for m in members
-            if key in m["curve"][0] and key in m["curve"][-1]}
+    return {m["cell"]["seed"]: fl[1] - fl[0] for m in members if (fl := _first_last(m, key)) is not None}
 
 
-def _before_after(members: list[dict[str, Any]], key: str) -> tuple[tuple[float, float, float], tuple[float, float, float]] | None:
+def _before_after(members: list[CellRecord], key: HeldOutKey) -> BeforeAfter | None:
     """The held-out `key` at the first and at the last evaluation, mean and 95% CI over seeds."""
-    have = [m["curve"] for m in members if key in m["curve"][0] and key in m["curve"][-1]]
-    return (mean_ci([c[0][key] for c in have]), mean_ci([c[-1][key] for c in have])) if have else None
+    have = [fl for m in members if (fl := _first_last(m, key)) is not None]
+    return (mean_ci([f for f, _ in have]), mean_ci([la for _, la in have])) if have else None
 
 
-def step_curve(curve: list[dict[str, Any]], interactions: int) -> list[float]:
-    """Score at x = 0..interactions: the newest evaluation at or before x."""
-    points = sorted((p["interaction"], p["score"]) for p in curve)
+def step_curve(curve: Sequence[tuple[int, float]], interactions: int) -> list[float]:
+    """Score at x = 0..interactions: the newest of the (interaction, score) points at or before x."""
+    points = sorted(curve)
     out, j, current = [], 0, points[0][1]
     for x in range(interactions + 1):
         while j < len(points) and points[j][0] <= x:
@@ -153,7 +261,11 @@ def step_curve(curve: list[dict[str, Any]], interactions: int) -> list[float]:
     return out
 
 
-def mean_ci(values: list[float]) -> tuple[float, float, float]:
+def _scores(curve: list[CurvePoint]) -> list[tuple[int, float]]:
+    return [(p["interaction"], p["score"]) for p in curve]
+
+
+def mean_ci(values: list[float]) -> MeanCI:
     m = statistics.fmean(values)
     if len(values) < 2:
         return m, float("nan"), float("nan")
@@ -161,12 +273,12 @@ def mean_ci(values: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def _probe_curve(m: dict[str, Any], n_int: int) -> list[float] | None:
-    points = [{"interaction": p["interaction"], "score": p["mass"]} for p in m.get("probe", []) if p["mass"] is not None]
+def _probe_curve(m: CellRecord, n_int: int) -> list[float] | None:
+    points = [(p["interaction"], p["mass"]) for p in m.get("probe", []) if p["mass"] is not None]
     return step_curve(points, n_int) if points else None
 
 
-def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, Any] | None:
+def paired(a: dict[int, float], b: dict[int, float]) -> PairedDiff | None:
     """Mean of a[seed] − b[seed] over the seeds both have, with its 95% t-interval."""
     seeds = sorted(set(a) & set(b))
     if not seeds:
@@ -176,18 +288,18 @@ def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, Any] | None:
     return {"seeds": seeds, "diffs": diffs, "mean": m, "low": lo, "high": hi}
 
 
-def adapt_order(a: dict[int, int | None], b: dict[int, int | None]) -> dict[str, Any] | None:
+def adapt_order(a: dict[int, int | None], b: dict[int, int | None]) -> AdaptOrder | None:
     """Per shared seed, did `a` adapt sooner than `b`, at the same session, later, or neither?"""
     seeds = sorted(set(a) & set(b))
     if not seeds:
         return None
     never = float("inf")
-    out: dict[str, Any] = {"seeds": seeds, "sooner": 0, "same": 0, "later": 0, "neither": 0}
+    n = Counter[str]()
     for k in seeds:
         x, y = (never if v is None else v for v in (a[k], b[k]))
-        out["neither" if x == y == never else "same" if x == y else "sooner" if x < y else "later"] += 1
-    out["sign_p"] = sign_test(out["sooner"], out["later"])
-    return out
+        n["neither" if x == y == never else "same" if x == y else "sooner" if x < y else "later"] += 1
+    return {"seeds": seeds, "sooner": n["sooner"], "same": n["same"], "later": n["later"], "neither": n["neither"],
+            "sign_p": sign_test(n["sooner"], n["later"])}
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -196,23 +308,23 @@ def sign_test(wins: int, losses: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
-def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, stamp: str | None = None) -> dict[str, Any]:
+def summarize(cells: list[CellRecord], expected: list[Cell] | None = None, stamp: str | None = None) -> Summary:
     if cells and stamp is None:  # the newest cell's code
         stamp = stamp_of(max(cells, key=lambda c: c.get("finished_at", "")))
     excluded = sorted(f"{c['cell']['scenario']}/{c['cell']['method']}/seed{c['cell']['seed']} ({stamp_of(c)})"
                       for c in cells if stamp_of(c) != stamp)
     cells = [c for c in cells if stamp_of(c) == stamp]
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str], list[CellRecord]] = {}
     for c in cells:
         groups.setdefault((c["cell"]["scenario"], c["cell"]["method"]), []).append(c)
     commits = sorted({(c.get("code") or {}).get("commit") or "?" for c in cells})
-    summary: dict[str, Any] = {"code_stamp": stamp, "commits": commits, "excluded_other_code": excluded,
-                               "scenarios": {}, "paired": {}, "missing": []}
+    summary: Summary = {"code_stamp": stamp, "commits": commits, "excluded_other_code": excluded,
+                        "scenarios": {}, "paired": {}, "missing": []}
     per_seed: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
     adapt_at: dict[tuple[str, str], dict[int, int | None]] = {}
     for (scen, method), members in sorted(groups.items()):
         n_int = max(m["config"]["interactions"] for m in members)
-        curves = [step_curve(m["curve"], n_int) for m in members]
+        curves = [step_curve(_scores(m["curve"]), n_int) for m in members]
         per_x = [mean_ci([c[x] for c in curves]) for x in range(n_int + 1)]
         probes = [p for p in (_probe_curve(m, n_int) for m in members) if p is not None]
         adapt = {m["cell"]["seed"]: sessions_to_adapt([r["meets"] for r in m["interactions"]]) for m in members}
@@ -240,8 +352,8 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "right_gain": _gain(members, "right"),
             # The probe where every method has one, at the end: during the run, a cell recorded
             # when the probe ran only on new versions holds a stale value while the notes change.
-            "probe_final": {m["cell"]["seed"]: m["probe"][-1]["mass"] for m in members
-                            if m.get("probe") and m["probe"][-1]["mass"] is not None},
+            "probe_final": {m["cell"]["seed"]: mass for m in members
+                            if (probe := m.get("probe")) and (mass := probe[-1]["mass"]) is not None},
         }
         adapted = [v for v in adapt.values() if v is not None]
         steps = [s for m in members for s in m["steps"] if s["outcome"] == "committed"]
@@ -249,6 +361,10 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
         def avg(key: str) -> float | None:
             vals = [s["metrics"][key] for s in steps if key in s["metrics"]]
             return statistics.fmean(vals) if vals else None
+
+        def gain_ci(key: str) -> MeanCI | None:
+            by_seed = per_seed[(scen, method)][key]
+            return mean_ci(list(by_seed.values())) if by_seed else None
 
         summary["scenarios"].setdefault(scen, {})[method] = {
             "seeds": sorted(m["cell"]["seed"] for m in members),
@@ -266,10 +382,12 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
             "mean": [p[0] for p in per_x], "low": [p[1] for p in per_x], "high": [p[2] for p in per_x],
             "probe_mean": [statistics.fmean(p[x] for p in probes) for x in range(n_int + 1)] if probes else None,
             "before": mean_ci([c[0] for c in curves]), "final": mean_ci([c[-1] for c in curves]),
-            **{f"{key}_before_after": _before_after(members, key) for key in ("meets", "right", "meets_off", "right_off")},
-            **{key: mean_ci(list(v.values())) if v else None
-               for key in ("meets_off_gain", "right_off_gain", "meets_gain", "right_gain")
-               if (v := per_seed[(scen, method)][key]) is not None},
+            "meets_before_after": _before_after(members, "meets"),
+            "right_before_after": _before_after(members, "right"),
+            "meets_off_before_after": _before_after(members, "meets_off"),
+            "right_off_before_after": _before_after(members, "right_off"),
+            "meets_off_gain": gain_ci("meets_off_gain"), "right_off_gain": gain_ci("right_off_gain"),
+            "meets_gain": gain_ci("meets_gain"), "right_gain": gain_ci("right_gain"),
             # The score averaged over the whole run (area under the curve / N): how soon it learned.
             "run_mean": mean_ci([statistics.fmean(c) for c in curves]),
             "steps_per_seed": [sum(s["outcome"] == "committed" for s in m["steps"]) for m in members],
@@ -277,26 +395,24 @@ def summarize(cells: list[dict[str, Any]], expected: list[Cell] | None = None, s
                                       for m in members],
             "failed_steps": sum(s["outcome"] != "committed" for m in members for s in m["steps"]),
             "gate": [m["config"].get("gate", False) for m in members],
-            "promoted_per_seed": [len(m.get("versions", {}).get("promoted", [])) for m in members],
-            "refused_per_seed": [len(m.get("versions", {}).get("refused", {})) for m in members],
+            "promoted_per_seed": [len(m["versions"]["promoted"]) if "versions" in m else 0 for m in members],
+            "refused_per_seed": [len(m["versions"]["refused"]) if "versions" in m else 0 for m in members],
             "mean_drift": avg("drift"), "mean_entropy": avg("entropy"),
             "wall_s_per_seed": [round(m["wall_s"], 1) for m in members],
         }
     for scen in summary["scenarios"]:
         for a, b in COMPARISONS:
             if (scen, a) in per_seed and (scen, b) in per_seed:
-                summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = {
-                    **{metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
-                       for metric in ("sessions_to_adapt", "meets_rate", "meets_last", "right_rate", "broken_rate",
-                                      "final_score", "meets_off_gain", "right_off_gain",
-                                      "probe_final")},
-                    "adapt_order": adapt_order(adapt_at[(scen, a)], adapt_at[(scen, b)])}
+                diffs = {metric: paired(per_seed[(scen, a)][metric], per_seed[(scen, b)][metric])
+                         for metric in PAIRED_METRICS}
+                summary["paired"].setdefault(scen, {})[f"{a} - {b}"] = cast(Comparison, {
+                    **diffs, "adapt_order": adapt_order(adapt_at[(scen, a)], adapt_at[(scen, b)])})
     have = {(c["cell"]["scenario"], c["cell"]["method"], c["cell"]["seed"]) for c in cells}
     summary["missing"] = [c.key for c in expected or [] if (c.scenario, c.method, c.seed) not in have]
     return summary
 
 
-def plot(summary: dict[str, Any], out: Path) -> list[Path]:
+def plot(summary: Summary, out: Path) -> list[Path]:
     """One PNG per scenario, one line per method: the share of seeds whose reply met the preference
     in each session (left), the probe on every version (middle) and the held-out greedy score at
     the evaluation points with its 95% band over seeds (right)."""
@@ -340,25 +456,25 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
-def write_summary(out: Path, expected: list[Cell]) -> tuple[dict[str, Any], list[Path]]:
+def write_summary(out: Path, expected: list[Cell]) -> tuple[Summary, list[Path]]:
     summary = summarize(all_cells(out), expected)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary, plot(summary, out)
 
 
-def markdown_table(summary: dict[str, Any]) -> str:
+def markdown_table(summary: Summary) -> str:
     """Per scenario and method: adaptation, the rates of replies meeting the preference and of cut
     or meta replies during the run, held-out score before/after, the probe; then the paired
     differences."""
 
-    def ci(t: list[float] | None, fmt: str = ".3f") -> str:
+    def ci(t: Sequence[float] | None, fmt: str = ".3f") -> str:
         if t is None:
             return "–"
         m, lo, hi = t
         return format(m, fmt) if math.isnan(lo) else f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
-    def adapt(s: dict[str, Any]) -> str:
+    def adapt(s: MethodSummary) -> str:
         return ", ".join("not adapted" if v is None else str(v) for v in s["sessions_to_adapt"].values())
 
     lines = [f"Code stamp {summary['code_stamp']} (commits {', '.join(c[:10] for c in summary['commits'])}).", "",
@@ -373,7 +489,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
             wall = statistics.fmean(s["wall_s_per_seed"]) / 60
             gated = ",".join(f"{p}/{r}" if g else "no gate" for p, r, g in
                              zip(s.get("promoted_per_seed", []), s.get("refused_per_seed", []), s.get("gate", [])))
-            probe = "–" if not s.get("probe_mean") else f"{s['probe_mean'][0]:.3f} → {s['probe_mean'][-1]:.3f}"
+            probe = "–" if not (pm := s.get("probe_mean")) else f"{pm[0]:.3f} → {pm[-1]:.3f}"
             lines.append(
                 f"| {scen} | {method} | {','.join(map(str, s['seeds']))} | {adapt(s)} | {s['adapted']} "
                 f"| {ci(s['meets_rate'])} | {ci(s.get('meets_last'))} | {ci(s.get('right_rate'))} | {ci(s.get('broken_rate'))} | {ci(s['before'])} | {ci(s['final'])} | {probe} "
@@ -383,27 +499,26 @@ def markdown_table(summary: dict[str, Any]) -> str:
               "| scenario | method | meets, notes on | right, notes on | meets, notes off | right, notes off "
               "| gain meets off | gain right off |", "|---|---|---|---|---|---|---|---|"]
 
-    def before_after(t: tuple[tuple[float, float, float], tuple[float, float, float]] | None) -> str:
+    def before_after(t: BeforeAfter | None) -> str:
         return "–" if t is None else f"{t[0][0]:.2f} → {t[1][0]:.2f}"
 
     for scen, methods in summary["scenarios"].items():
         for method, s in methods.items():
-            lines.append(f"| {scen} | {method} | " + " | ".join(
-                before_after(s.get(f"{k}_before_after")) for k in ("meets", "right", "meets_off", "right_off"))
+            lines.append(f"| {scen} | {method} | " + " | ".join(before_after(t) for t in (
+                s.get("meets_before_after"), s.get("right_before_after"), s.get("meets_off_before_after"),
+                s.get("right_off_before_after")))
                 + f" | {ci(s.get('meets_off_gain'), '+.3f')} | {ci(s.get('right_off_gain'), '+.3f')} |")
     lines += ["", "| scenario | method − comparator | metric | seeds | per-seed differences | mean [95% CI] |",
               "|---|---|---|---|---|---|"]
     for scen, pairs in summary["paired"].items():
         for name, metrics in pairs.items():
-            for metric, d in metrics.items():
-                if d is None:
-                    continue
-                if metric == "adapt_order":
-                    lines.append(f"| {scen} | {name} | adapted sooner / same / later / neither | "
-                                 f"{','.join(map(str, d['seeds']))} | {d['sooner']} / {d['same']} / {d['later']} / "
-                                 f"{d['neither']} | sign test p = {d.get('sign_p', 1.0):.3g} |")
-                    continue
-                lines.append(f"| {scen} | {name} | {metric} | {','.join(map(str, d['seeds']))} "
-                             f"| {', '.join(f'{x:+.3g}' for x in d['diffs'])} "
-                             f"| {ci([d['mean'], d['low'], d['high']], '+.3f')} |")
+            for metric in PAIRED_METRICS:
+                if (d := metrics.get(metric)) is not None:
+                    lines.append(f"| {scen} | {name} | {metric} | {','.join(map(str, d['seeds']))} "
+                                 f"| {', '.join(f'{x:+.3g}' for x in d['diffs'])} "
+                                 f"| {ci([d['mean'], d['low'], d['high']], '+.3f')} |")
+            if (o := metrics.get("adapt_order")) is not None:
+                lines.append(f"| {scen} | {name} | adapted sooner / same / later / neither | "
+                             f"{','.join(map(str, o['seeds']))} | {o['sooner']} / {o['same']} / {o['later']} / "
+                             f"{o['neither']} | sign test p = {o.get('sign_p', 1.0):.3g} |")
     return "\n".join(lines)

@@ -111,7 +111,7 @@ def _own(workdir: Path) -> None:
     if os.geteuid() != 0:
         return
     for root, dirs, files in os.walk(workdir):
-        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+        for name in [Path(root), *(Path(root) / n for n in dirs + files)]:
             os.lchown(name, SANDBOX_UID, SANDBOX_UID)
 
 
@@ -181,11 +181,11 @@ class Sandbox:
             return ["/bin/sh", "-c", command]
         system = []  # /bin, /lib, ... as the host has them: links into /usr (merged /usr) or directories
         for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
-            if os.path.islink(d):
-                system += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
+            if Path(d).is_symlink():
+                system += ["--symlink", str(Path(d).readlink()), d]
+            elif Path(d).is_dir():
                 system += ["--ro-bind", d, d]
-        if os.path.isdir("/etc/alternatives"):  # Debian's awk, editor, ... are links through it
+        if Path("/etc/alternatives").is_dir():  # Debian's awk, editor, ... are links through it
             system += ["--ro-bind", "/etc/alternatives", "/etc/alternatives"]
         return ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr",
                 *system, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",

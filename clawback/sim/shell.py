@@ -30,10 +30,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import httpx
 
+from clawback.records import JsonObject
+
+from .cell_file import CellRecord, EpisodeRecord, ProgressEvent, ShellCommand, ShellInteraction
 from .checkpoint import Checkpoint, cached_base, fingerprint, new_progress
 from .config import SimConfig
 from .harness import (
@@ -67,19 +70,20 @@ SYSTEM = ("You are an agent working in a Linux shell. Use the exec tool to run s
 @dataclass
 class Episode:
     task: str
-    commands: list[dict[str, Any]] = field(default_factory=list)  # what ran, its exit code, the result text
+    commands: list[ShellCommand] = field(default_factory=list)  # what ran, its exit code, the result text
     replies: list[str] = field(default_factory=list)  # the policy's text of each call
     cut: int = 0  # replies cut by the token budget
     verdict: Verdict | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> EpisodeRecord:
         assert self.verdict is not None
         return {"task": self.task, "solved": self.verdict.solved, "why": self.verdict.why, "commands": self.commands,
                 "replies": self.replies, "cut": self.cut}
 
 
-async def _complete(client: httpx.AsyncClient, messages: list[dict[str, Any]], headers: dict[str, str],
-                    **sampling: Any) -> dict[str, Any]:
+async def _complete(client: httpx.AsyncClient, messages: list[JsonObject], headers: dict[str, str],
+                    **sampling: float) -> JsonObject:
+    """The completion's first choice, as the OpenAI route answers it."""
     r = await client.post("/v1/chat/completions", headers=headers,
                           json={"model": "clawback", "messages": messages, "tools": [EXEC_TOOL], **sampling})
     if r.status_code != 200:
@@ -87,7 +91,7 @@ async def _complete(client: httpx.AsyncClient, messages: list[dict[str, Any]], h
     return r.json()["choices"][0]
 
 
-def _command_of(call: dict[str, Any]) -> str | None:
+def _command_of(call: JsonObject) -> str | None:
     try:
         args = json.loads(call["function"].get("arguments") or "{}")
     except json.JSONDecodeError:
@@ -97,7 +101,7 @@ def _command_of(call: dict[str, Any]) -> str | None:
 
 
 async def run_episode(client: httpx.AsyncClient, sandbox: Sandbox, task: ShellTask, headers: Callable[[int], dict[str, str]],
-                      **sampling: Any) -> Episode:
+                      **sampling: float) -> Episode:
     """The policy works on the task in a fresh directory until it replies without a tool call or has
     run MAX_CALLS commands (and replied once more); then the checker decides. `headers(k)` gives the
     k-th call's capture headers."""
@@ -105,7 +109,7 @@ async def run_episode(client: httpx.AsyncClient, sandbox: Sandbox, task: ShellTa
     workdir = task_directory()
     try:
         await asyncio.to_thread(task.make, workdir)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM.format(where=sandbox.workdir_name)},
+        messages: list[JsonObject] = [{"role": "system", "content": SYSTEM.format(where=sandbox.workdir_name)},
                                           {"role": "user", "content": task.prompt}]
         for k in range(MAX_CALLS + 1):
             choice = await _complete(client, messages, headers(k), **sampling)
@@ -153,8 +157,17 @@ async def _end_session(client: httpx.AsyncClient, session: str) -> None:
         raise SimError(f"session_end failed: {r.status_code} {r.text[:500]}")
 
 
+class ShellEvaluation(TypedDict):
+    """Greedy episodes on the held-out tasks."""
+
+    solved: float  # the share solved
+    families: dict[str, float]  # the share solved per task family
+    cut: int
+    episodes: list[EpisodeRecord]
+
+
 async def evaluate(client: httpx.AsyncClient, sandbox: Sandbox, tasks: tuple[ShellTask, ...], max_tokens: int,
-                   point: int) -> dict[str, Any]:
+                   point: int) -> ShellEvaluation:
     """Greedy episodes on the held-out tasks: the share solved, per family, and what ran."""
     episodes = []
     for j, task in enumerate(tasks):
@@ -184,8 +197,8 @@ def task_order(seed: int, interactions: int) -> list[ShellTask]:
 
 
 async def run_shell_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: Path,
-                         on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
-                         base_cache: Path | None = None) -> dict[str, Any]:
+                         on_progress: Callable[[ProgressEvent], None] = lambda _: None,
+                         base_cache: Path | None = None) -> CellRecord:
     """Run one shell cell in `work_dir`, from its checkpoint where there is one (as
     harness.run_cell); returns its result record (see results.py)."""
     started, code = time.time(), code_stamp()
@@ -200,7 +213,7 @@ async def run_shell_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: 
     marks = eval_marks(cfg)
     async with in_process_daemon(settings, model_dir, cfg.threads) as (state, client):
 
-        async def held_out(i: int) -> dict[str, Any]:
+        async def held_out(i: int) -> ShellEvaluation:
             return await evaluate(client, sandbox, eval_tasks, cfg.max_tokens, i)
 
         async def score_now(i: int) -> None:
@@ -234,10 +247,11 @@ async def run_shell_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: 
             live_before = state.adapters.live()
             await _settle(state, cfg.batch_size)
             solved = episode.verdict.solved
-            interactions.append({"i": i, "adapter": live_before, "rating": float(solved), "meets": solved,
-                                 "right": solved, "gate": "cut" if episode.cut and not solved else None,
-                                 "reaction": "solved" if solved else "failed", **episode.as_dict(),
-                                 "reply": episode.replies[-1]})
+            row: ShellInteraction = {"i": i, "adapter": live_before, "rating": float(solved), "meets": solved,
+                                     "right": solved, "gate": "cut" if episode.cut and not solved else None,
+                                     "reaction": "solved" if solved else "failed", **episode.as_dict(),
+                                     "reply": episode.replies[-1]}
+            interactions.append(row)
             on_progress({"interaction": i + 1})
             if i + 1 in marks:
                 await score_now(i + 1)

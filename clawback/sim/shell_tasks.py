@@ -106,8 +106,8 @@ def regular_files(workdir: Path) -> dict[str, str | None]:
     anything else (a symbolic link is never followed, a directory is walked)."""
     out: dict[str, str | None] = {}
     for root, dirs, files in os.walk(workdir, followlinks=False):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            path = os.path.join(root, name)
+        for name in files + [d for d in dirs if (Path(root) / d).is_symlink()]:
+            path = Path(root) / name
             rel = os.path.relpath(path, workdir)
             if stat.S_ISREG(os.lstat(path).st_mode):
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)

@@ -12,11 +12,12 @@ import importlib
 import subprocess
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+
+from .cell_file import CodeStamp
 
 
 @lru_cache(maxsize=1)
-def code_stamp() -> dict[str, Any]:
+def code_stamp() -> CodeStamp:
     digest = hashlib.sha256()
     root = Path(importlib.import_module("clawback").__file__ or "").parent
     files = [f for f in sorted(root.rglob("*")) if f.suffix in (".py", ".sql") and "__pycache__" not in f.parts]

@@ -4,17 +4,34 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
 from clawback.daemon.config import Settings
+from clawback.sim.cell_file import (
+    CellRecord,
+    CodeStamp,
+    CurvePoint,
+    Interaction,
+    MemoryNote,
+    NoteCheck,
+    ProbePoint,
+    SimConfigFields,
+    TrainStepRow,
+    Versions,
+)
 from clawback.sim.config import METHODS, SimConfig, parse_methods
+from clawback.sim.harness import Cell
 from clawback.sim.results import (
     adapt_order,
+    all_cells,
     markdown_table,
     mean_ci,
+    read_cell,
     sessions_to_adapt,
     sign_test,
+    stamp_of,
     step_curve,
     summarize,
     t975,
@@ -81,7 +98,7 @@ def test_method_lists():
 
 
 def test_step_curve_and_interval():
-    curve = [{"interaction": 0, "score": 0.2}, {"interaction": 3, "score": 0.5}, {"interaction": 5, "score": 0.4}]
+    curve = [(3, 0.5), (0, 0.2), (5, 0.4)]
     assert step_curve(curve, 6) == [0.2, 0.2, 0.2, 0.5, 0.5, 0.4, 0.4]
     m, lo, hi = mean_ci([0.4, 0.5, 0.6])
     assert m == pytest.approx(0.5) and hi - m == pytest.approx(4.303 * 0.1 / math.sqrt(3))
@@ -190,3 +207,28 @@ def test_held_out_gain_with_the_notes_off_is_paired_per_seed():
     table = markdown_table(s)
     assert "| sure | default | 0.10 → 0.90 | 0.80 → 0.80 | 0.05 → 0.40 | 0.85 → 0.80 | +0.350" in table
     assert "| sure | memory | 0.10 → 0.90 | 0.80 → 0.80 | 0.00 → 0.00 | 0.80 → 0.80 | +0.000 |" in table
+
+
+def _has_keys(value: object, record: type) -> bool:
+    """Every key the TypedDict `record` requires is in the dict `value`."""
+    return isinstance(value, dict) and record.__required_keys__ <= value.keys()
+
+
+def test_a_committed_cell_reads_through_the_cell_files_types():
+    out = Path(__file__).resolve().parents[2] / "bench" / "results" / "cons"
+    cell = Cell("sure", "default", 1)
+    record = read_cell(out, cell)
+    assert record is not None and _has_keys(record, CellRecord)
+    assert record["cell"] == {"scenario": "sure", "method": "default", "seed": 1}
+    assert all(_has_keys(p, CurvePoint) for p in record["curve"])
+    assert all(_has_keys(p, ProbePoint) for p in record.get("probe", []))
+    assert all(_has_keys(i, Interaction) for i in record["interactions"])
+    assert all(_has_keys(s, TrainStepRow) for s in record["steps"])
+    assert _has_keys(record["config"], SimConfigFields) and _has_keys(record.get("code"), CodeStamp)
+    assert _has_keys(record.get("versions"), Versions)
+    assert all(_has_keys(n, MemoryNote) for n in record.get("memory_notes", []))
+    assert all(_has_keys(c, NoteCheck) for c in record.get("memory_checks", []))
+    summary = summarize(all_cells(out))
+    row = summary["scenarios"]["sure"]["default"]
+    assert 1 in row["seeds"] and row["interactions"] == record["config"]["interactions"]
+    assert summary["code_stamp"] == stamp_of(record)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import socket
 import tempfile
@@ -93,7 +92,7 @@ def test_held_out_tasks_are_never_among_the_train_tasks():
 def test_the_checker_never_follows_a_link_out_of_the_directory(sandbox: Sandbox, workdir: Path, outside: Path):
     task = next(t for t in TRAIN if t.expected is not None)
     task.make(workdir)
-    os.symlink(outside, workdir / "link")  # as if a command had made it
+    (workdir / "link").symlink_to(outside)  # as if a command had made it
     files = regular_files(workdir)
     assert files["link"] is None and SECRET.strip() not in "".join(v or "" for v in files.values())
     assert not task.check(workdir, None, sandbox).solved
