@@ -172,13 +172,10 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
         tasks = [asyncio.create_task(sweeper())]
         pipeline, trainer = state.pipeline, state.trainer
 
-        def on_commit(kind: str, _: str) -> None:  # runs on the store's writer thread
-            if kind == "sample.pending":
-                pipeline.wake()
-            elif kind == "sample.ready" and trainer is not None:
-                trainer.wake()
-
-        state.store.listeners.append(on_commit)
+        # Both run on the store's writer thread; `wake` is thread-safe.
+        state.store.on_sample_pending.append(lambda _: pipeline.wake())
+        if trainer is not None:
+            state.store.on_sample_ready.append(lambda _: trainer.wake())
         tasks.append(asyncio.create_task(pipeline.run()))
         if trainer is not None:
             tasks.append(asyncio.create_task(trainer.run()))

@@ -69,8 +69,9 @@ class Store(EventWrites, ForgetWrites, Queries):
         self.dropped: dict[str, int] = {}
         self._dropped_logged: dict[str, int] = {}
         self.written = 0
-        self.listeners: list[Callable[[str, str], None]] = []  # called on the writer thread after commits
-        self._notes: list[tuple[str, str]] = []
+        self.on_sample_pending: list[Callable[[str], None]] = []
+        self.on_sample_ready: list[Callable[[str], None]] = []
+        self._told: list[tuple[list[Callable[[str], None]], str]] = []
         self._scrub_wanted = False  # a forget deleted rows: rewrite the files once it is committed
         self._notes_version = 0  # bumped after a commit that may have changed the preference notes
         self._note_texts: tuple[int, int | None, list[tuple[str, str | None]]] | None = None
@@ -240,7 +241,7 @@ class Store(EventWrites, ForgetWrites, Queries):
     def _apply(self, writes: list[_Write]) -> None:
         if not writes and self.dropped == self._dropped_logged:
             return
-        self._notes = []
+        self._told = []
         outcomes: list[tuple[object, BaseException | None]]
         try:
             self._conn.execute("BEGIN IMMEDIATE")
@@ -252,10 +253,10 @@ class Store(EventWrites, ForgetWrites, Queries):
         except Exception:
             log.exception("store batch failed; retrying its writes one by one")
             self._rollback()
-            self._notes = []
+            self._told = []
             outcomes = []
             for w in writes:  # isolate the bad write so the others still land
-                n_notes = len(self._notes)
+                n_told = len(self._told)
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
                     result = w.apply()
@@ -264,7 +265,7 @@ class Store(EventWrites, ForgetWrites, Queries):
                     outcomes.append((result, None))
                 except Exception as e:
                     self._rollback()
-                    del self._notes[n_notes:]
+                    del self._told[n_told:]
                     self.dropped[f"{w.kind}:error"] = self.dropped.get(f"{w.kind}:error", 0) + 1
                     log.error("store write %s failed and was dropped: %s", w.kind, e)
                     outcomes.append((None, e))
@@ -276,10 +277,10 @@ class Store(EventWrites, ForgetWrites, Queries):
         for w, (result, error) in zip(writes, outcomes):
             if w.reply is not None:
                 w.reply(result, error)
-        for note in self._notes:
-            for listener in self.listeners:
+        for listeners, call_id in self._told:
+            for listener in listeners:
                 try:
-                    listener(*note)
+                    listener(call_id)
                 except Exception:
                     log.exception("store listener failed")
 
@@ -303,7 +304,7 @@ class Store(EventWrites, ForgetWrites, Queries):
         serves (every main call gets them; most find them unchanged)."""
         version, cached = self._notes_version, self._note_texts
         if cached is None or cached[:2] != (version, live):
-            notes = [(n["text"], n["session_id"]) for n in await asyncio.to_thread(self.memory_notes, live) if n["active"]]
+            notes = [(n.text, n.session_id) for n in await asyncio.to_thread(self.memory_notes, live) if n.active]
             cached = self._note_texts = (version, live, notes)  # read after `version`: a later change bumps it again
         notes = cached[2]
         if any(s not in (None, session_id) for _, s in notes):  # another conversation's, or one this continues

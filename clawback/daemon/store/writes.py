@@ -276,7 +276,7 @@ class EventWrites(NoteWrites):
             "reason": sample.reason, "reward": sample.reward, "reward_source": sample.reward_source,
             "hint": sample.hint is not None})
         if sample.state == "ready":
-            self._notify("sample.ready", sample.call_id)
+            self._tell_after_commit(self.on_sample_ready, sample.call_id)
         return True
 
     def _write_drop_samples(self, call_ids: list[str], reason: str, state: str) -> None:
