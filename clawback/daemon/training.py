@@ -242,10 +242,10 @@ class TrainingLoop:
             if self.gate is not None:
                 verdict = await self.gate.review(version, parent, result.metrics)
                 if not verdict.promote:
-                    await self.adapters.refuse(version, verdict.reason, verdict.report)
+                    await self.adapters.refuse(version, verdict.reason, verdict.report.json())
                     self.on_refused(Refused(Version(version), verdict.reason))
                     return None
-                await self.adapters.record_gate(version, verdict.report)
+                await self.adapters.record_gate(version, verdict.report.json())
             swap_s = await self.adapters.go_live(version, path)
             if self.retirement is not None:  # never raises: a failed check leaves the notes as they were
                 await self.retirement.check(version)

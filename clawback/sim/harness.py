@@ -181,8 +181,8 @@ async def daemon_outcome(state: Any) -> dict[str, Any]:
     notes = await asyncio.to_thread(state.store.memory_notes, state.adapters.live())
     return {"steps": await asyncio.to_thread(_train_steps, state.store),
             "samples": await asyncio.to_thread(_sample_counts, state.store),
-            "versions": _versions(await asyncio.to_thread(state.store.adapters)),
-            "memory_notes": [{k: n[k] for k in ("note_id", "text", "created_at", "retired_by", "retired_at", "active")}
+            "versions": _versions([dataclasses.asdict(a) for a in await asyncio.to_thread(state.store.adapters)]),
+            "memory_notes": [{k: getattr(n, k) for k in ("note_id", "text", "created_at", "retired_by", "retired_at", "active")}
                              for n in notes],
             "memory_checks": await asyncio.to_thread(_note_checks, state.store)}
 

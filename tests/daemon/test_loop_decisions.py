@@ -109,7 +109,7 @@ class ScriptedGate:
 
     async def review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
         self.reviewed.append((version, live))
-        return Verdict(False, ["replies collapsed"]) if version in self.refuse else Verdict(True)
+        return Verdict(False, ("replies collapsed",)) if version in self.refuse else Verdict(True)
 
 
 def ready_sample(store: Store, served_by: int | None = None) -> str:

@@ -347,7 +347,7 @@ def test_close_session_closes_its_waiting_calls_and_reopen(store: Store) -> None
     store.flush()
     row = store.session_row("s1")
     assert (row["state"], row["closed_at"], row["closed_reason"], row["last_seen_at"]) == ("open", None, None, 60.0)
-    assert store.counts()["sessions"] == {"open": 2}
+    assert store.counts().sessions == {"open": 2}
 
 
 # ---------------------------------------------------------------- export

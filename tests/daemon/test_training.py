@@ -166,7 +166,7 @@ def test_notes_are_checked_against_the_live_version_at_start_up_and_after_a_prom
     assert checked == [1] and [sample_states(store)[c][0] for c in good] == ["consumed", "consumed"]
 
     restarted = TrainingLoop(store, adapters, cfg, start, poll_s=0.2, retirement=retirement)
-    path = store.adapters()[0]["path"]
+    path = store.adapters()[0].path
 
     async def until(done) -> None:
         deadline = time.time() + 120

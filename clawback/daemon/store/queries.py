@@ -10,7 +10,7 @@ from typing import Any
 
 from clawback.records import Feedback, Version
 
-from .reads import Reads, adapter_row
+from .reads import AdapterRow, Reads
 from .schema import blob_ids, blob_logprobs, marks
 
 # Feedback kinds the dashboard lists, and the ones that rate a reply.
@@ -31,6 +31,14 @@ class TrainStep:
     metrics: dict[str, Any]  # the trainer's numbers as it reported them (JSON)
     started_at: float
     finished_at: float
+
+
+@dataclass(frozen=True)
+class HealthPoint:
+    """A healthy training step's loss and gradient norm: what the gate's running medians are of."""
+
+    loss: float
+    grad_norm: float
 
 
 @dataclass(frozen=True)
@@ -157,20 +165,22 @@ class Queries(Reads):
             error=r["error"], metrics=json.loads(r["metrics"] or "{}"), started_at=r["started_at"],
             finished_at=r["finished_at"]) for r in c.execute("SELECT * FROM train_steps ORDER BY step")])
 
-    def healthy_step_metrics(self, limit: int) -> list[dict[str, Any]]:
-        """The metrics of the newest `limit` committed steps whose version was not refused, oldest first."""
+    def healthy_step_metrics(self, limit: int) -> list[HealthPoint]:
+        """Loss and gradient norm of the newest `limit` committed steps whose version was not
+        refused (those that reported both), oldest first."""
         rows = self.read(lambda c: c.execute(
             "SELECT t.metrics FROM train_steps t JOIN adapters a ON a.version = t.version "
             "WHERE t.outcome = 'committed' AND a.state != 'refused' ORDER BY t.step DESC LIMIT ?",
             (limit,)).fetchall())
-        return [json.loads(r[0]) for r in rows][::-1]
+        metrics = [json.loads(r[0]) for r in rows][::-1]
+        return [HealthPoint(float(m["loss"]), float(m["grad_norm"])) for m in metrics if "loss" in m and "grad_norm" in m]
 
     def adapter_count(self) -> int:
         return self.read(lambda c: c.execute("SELECT count(*) FROM adapters").fetchone()[0])
 
-    def adapter_page(self, offset: int, limit: int) -> list[dict[str, Any]]:
-        """Versions newest first, `limit` from `offset`, as `adapters()` gives them; the live one always."""
-        return self.read(lambda c: [adapter_row(r) for r in c.execute(
+    def adapter_page(self, offset: int, limit: int) -> list[AdapterRow]:
+        """Versions newest first, `limit` from `offset`; the live one always."""
+        return self.read(lambda c: [AdapterRow.of(r) for r in c.execute(
             "SELECT * FROM adapters WHERE version IN (SELECT version FROM adapters ORDER BY version DESC "
             "LIMIT ? OFFSET ?) OR state = 'live' ORDER BY version DESC", (limit, offset))])
 
