@@ -210,7 +210,7 @@ class Queries(Reads):
 
     def feedback_page(self, offset: int, limit: int) -> list[FeedbackView]:
         """Feedback events newest first, `limit` from `offset`."""
-        return self.read(lambda c: [FeedbackView(**dict(r)) for r in c.execute(
+        return self.records(FeedbackView, (
             f"WITH recent AS (SELECT * FROM feedback_events WHERE kind IN ({marks(LISTED_KINDS)}) "
             "ORDER BY received_at DESC LIMIT ? OFFSET ?) "
             "SELECT f.event_id, f.kind, f.text, f.source, f.received_at, f.state, f.reason AS orphan_reason, "
@@ -218,7 +218,7 @@ class Queries(Reads):
             "s.reward, s.reward_source, s.outcome, s.consumed_version, t.step AS consumed_step FROM recent f "
             "LEFT JOIN calls c ON c.call_id = f.call_id LEFT JOIN samples s ON s.call_id = f.call_id "
             "LEFT JOIN train_steps t ON s.consumed_version = 'v' || t.version AND t.outcome = 'committed' "
-            "ORDER BY f.received_at DESC", (*LISTED_KINDS, limit, offset))])
+            "ORDER BY f.received_at DESC"), (*LISTED_KINDS, limit, offset))
 
     def session_count(self) -> int:
         """Sessions with a name (calls without a session id are counted by `anonymous_calls`)."""
@@ -226,7 +226,7 @@ class Queries(Reads):
 
     def session_page(self, offset: int, limit: int) -> list[SessionSummary]:
         """Named sessions, newest first, `limit` from `offset`."""
-        return self.read(lambda c: [SessionSummary(**dict(r)) for r in c.execute(
+        return self.records(SessionSummary, (
             f"WITH recent AS (SELECT * FROM sessions WHERE NOT ({ANON}) ORDER BY last_seen_at DESC LIMIT ? OFFSET ?) "
             "SELECT s.session_id, s.state, s.last_seen_at, s.closed_reason, "
             "sum(c.turn_type = 'main') AS main_calls, count(c.call_id) AS calls, "
@@ -234,7 +234,7 @@ class Queries(Reads):
             " (SELECT call_id FROM calls WHERE session_id = s.session_id) "
             f" AND f.kind IN ({marks(RATING_KINDS)})) AS feedback "
             "FROM recent s LEFT JOIN calls c USING (session_id) GROUP BY s.session_id "
-            "ORDER BY s.last_seen_at DESC", (limit, offset, *RATING_KINDS))])
+            "ORDER BY s.last_seen_at DESC"), (limit, offset, *RATING_KINDS))
 
     def anonymous_calls(self) -> AnonymousCalls:
         n, last = self.read(lambda c: tuple(c.execute(f"SELECT count(*), max(created_at) FROM calls WHERE {ANON}").fetchone()))

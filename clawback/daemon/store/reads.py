@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -99,6 +99,10 @@ class Reads:
             return fn(conn)
         finally:
             conn.close()
+
+    def records(self, record: Callable[..., T], sql: str, params: Sequence[object]) -> list[T]:
+        """One record per row of `sql`, from the row's columns by name."""
+        return self.read(lambda c: [record(**dict(r)) for r in c.execute(sql, params)])
 
     def last_awaiting_call(self, session_id: str) -> sqlite3.Row | None:
         """The session's main call still waiting for its next state, if any (state after a restart).
