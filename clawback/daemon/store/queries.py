@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
 
-from clawback.records import Feedback, Version
+from clawback.records import Feedback, JsonObject, Version
 
 from .reads import AdapterRow, Reads
 from .schema import blob_ids, blob_logprobs, marks
@@ -28,7 +27,7 @@ class TrainStep:
     outcome: str
     samples: int
     error: str | None
-    metrics: dict[str, Any]  # the trainer's numbers as it reported them (JSON)
+    metrics: dict[str, float]  # the trainer's numbers as it reported them
     started_at: float
     finished_at: float
 
@@ -103,9 +102,9 @@ class SessionCall:
     created_at: float
     adapter_version: str | None
     state: str
-    request: dict[str, Any]  # the OpenAI request body
+    request: JsonObject  # the OpenAI request body
     response_text: str
-    next_state: list[dict[str, Any]]  # the messages that followed it
+    next_state: list[JsonObject]  # the messages that followed it
     sample_state: str | None
     sample_reason: str | None
     reward: float | None
@@ -144,7 +143,7 @@ class ReplyFeedback:
 class NoteEvidence:
     """The call a preference note was learnt from: its request, its reply and the teacher's logprobs."""
 
-    request: dict[str, Any]
+    request: JsonObject
     response_ids: list[int]
     teacher_logprobs: list[float]
 
@@ -314,7 +313,7 @@ class Queries(Reads):
         return NoteEvidence(json.loads(row["request_json"]), blob_ids(row["response_ids"]),
                             blob_logprobs(row["teacher_logprobs"]))
 
-    def event_payloads(self, kind: str) -> list[tuple[str | None, dict[str, Any]]]:
+    def event_payloads(self, kind: str) -> list[tuple[str | None, JsonObject]]:
         """(subject, payload) of every event of `kind`, oldest first."""
         return self.read(lambda c: [(r[0], json.loads(r[1])) for r in c.execute(
             "SELECT subject_id, payload FROM events WHERE kind = ? ORDER BY id", (kind,))])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from .schema import linked_sessions, marks
 
@@ -33,7 +33,7 @@ class Tx:
             f"INSERT {'OR IGNORE ' if or_ignore else ''}INTO {table} ({', '.join(columns)}) VALUES ({marks(columns)})",
             [row[c] for c in columns])
 
-    def _event(self, kind: str, subject: str | None, payload: dict[str, object] | None = None) -> None:
+    def _event(self, kind: str, subject: str | None, payload: Mapping[str, object] | None = None) -> None:
         self._conn.execute(
             "INSERT INTO events(ts, kind, subject_id, payload) VALUES (?, ?, ?, ?)",
             (time.time(), kind, subject, json.dumps(payload or {})),

@@ -23,12 +23,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
-from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
+from clawback.records import Call, FeedbackRecord, JsonObject, JudgedSample, StepRecord
 
 from .forget import ForgetScope, ForgetWrites
 from .queries import Queries
 from .schema import ADAPTER_STATES, connect, linked_sessions, migrate
-from .writes import EventWrites
+from .writes import EventWrites, FeedbackApplied
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Store(EventWrites, ForgetWrites, Queries):
     def add_call(self, call: Call) -> bool:
         return self._submit(_Write("call", partial(self._write_call, call)))
 
-    def add_next_state(self, call_id: str, next_call_id: str, messages: list[dict[str, Any]], matched: bool,
+    def add_next_state(self, call_id: str, next_call_id: str, messages: list[JsonObject], matched: bool,
                        ts: float) -> bool:
         """`next_call_id` brought `messages`, the next state of `call_id`; queues its sample."""
         return self._submit(_Write("next_state", partial(self._write_next_state, call_id, next_call_id, messages,
@@ -104,7 +104,7 @@ class Store(EventWrites, ForgetWrites, Queries):
 
     # ---- writes that are awaited until committed; StoreBusy when the queue is full ----
 
-    async def apply_feedback(self, event: FeedbackRecord, received_at: float) -> dict[str, Any]:
+    async def apply_feedback(self, event: FeedbackRecord, received_at: float) -> FeedbackApplied:
         """Apply one validated feedback event exactly once; what happened, for the ack."""
         return await self._commit(_Write("feedback", partial(self._write_feedback, event, received_at)))
 
@@ -139,8 +139,8 @@ class Store(EventWrites, ForgetWrites, Queries):
         await self._commit(_Write("adapter_live", partial(self._write_adapter_live, version)))
 
     async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None,
-                             reason: str | None = None, gate: dict[str, Any] | None = None) -> None:
-        changes: dict[str, Any] = {}
+                             reason: str | None = None, gate: JsonObject | None = None) -> None:
+        changes: dict[str, object] = {}
         if pinned is not None:
             changes["pinned"] = int(pinned)
         if reason is not None:
@@ -162,7 +162,7 @@ class Store(EventWrites, ForgetWrites, Queries):
         `session_id`, by default the session it was learnt from). None when done, else why not."""
         return await self._commit(_Write("memory_scope", partial(self._write_note_scope, note_id, scope, session_id)))
 
-    async def retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, Any]) -> bool:
+    async def retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, float]) -> bool:
         """Retire a note as checked against `version` (`report`: the check's numbers, for the
         event); False if it changed since (edited, confirmed again by a new correction) or is gone."""
         return await self._commit(_Write("memory_retire", partial(self._write_retire_note, note_id, updated_at,
