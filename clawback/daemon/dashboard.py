@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -161,7 +161,7 @@ def _dashboard_app(state: AppState, logins: Logins) -> FastAPI:
         if not hmac.compare_digest(given.encode(), csrf.encode()):
             raise _Refused(403, "missing or wrong CSRF token")
 
-    def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+    def page(request: Request, name: str, status_code: int = 200, **ctx: object) -> HTMLResponse:
         return templates.TemplateResponse(request, name, {"prefix": PREFIX, **ctx}, status_code=status_code)
 
     def logged_in() -> Response:
@@ -325,7 +325,7 @@ class DashboardData:
         self.state = state
         self.store = state.store
 
-    async def part(self, name: str, page: int = 1) -> dict[str, Any]:
+    async def part(self, name: str, page: int = 1) -> dict[str, object]:
         if name == "health":
             return await self.health()
         if name == "memory":
@@ -338,11 +338,13 @@ class DashboardData:
         else:
             query = {"feedback": _feedback, "versions": _versions, "conversations": _sessions}[name]
             out = await asyncio.to_thread(query, self.store, (page - 1) * PAGE_SIZE)
-            out["pager"] = pager(name, page, out.pop("total"))
+            total = out.pop("total")
+            assert isinstance(total, int)  # each page query counts its rows
+            out["pager"] = pager(name, page, total)
         out["live"] = self.state.adapters.live()
         return out
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self) -> dict[str, object]:
         s = self.state
         counts = await asyncio.to_thread(s.store.counts)
         last_main = await asyncio.to_thread(s.store.newest_main_call_at)
@@ -376,7 +378,7 @@ class DashboardData:
 
 
 
-def _learning(store: Store) -> dict[str, Any]:
+def _learning(store: Store) -> dict[str, object]:
     rates = []
     for f in sorted(store.feedback_per_version(), key=lambda f: f.version or 0):
         counts = {"up": f.thumbs_up, "down": f.thumbs_down, "corrections": f.corrections}
@@ -422,11 +424,11 @@ def _learning(store: Store) -> dict[str, Any]:
 
 
 
-def _feedback(store: Store, offset: int = 0) -> dict[str, Any]:
+def _feedback(store: Store, offset: int = 0) -> dict[str, object]:
     return {"events": store.feedback_page(offset, PAGE_SIZE), "total": store.feedback_count()}
 
 
-def _versions(store: Store, offset: int = 0) -> dict[str, Any]:
+def _versions(store: Store, offset: int = 0) -> dict[str, object]:
     rows = []
     # The live version is always shown, on every page: the page's actions are relative to it.
     for a in store.adapter_page(offset, PAGE_SIZE):
@@ -437,7 +439,7 @@ def _versions(store: Store, offset: int = 0) -> dict[str, Any]:
             "total": store.adapter_count()}
 
 
-def _sessions(store: Store, offset: int = 0) -> dict[str, Any]:
+def _sessions(store: Store, offset: int = 0) -> dict[str, object]:
     """Named sessions, newest first, a page at a time; calls without a session id are counted
     together (each would otherwise be a session row of its own)."""
     anon = store.anonymous_calls()
@@ -445,7 +447,7 @@ def _sessions(store: Store, offset: int = 0) -> dict[str, Any]:
             "anonymous": anon if anon.calls else None}
 
 
-def _session_calls(calls: list[SessionCall]) -> list[dict[str, Any]]:
+def _session_calls(calls: list[SessionCall]) -> list[dict[str, object]]:
     out = []
     for call in calls:
         messages = call.request.get("messages", [])

@@ -31,7 +31,7 @@ from typing import Any
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine
-from clawback.records import Version
+from clawback.records import JsonObject, Version
 
 from . import memory
 from .gate import score_when_quiet, teacher_gap
@@ -99,6 +99,6 @@ class NoteRetirement:
         return {"note_id": note.note_id, "gap_live": round(gap_live, 4), "gap_note": round(gap_note, 4),
                 "retire": gap_live <= gap_note - self.margin}
 
-    async def _prompt(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> list[int]:
+    async def _prompt(self, body: JsonObject, messages: list[JsonObject]) -> list[int]:
         req = ChatRequest.model_validate({**body, "messages": messages})
         return (await asyncio.to_thread(self.renderer.render, req))[1]
