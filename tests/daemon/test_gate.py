@@ -192,5 +192,5 @@ def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
     assert spider not in gate._recent_prompts(3, set(), [spider])  # a prompt already chosen is not taken again
     held_out = gate._held_out_calls()[:1]
     own = asyncio.run(gate._own_requests(held_out, "v3", None))
-    assert own is not None and own["calls"] == 8 and set(own) == {"calls", "candidate", "live"}
-    assert "refusal_rate" in own["candidate"]
+    assert own is not None and own.calls == 8 and own.base is None  # live is the base model
+    assert 0.0 <= own.candidate.refusal_rate <= 1.0
