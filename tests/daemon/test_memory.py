@@ -282,7 +282,7 @@ def test_notes_reach_the_next_main_call_as_stored_and_can_be_edited_and_forgotte
                                          "target": "last", "text": "Hmm. Please answer in French."})
         assert r.status_code in (200, 202), r.text
         notes = c.get("/v1/memory").json()
-        assert notes["enabled"] and [n.text for n in notes["data"]] == ["Please answer in French."]
+        assert notes["enabled"] and [n["text"] for n in notes["data"]] == ["Please answer in French."]
         assert c.get("/v1/status").json()["memory"]["notes"] == [  # what the extension's /clawback shows
             {"note_id": notes["data"][0]["note_id"], "text": "Please answer in French.", "active": True, "retired_by": None}]
 
@@ -487,10 +487,10 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             assert {json.loads(e["payload"])["retired"] for e in events if e["kind"] == "memory.checked"} == {True, False}
 
             listed = (await c.get("/v1/memory")).json()
-            assert listed["live"] == "v1" and [(n.text, n.retired_by, n.active) for n in listed["data"]] == [
+            assert listed["live"] == "v1" and [(n["text"], n["retired_by"], n["active"]) for n in listed["data"]] == [
                 ("Please answer in French.", 1, False), ("Don't use bold.", None, True)]
             status = (await c.get("/v1/status")).json()["memory"]["notes"]
-            assert [(n.retired_by, n.active) for n in status] == [(1, False), (None, True)]
+            assert [(n["retired_by"], n["active"]) for n in status] == [(1, False), (None, True)]
             assert note_retirement(listed["data"][0], listed["live"]) == ", retired by v1"
             await c.get("/ui/login")  # no API key: a dashboard session at once
             page = (await c.get("/ui/part/memory")).text
