@@ -196,7 +196,8 @@ def test_a_failing_step_is_recorded_the_trainer_goes_back_and_repeat_samples_are
     loop = TrainingLoop(store, adapters, CFG, lambda: trainer, poll_s=0.05, retry_s=0.01, retry_max_s=0.02,
                         quarantine_after=2)
     batch = [ready_sample(store), ready_sample(store)]
-    run_until(loop, lambda: loop.failures == 2)
+    # the second failure's record and its quarantine are written after it is counted
+    run_until(loop, lambda: loop.failures == 2 and {sample_states(store)[c][0] for c in batch} == {"quarantined"})
     steps = query(store.db_path, "SELECT outcome, error FROM train_steps ORDER BY step")
     assert [s["outcome"] for s in steps] == ["failed", "failed"] and "loss is NaN" in steps[0]["error"]
     # After each failure the trainer goes back to what serves (the last one may still be under way).
