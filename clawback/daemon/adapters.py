@@ -15,15 +15,17 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from clawback.adapter_format import AdapterError as FileError
 from clawback.adapter_format import install, read_files, validate, version_dir
 from clawback.engine import Engine
-from clawback.records import Version
+from clawback.records import JsonObject, Version
 
 from .store import Store
+from .store.reads import AdapterRow
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +34,29 @@ class AdapterError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class Promotion:
+    """A version put live whatever the gate said, and what that overrode (the HTTP reply's fields)."""
+
+    live: int
+    swap_s: float
+    previous_state: str
+    overrides: str | None  # the refusal's reason; None: it was not refused
+
+
+@dataclass(frozen=True)
+class Taint:
+    """The versions that carry forgotten samples, and the rollback to offer (None = the base model)."""
+
+    affected_versions: list[int]
+    rollback_to: int | None
+
+
 class AdapterManager:
-    def __init__(self, engine: Engine, store: Store, root: Path, keep: int, on_live: Any = None) -> None:
+    def __init__(self, engine: Engine, store: Store, root: Path, keep: int,
+                 on_live: Callable[[int | None], None] = lambda _: None) -> None:
         self.engine, self.store, self.root, self.keep = engine, store, Path(root), keep
-        self.on_live = on_live or (lambda version: None)
+        self.on_live = on_live  # told the version that serves now (None = base)
         self._lock = asyncio.Lock()  # one swap at a time
         self.last_swap_s: float | None = None
 
@@ -43,7 +64,7 @@ class AdapterManager:
         return Version.of(self.engine.active_version())
 
     def next_version(self) -> int:
-        known = [a["version"] for a in self.store.adapters()]
+        known = [a.version for a in self.store.adapters()]
         on_disk = [v for p in self.root.glob("v*") if (v := Version.match(p.name)) is not None]
         return max(known + on_disk, default=0) + 1
 
@@ -55,22 +76,22 @@ class AdapterManager:
         if await asyncio.to_thread(self.store.base_was_live):
             return None
         rows = await asyncio.to_thread(self.store.adapters)
-        live = [a for a in rows if a["state"] == "live"]
-        below = live[0]["version"] if live else float("inf")
-        candidates = live + sorted((a for a in rows if a["state"] == "committed" and a["version"] < below),
-                                   key=lambda a: a["version"], reverse=True)
+        live = [a for a in rows if a.state == "live"]
+        below = live[0].version if live else float("inf")
+        candidates = live + sorted((a for a in rows if a.state == "committed" and a.version < below),
+                                   key=lambda a: a.version, reverse=True)
         for a in candidates:
             try:
-                await self.go_live(a["version"], a["path"])
-                return a["version"]
+                await self.go_live(a.version, a.path)
+                return a.version
             except AdapterError as e:
-                log.error("cannot restore adapter v%d: %s", a["version"], e)
+                log.error("cannot restore adapter v%d: %s", a.version, e)
         return None
 
     def _remove_leftovers(self) -> list[Path]:
         """Half-written versions (`.v{N}.*.tmp`, a crash during install) and complete ones the store
         never recorded (a crash between install and the step's commit): nothing may serve them."""
-        recorded = {a["version"] for a in self.store.adapters()}
+        recorded = {a.version for a in self.store.adapters()}
         doomed = [p for p in self.root.glob(".v*.tmp")]
         doomed += [p for p in self.root.glob("v*") if (v := Version.match(p.name)) is not None and v not in recorded]
         for p in doomed:
@@ -124,42 +145,42 @@ class AdapterManager:
         if version is None:
             return await self.go_live(None)
         row = self._row(version)
-        if row["state"] in ("failed", "pruned"):
-            raise AdapterError(f"{Version(version).name} is {row['state']} and cannot serve")
-        if row["state"] in ("refused", "candidate", "retired") and not force:
-            why = {"refused": f"was refused: {row['reason']}", "candidate": "is a candidate the gate has not decided on",
-                   "retired": "was rolled back from"}[row["state"]]
-            gate = f", as `clawback adapters promote {version}` does" if row["state"] != "retired" else ""
+        if row.state in ("failed", "pruned"):
+            raise AdapterError(f"{Version(version).name} is {row.state} and cannot serve")
+        if row.state in ("refused", "candidate", "retired") and not force:
+            why = {"refused": f"was refused: {row.reason}", "candidate": "is a candidate the gate has not decided on",
+                   "retired": "was rolled back from"}[row.state]
+            gate = f", as `clawback adapters promote {version}` does" if row.state != "retired" else ""
             raise AdapterError(f"{Version(version).name} {why}; `clawback adapters rollback {version} --force` serves it anyway{gate}")
-        if row["state"] in ("refused", "candidate"):
-            return (await self.promote(version))["swap_s"]
-        return await self.go_live(version, row["path"])
+        if row.state in ("refused", "candidate"):
+            return (await self.promote(version)).swap_s
+        return await self.go_live(version, row.path)
 
-    async def record_gate(self, version: int, report: dict[str, Any]) -> None:
+    async def record_gate(self, version: int, report: JsonObject) -> None:
         """Add to the version's gate report (the gate's checks, the guard's counts)."""
-        await self.store.update_adapter(version, gate={**self._row(version)["gate"], **report})
+        await self.store.update_adapter(version, gate={**self._row(version).gate, **report})
 
-    async def refuse(self, version: int, reason: str, report: dict[str, Any]) -> None:
+    async def refuse(self, version: int, reason: str, report: JsonObject) -> None:
         """Keep a version on disk but out of service: the gate or the live guard said no."""
         row = self._row(version)
-        if self.live() == version and "promoted_by_hand" in row["gate"]:  # while under review
+        if self.live() == version and "promoted_by_hand" in row.gate:  # while under review
             await self.record_gate(version, {**report, "overridden": reason})
             return
-        await self.store.update_adapter(version, state="refused", reason=reason, gate={**row["gate"], **report})
+        await self.store.update_adapter(version, state="refused", reason=reason, gate={**row.gate, **report})
         if Version.name_of(version) in getattr(self.engine, "loaded_versions", lambda: [])():
             await self.engine.unload(Version.name_of(version))
 
-    async def promote(self, version: int) -> dict[str, Any]:
+    async def promote(self, version: int) -> Promotion:
         """Put a version live whatever the gate said; returns what that overrides."""
         row = self._row(version)
-        if row["state"] in ("failed", "pruned"):
-            raise AdapterError(f"{Version(version).name} is {row['state']} and cannot serve")
-        overrides = row["reason"] if row["state"] == "refused" else None
-        swap_s = await self.go_live(version, row["path"])
+        if row.state in ("failed", "pruned"):
+            raise AdapterError(f"{Version(version).name} is {row.state} and cannot serve")
+        overrides = row.reason if row.state == "refused" else None
+        swap_s = await self.go_live(version, row.path)
         # The person decided: neither a pending review nor the live guard takes it back.
         await self.record_gate(version, {"promoted_by_hand": time.time()})
-        self.store.add_event("adapter.promoted", str(version), {"overrides": overrides, "previous_state": row["state"]})
-        return {"live": version, "swap_s": swap_s, "previous_state": row["state"], "overrides": overrides}
+        self.store.add_event("adapter.promoted", str(version), {"overrides": overrides, "previous_state": row.state})
+        return Promotion(version, swap_s, row.state, overrides)
 
     async def pin(self, version: int, pinned: bool = True) -> None:
         self._row(version)
@@ -170,37 +191,38 @@ class AdapterManager:
         live one; delete the rest."""
         rows = await asyncio.to_thread(self.store.adapters)
         def newest(states: tuple[str, ...]) -> set[int]:
-            found = sorted((a["version"] for a in rows if a["state"] in states), reverse=True)
+            found = sorted((a.version for a in rows if a.state in states), reverse=True)
             return set(found[: self.keep])
 
         # Refused versions are kept as long as good ones (the newest K), to inspect or promote.
         keep = newest(("committed", "retired", "live", "candidate")) | newest(("refused",))
-        keep |= {a["version"] for a in rows if a["pinned"]}
+        keep |= {a.version for a in rows if a.pinned}
         keep |= {self.live()} - {None}
-        doomed = [a for a in rows if a["version"] not in keep and a["state"] != "pruned"]
+        doomed = [a for a in rows if a.version not in keep and a.state != "pruned"]
         for a in doomed:
-            await asyncio.to_thread(shutil.rmtree, a["path"], True)
-            await self.store.update_adapter(a["version"], state="pruned")
-        return [a["version"] for a in doomed]
+            await asyncio.to_thread(shutil.rmtree, a.path, True)
+            await self.store.update_adapter(a.version, state="pruned")
+        return [a.version for a in doomed]
 
-    def _row(self, version: int) -> dict[str, Any]:
+    def _row(self, version: int) -> AdapterRow:
         for a in self.store.adapters():
-            if a["version"] == version:
+            if a.version == version:
                 return a
         raise AdapterError(f"no adapter version {version}")
 
 
-def promoted_summary(out: dict[str, Any]) -> str:
-    """What `AdapterManager.promote` did, in words: the CLI prints it, the dashboard shows it."""
+def promoted_summary(out: JsonObject) -> str:
+    """What `AdapterManager.promote` did, from its HTTP reply, in words: the CLI prints it, the
+    dashboard shows it."""
     overrides = out["overrides"] or f"nothing (it was {out['previous_state']})"
     return f"{Version(out['live']).name} is live; this overrides the gate: {overrides}"
 
 
-def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str, Any]:
+def tainted_versions(rows: list[AdapterRow], trained: list[int]) -> Taint:
     """Versions that carry forgotten samples (trained on them, or descended from one that was),
     and the newest good version trained before the first of them (None = the base model): the
     rollback to offer."""
-    parent = {a["version"]: a["parent"] for a in rows}
+    parent = {a.version: a.parent for a in rows}
     hit = set(trained)
 
     def tainted(version: int | None) -> bool:
@@ -210,9 +232,9 @@ def tainted_versions(rows: list[dict[str, Any]], trained: list[int]) -> dict[str
             version = parent.get(version)
         return False
 
-    affected = sorted(a["version"] for a in rows if tainted(a["version"]))
+    affected = sorted(a.version for a in rows if tainted(a.version))
     if not affected:
-        return {"affected_versions": [], "rollback_to": None}
-    clean = [a["version"] for a in rows if a["version"] < min(affected) and not tainted(a["version"])
-             and a["state"] in ("committed", "live")]
-    return {"affected_versions": affected, "rollback_to": max(clean, default=None)}
+        return Taint([], None)
+    clean = [a.version for a in rows if a.version < min(affected) and not tainted(a.version)
+             and a.state in ("committed", "live")]
+    return Taint(affected, max(clean, default=None))

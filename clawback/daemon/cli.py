@@ -157,6 +157,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         status = _call("GET", f"{url}/v1/status", headers)
         status["daemon"] = "running"
     except (httpx.HTTPError, ValueError) as e:
+        from dataclasses import asdict
+
         from .store import connect, counts
 
         if not s.db_path.is_file():
@@ -167,7 +169,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             store_counts = counts(conn)
         finally:
             conn.close()
-        status = {"daemon": f"not reachable at {url} ({type(e).__name__})", "store": {"path": str(s.db_path), **store_counts}}
+        status = {"daemon": f"not reachable at {url} ({type(e).__name__})", "store": {"path": str(s.db_path), **asdict(store_counts)}}
     display.emit(status, lambda st: display.status_text(st, url), args.json)
     for warning in status.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)

@@ -20,9 +20,9 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -37,6 +37,7 @@ from .display import ago, reward_origin, sample_reason, sample_state
 from .forget import forget
 from .store import ForgetScope, Store
 from .store.queries import SessionCall
+from .store.reads import AdapterRow
 
 if TYPE_CHECKING:
     from .api.state import AppState
@@ -160,7 +161,7 @@ def _dashboard_app(state: AppState, logins: Logins) -> FastAPI:
         if not hmac.compare_digest(given.encode(), csrf.encode()):
             raise _Refused(403, "missing or wrong CSRF token")
 
-    def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+    def page(request: Request, name: str, status_code: int = 200, **ctx: object) -> HTMLResponse:
         return templates.TemplateResponse(request, name, {"prefix": PREFIX, **ctx}, status_code=status_code)
 
     def logged_in() -> Response:
@@ -221,7 +222,7 @@ def _dashboard_app(state: AppState, logins: Logins) -> FastAPI:
         error = notice = None
         try:
             if action == "promote":
-                notice = promoted_summary(await state.adapters.promote(int(version)))
+                notice = promoted_summary(asdict(await state.adapters.promote(int(version))))
             elif action == "rollback":
                 await state.adapters.rollback(None if version == "base" else int(version), force == "true")
             elif action in ("pin", "unpin"):
@@ -309,9 +310,9 @@ STEP_METRICS = ("loss", "kl", "entropy", "grad_norm", "clip_frac")
 GATE_METRICS = ("replay_margin", "retention")
 
 
-def _gate_numbers(adapter: dict[str, Any]) -> dict[str, float | None]:
+def _gate_numbers(adapter: AdapterRow) -> dict[str, float | None]:
     """The gate's replay margin and retention score of a version, from its `gate` report."""
-    report = adapter.get("gate") or {}
+    report = adapter.gate
     margin = (report.get("replay") or {}).get("margin")
     return {"replay_margin": finite(margin.get("candidate")) if isinstance(margin, dict) else None,
             "retention": finite((report.get("retention") or {}).get("candidate"))}
@@ -324,7 +325,7 @@ class DashboardData:
         self.state = state
         self.store = state.store
 
-    async def part(self, name: str, page: int = 1) -> dict[str, Any]:
+    async def part(self, name: str, page: int = 1) -> dict[str, object]:
         if name == "health":
             return await self.health()
         if name == "memory":
@@ -337,15 +338,17 @@ class DashboardData:
         else:
             query = {"feedback": _feedback, "versions": _versions, "conversations": _sessions}[name]
             out = await asyncio.to_thread(query, self.store, (page - 1) * PAGE_SIZE)
-            out["pager"] = pager(name, page, out.pop("total"))
+            total = out.pop("total")
+            assert isinstance(total, int)  # each page query counts its rows
+            out["pager"] = pager(name, page, total)
         out["live"] = self.state.adapters.live()
         return out
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self) -> dict[str, object]:
         s = self.state
         counts = await asyncio.to_thread(s.store.counts)
         last_main = await asyncio.to_thread(s.store.newest_main_call_at)
-        main = {k.split("/", 1)[1]: n for k, n in counts["calls"].items() if k.startswith("main/")}
+        main = {k.split("/", 1)[1]: n for k, n in counts.calls.items() if k.startswith("main/")}
         n_main = sum(main.values())
         return {
             "model": s.engine.info.name,
@@ -358,15 +361,15 @@ class DashboardData:
             "untagged_calls": s.capture.counters.get("untagged_calls", 0),
             "last_main_at": last_main,
             "untagged_only": untagged_only(s.capture.last_untagged_at, last_main, time.time()),
-            "samples": counts["samples"],
-            "dropped_samples": counts["dropped_samples"],
-            "opd": counts["opd"],
-            "ready": counts["samples"].get("ready", 0),
+            "samples": counts.samples,
+            "dropped_samples": counts.dropped_samples,
+            "opd": counts.opd,
+            "ready": counts.samples.get("ready", 0),
             "batch_size": s.settings.train_config().batch_size,
             "training": s.trainer is not None,
             "training_now": bool(s.trainer and s.trainer.busy),
             "judge": s.judge_name,
-            "judging": counts["samples"].get("pending_judge", 0),
+            "judging": counts.samples.get("pending_judge", 0),
             "dropped": dict(s.store.dropped),
             "queue_depth": s.store.queue_depth(),
         }
@@ -375,7 +378,7 @@ class DashboardData:
 
 
 
-def _learning(store: Store) -> dict[str, Any]:
+def _learning(store: Store) -> dict[str, object]:
     rates = []
     for f in sorted(store.feedback_per_version(), key=lambda f: f.version or 0):
         counts = {"up": f.thumbs_up, "down": f.thumbs_down, "corrections": f.corrections}
@@ -385,7 +388,7 @@ def _learning(store: Store) -> dict[str, Any]:
     for a in store.adapters():
         numbers = _gate_numbers(a)
         if any(v is not None for v in numbers.values()):
-            gate[a["version"]] = numbers
+            gate[a.version] = numbers
     for r in rates:
         r.update(gate.get(r["order"], dict.fromkeys(GATE_METRICS)))
     steps = [{"step": t.step, "version": t.version, "outcome": t.outcome, "samples": t.samples, "error": t.error,
@@ -421,21 +424,22 @@ def _learning(store: Store) -> dict[str, Any]:
 
 
 
-def _feedback(store: Store, offset: int = 0) -> dict[str, Any]:
+def _feedback(store: Store, offset: int = 0) -> dict[str, object]:
     return {"events": store.feedback_page(offset, PAGE_SIZE), "total": store.feedback_count()}
 
 
-def _versions(store: Store, offset: int = 0) -> dict[str, Any]:
+def _versions(store: Store, offset: int = 0) -> dict[str, object]:
     rows = []
     # The live version is always shown, on every page: the page's actions are relative to it.
     for a in store.adapter_page(offset, PAGE_SIZE):
-        m = a.pop("metrics")
-        rows.append({**a, "loss": finite(m.get("loss")), "reward": finite(m.get("reward_mean")), **_gate_numbers(a)})
+        row = {k: v for k, v in asdict(a).items() if k != "metrics"}
+        rows.append({**row, "loss": finite(a.metrics.get("loss")), "reward": finite(a.metrics.get("reward_mean")),
+                     **_gate_numbers(a)})
     return {"adapters": rows, "has_gate": any(r[k] is not None for r in rows for k in GATE_METRICS),
             "total": store.adapter_count()}
 
 
-def _sessions(store: Store, offset: int = 0) -> dict[str, Any]:
+def _sessions(store: Store, offset: int = 0) -> dict[str, object]:
     """Named sessions, newest first, a page at a time; calls without a session id are counted
     together (each would otherwise be a session row of its own)."""
     anon = store.anonymous_calls()
@@ -443,7 +447,7 @@ def _sessions(store: Store, offset: int = 0) -> dict[str, Any]:
             "anonymous": anon if anon.calls else None}
 
 
-def _session_calls(calls: list[SessionCall]) -> list[dict[str, Any]]:
+def _session_calls(calls: list[SessionCall]) -> list[dict[str, object]]:
     out = []
     for call in calls:
         messages = call.request.get("messages", [])

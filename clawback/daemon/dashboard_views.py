@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 PAGE_SIZE = 10  # rows per page of the long lists (feedback, versions, conversations)
 QUIET_HOUR_S = 3600
 SERIES_COLORS = {"good": "#1a7f4b", "bad": "#b3261e", "corrections": "#c80"}
 
 
-def chart(title: str, x: list[Any], xlabels: list[str] | None, series: dict[str, list[Any]],
-          small: bool = False) -> dict[str, Any]:
+def chart(title: str, x: Sequence[object], xlabels: list[str] | None, series: dict[str, list[float | None]],
+          small: bool = False) -> dict[str, object]:
     """A chart for dashboard.js; series as a list, in order, each with its colour (the template's
     JSON sorts object keys, so a dict would lose the order the colours follow)."""
     return {"title": title, "x": x, "xlabels": xlabels, "small": small,
@@ -21,11 +21,11 @@ def chart(title: str, x: list[Any], xlabels: list[str] | None, series: dict[str,
                        for name, values in series.items()]}
 
 
-def finite(x: Any) -> float | None:
+def finite(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def simulate_summary(data_dir: Path) -> list[dict[str, Any]] | None:
+def simulate_summary(data_dir: Path) -> list[dict[str, object]] | None:
     """`clawback simulate --out <data_dir>/simulate` leaves summary.json there: score before and after."""
     path = data_dir / "simulate" / "summary.json"
     try:
@@ -41,17 +41,17 @@ def simulate_summary(data_dir: Path) -> list[dict[str, Any]] | None:
     return rows
 
 
-def pager(name: str, page: int, total: int) -> dict[str, Any]:
+def pager(name: str, page: int, total: int) -> dict[str, object]:
     pages = max(1, math.ceil(total / PAGE_SIZE))
     return {"name": name, "page": page, "pages": pages, "total": total,
             "first": (page - 1) * PAGE_SIZE + 1, "last": min(total, page * PAGE_SIZE)}
 
 
-def message_text(content: Any) -> str:
+def message_text(content: object) -> str:
     """Message content as text (OpenAI content may be a list of parts)."""
     if isinstance(content, list):
         return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
+    return content if isinstance(content, str) else ""
 
 
 def untagged_only(last_untagged: float | None, last_main: float | None, now: float) -> bool:

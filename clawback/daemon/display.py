@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
-from clawback.records import Version
+from clawback.records import JsonObject, Version
+
+T = TypeVar("T")  # the daemon's JSON reply, or the list a command printed
 
 # Why a sample is not trained on (samples.reason), in words.
 SAMPLE_REASONS = {
@@ -83,7 +85,7 @@ def duration(seconds: float) -> str:
     return f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell; the last column is not padded."""
     cells = [[str(c) for c in header], *[["" if c is None else str(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -95,7 +97,7 @@ def counted(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def emit(data: Any, human: Callable[[Any], str], as_json: bool) -> None:
+def emit(data: T, human: Callable[[T], str], as_json: bool) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False) if as_json else human(data))
 
 
@@ -114,7 +116,7 @@ def _calls(calls: dict[str, int]) -> tuple[dict[str, int], int]:
     return main, side
 
 
-def status_text(s: dict[str, Any], url: str) -> str:
+def status_text(s: JsonObject, url: str) -> str:
     store = s.get("store") or {}
     main, side = _calls(store.get("calls", {}))
     n_main = sum(main.values())
@@ -170,7 +172,7 @@ def status_text(s: dict[str, Any], url: str) -> str:
 
 # ---------------------------------------------------------------- clawback adapters, forget, memory
 
-def adapters_text(out: dict[str, Any]) -> str:
+def adapters_text(out: JsonObject) -> str:
     rows = []
     for a in out["data"]:
         m = a["metrics"]
@@ -188,21 +190,21 @@ def adapters_text(out: dict[str, Any]) -> str:
                                    rows), *refused])
 
 
-def rollback_text(out: dict[str, Any]) -> str:
+def rollback_text(out: JsonObject) -> str:
     return f"{version(out['live'])} is live now (swapped in {out['swap_s']:.2f} s)"
 
 
-def pin_text(out: dict[str, Any]) -> str:
+def pin_text(out: JsonObject) -> str:
     return (f"{Version(out['version']).name} pinned: prune keeps it" if out["pinned"] else
             f"{Version(out['version']).name} unpinned: prune may delete it")
 
 
-def prune_text(out: dict[str, Any]) -> str:
+def prune_text(out: JsonObject) -> str:
     pruned = out["pruned"]
     return "nothing to prune" if not pruned else "pruned " + ", ".join(version(v) for v in pruned)
 
 
-def forget_text(report: dict[str, Any]) -> str:
+def forget_text(report: JsonObject) -> str:
     deleted = {k: n for k, n in report["deleted"].items() if n}
     what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in deleted.items()) or "nothing was stored"
     lines = [f"forgot {counted(report['sessions'], 'session')}: {what}"]
@@ -220,7 +222,7 @@ def forget_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def note_retirement(note: dict[str, Any], live: str | None) -> str:
+def note_retirement(note: JsonObject, live: str | None) -> str:
     """', retired by v3' for a note the live version no longer needs, and whether it is injected
     again after a rollback below that version."""
     if note["retired_by"] is None:
@@ -228,11 +230,11 @@ def note_retirement(note: dict[str, Any], live: str | None) -> str:
     return f", retired by v{note['retired_by']}" + (f"; injected while {live or 'base'} serves" if note["active"] else "")
 
 
-def note_scope(note: dict[str, Any]) -> str:
+def note_scope(note: JsonObject) -> str:
     return "general" if note["scope"] == "general" else f"session {note['session_id']} only"
 
 
-def memory_text(out: dict[str, Any]) -> str:
+def memory_text(out: JsonObject) -> str:
     lines = [f"memory {'on' if out['enabled'] else 'off'}: {len(out['data'])} of at most {out['max_notes']} notes"]
     lines += [f"{n['note_id']:>4}  {n['text']}  ({n['source']}, {note_scope(n)}{note_retirement(n, out['live'])})"
               for n in out["data"]]

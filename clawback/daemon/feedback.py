@@ -154,11 +154,11 @@ async def apply_event(state: AppState, raw: Any) -> tuple[int, dict[str, Any]]:
         log.error("feedback event %s could not be stored: %s", event.event_id, e)
         return 500, _error("the event could not be stored; send it again", "store_error", event.event_id)
     if result["status"] == "orphan":
-        return 202, _error(
-            f"stored, but {result['reason'].replace('_', ' ')}: it is applied when its call appears",
-            "orphan", event.event_id, reason=result["reason"], stored=True)
+        reason = result["reason"] or "unknown"  # an orphan always has its reason
+        return 202, _error(f"stored, but {reason.replace('_', ' ')}: it is applied when its call appears",
+                           "orphan", event.event_id, reason=reason, stored=True)
     ack = {"type": "ack", "event_id": event.event_id, "status": result["status"]}
-    if result.get("call_id"):
+    if result["call_id"]:
         ack["call_id"] = result["call_id"]
     return 200, ack
 

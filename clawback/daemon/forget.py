@@ -14,6 +14,7 @@ note, still carry what they learnt from them: they are listed, with the rollback
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -40,4 +41,4 @@ async def forget(store: Store, scope: ForgetScope, capture: Capture | None = Non
         capture.forget(None if scope.everything else result["sessions"])
     rows = await asyncio.to_thread(store.adapters)
     return {"scope": scope.kind, "sessions": len(result["sessions"]), "deleted": result["deleted"],
-            "scrubbed": result["scrubbed"], **tainted_versions(rows, result["trained_versions"])}
+            "scrubbed": result["scrubbed"], **asdict(tainted_versions(rows, result["trained_versions"]))}

@@ -34,31 +34,134 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import ClassVar
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine, Sampling
-from clawback.records import ReadySample, Version
+from clawback.records import JsonObject, ReadySample, Version
 
 from .config import GateConfig
-from .probes import Generation, Probe, collapse_stats, load_probes, passes
+from .probes import CollapseStats, Generation, Probe, collapse_stats, load_probes, passes
 from .store import Store
-from .store.queries import HeldOutCall
+from .store.queries import HealthPoint, HeldOutCall
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
+class HealthCheck:
+    """The step's own numbers, and how many healthy steps they were held to."""
+
+    loss: float | None
+    grad_norm: float | None
+    history: int
+
+
+@dataclass(frozen=True)
+class RetentionCheck:
+    """The probe scores (of 100) and the sign test on the probes whose outcome changed."""
+
+    candidate: float
+    base: float
+    live: float
+    margin: float
+    probes: int
+    newly_failed: int
+    newly_passed: int
+    p: float
+    alpha: float
+
+
+@dataclass(frozen=True)
+class CollapseCheck:
+    """The collapse statistics of the probe replies."""
+
+    candidate: CollapseStats
+    live: CollapseStats
+    base: CollapseStats
+
+
+@dataclass(frozen=True)
+class OwnRequestsCheck:
+    """The collapse statistics of greedy replies to the person's newest requests."""
+
+    OPTIONAL: ClassVar = ("base",)
+    calls: int
+    candidate: CollapseStats
+    live: CollapseStats
+    base: CollapseStats | None = None  # None: live is the base model
+
+
+@dataclass(frozen=True)
+class ReplayCheck:
+    """The preference replay on held-out calls. `margin`: the liked−disliked margin of candidate
+    and live (nats/token), or why there is none; `mean_logprob`: each kind's mean alone, when
+    there are too few of one kind for a margin; `teacher_gap`: the distance to the corrected
+    behaviour, when there are corrected calls."""
+
+    OPTIONAL: ClassVar = ("mean_logprob", "teacher_gap")
+    held_out: int
+    margin: str | dict[str, float]
+    mean_logprob: dict[str, dict[str, float]] | None = None
+    teacher_gap: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """What the gate measured on a candidate: the checks it got to, in order (one that refused
+    ends the review), and how long the review took."""
+
+    OPTIONAL: ClassVar = ("health", "retention", "collapse", "collapse_own_requests", "replay", "newly_failed",
+                          "seconds")
+    health: HealthCheck | None = None
+    retention: RetentionCheck | None = None
+    collapse: CollapseCheck | None = None
+    collapse_own_requests: OwnRequestsCheck | None = None
+    replay: ReplayCheck | None = None
+    # What the candidate answered where the base model was right: the replies behind the score.
+    newly_failed: dict[str, str] | None = None
+    seconds: float | None = None
+
+    def json(self) -> JsonObject:
+        """As the adapter's `gate` column keeps it and the HTTP API shows it: the checks made."""
+        out = _json(self)
+        assert isinstance(out, dict)
+        return out
+
+
+def _json(value: object) -> object:
+    """A report's value as JSON: records as objects of their fields in order, less the optional
+    ones (`OPTIONAL`) a check did not fill."""
+    if is_dataclass(value) and not isinstance(value, type):
+        optional = getattr(value, "OPTIONAL", ())
+        return {f.name: _json(getattr(value, f.name)) for f in fields(value)
+                if f.name not in optional or getattr(value, f.name) is not None}
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
 class Verdict:
     promote: bool
-    reasons: list[str] = field(default_factory=list)
-    report: dict[str, Any] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+    report: GateReport = field(default_factory=GateReport)
 
     @property
     def reason(self) -> str:
         return "; ".join(self.reasons)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One version's answers to the probe set."""
+
+    score: float  # points of 100
+    failed: list[str]  # the ids of the probes it failed
+    stats: CollapseStats
+    replies: dict[str, str]  # probe id -> reply
 
 
 def held_out(prompt_ids: list[int], response_ids: list[int], share: float) -> bool:
@@ -69,7 +172,7 @@ def held_out(prompt_ids: list[int], response_ids: list[int], share: float) -> bo
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
 
 
-def health_reasons(metrics: dict[str, Any], history: list[dict[str, float]], cfg: GateConfig) -> list[str]:
+def health_reasons(metrics: Mapping[str, float], history: list[HealthPoint], cfg: GateConfig) -> list[str]:
     """Why a step's own metrics make its version unfit to serve ([] = healthy)."""
     loss, grad = float(metrics.get("loss", 0.0)), float(metrics.get("grad_norm", 0.0))
     bad = [name for name, v in (("loss", loss), ("gradient norm", grad)) if not math.isfinite(v)]
@@ -78,10 +181,10 @@ def health_reasons(metrics: dict[str, Any], history: list[dict[str, float]], cfg
     if len(history) < cfg.health_min_steps:
         return []
     reasons = []
-    grad_median = statistics.median(h["grad_norm"] for h in history)
+    grad_median = statistics.median(h.grad_norm for h in history)
     if grad_median > 0 and grad > cfg.grad_spike * grad_median:
         reasons.append(f"training health: gradient norm {grad:.3g} > {cfg.grad_spike:g}× running median {grad_median:.3g}")
-    loss_median = statistics.median(abs(h["loss"]) for h in history)
+    loss_median = statistics.median(abs(h.loss) for h in history)
     if abs(loss) > max(cfg.loss_spike * loss_median, cfg.loss_floor):
         reasons.append(f"training health: loss {loss:.3g} > {cfg.loss_spike:g}× running median |loss| "
                        f"{loss_median:.3g} (floor {cfg.loss_floor:g})")
@@ -97,7 +200,7 @@ NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "meta_rate", "ref
 NOT_ON_OWN_REQUESTS = ("median_tokens",)
 
 
-def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateConfig, live_name: str,
+def collapse_reasons(cand: CollapseStats, live: CollapseStats, cfg: GateConfig, live_name: str,
                      on: str | None = None, only: tuple[str, ...] | None = None,
                      skip: tuple[str, ...] = ()) -> list[str]:
     """Collapse alarms: each detector (or those in `only`, less those in `skip`) against the
@@ -107,16 +210,16 @@ def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateCo
     def check(key: str) -> bool:
         return (only is None or key in only) and key not in skip
 
-    if check("min_entropy") and cand["min_entropy"] < cfg.entropy_low * live["min_entropy"]:
-        out.append(f"collapse: token entropy {cand['min_entropy']:.2f} vs {live['min_entropy']:.2f} nats on {live_name}")
-    if check("min_entropy") and cand["min_entropy"] > cfg.entropy_high * live["min_entropy"] + 0.5:
-        out.append(f"collapse: token entropy blew up, {cand['min_entropy']:.2f} vs {live['min_entropy']:.2f} nats on {live_name}")
-    if check("distinct_2") and cand["distinct_2"] < live["distinct_2"] - cfg.distinct_drop:
-        out.append(f"collapse: repetition, distinct-2 {cand['distinct_2']:.2f} vs {live['distinct_2']:.2f} on {live_name}")
-    if check("self_similarity") and cand["self_similarity"] > live["self_similarity"] + cfg.similarity_rise:
-        out.append(f"collapse: same reply to different prompts, similarity {cand['self_similarity']:.2f} "
-                   f"vs {live['self_similarity']:.2f} on {live_name}")
-    a, b = cand["median_tokens"], live["median_tokens"]
+    if check("min_entropy") and cand.min_entropy < cfg.entropy_low * live.min_entropy:
+        out.append(f"collapse: token entropy {cand.min_entropy:.2f} vs {live.min_entropy:.2f} nats on {live_name}")
+    if check("min_entropy") and cand.min_entropy > cfg.entropy_high * live.min_entropy + 0.5:
+        out.append(f"collapse: token entropy blew up, {cand.min_entropy:.2f} vs {live.min_entropy:.2f} nats on {live_name}")
+    if check("distinct_2") and cand.distinct_2 < live.distinct_2 - cfg.distinct_drop:
+        out.append(f"collapse: repetition, distinct-2 {cand.distinct_2:.2f} vs {live.distinct_2:.2f} on {live_name}")
+    if check("self_similarity") and cand.self_similarity > live.self_similarity + cfg.similarity_rise:
+        out.append(f"collapse: same reply to different prompts, similarity {cand.self_similarity:.2f} "
+                   f"vs {live.self_similarity:.2f} on {live_name}")
+    a, b = cand.median_tokens, live.median_tokens
     if check("median_tokens") and abs(a - b) >= cfg.length_min_change and (a > cfg.length_ratio * b or a * cfg.length_ratio < b):
         out.append(f"collapse: reply length {a:.0f} vs {b:.0f} tokens on {live_name}")
     for key, limit, what in (("empty_rate", cfg.empty_rise, "empty replies"), ("cut_rate", cfg.cut_rise, "cut-off replies"),
@@ -124,12 +227,13 @@ def collapse_reasons(cand: dict[str, float], live: dict[str, float], cfg: GateCo
                              ("meta_rate", cfg.meta_rise, "replies about the conversation"),
                              ("refusal_rate", cfg.refusal_rise, "replies that decline the task")):
         # A rise by the limit or more: a share moves in steps of 1/n, and 0.75 - 0.5 must count as 0.25.
-        if check(key) and cand.get(key, 0.0) - live.get(key, 0.0) >= limit - 1e-9:
-            out.append(f"collapse: {what} {cand[key]:.0%} vs {live[key]:.0%} on {live_name}")
+        ours, theirs = getattr(cand, key), getattr(live, key)
+        if check(key) and ours - theirs >= limit - 1e-9:
+            out.append(f"collapse: {what} {ours:.0%} vs {theirs:.0%} on {live_name}")
     return [r.replace("collapse:", f"collapse ({on}):", 1) for r in out] if on else out
 
 
-def against_live_and_base(cand: dict[str, float], live: dict[str, float], base: dict[str, float] | None,
+def against_live_and_base(cand: CollapseStats, live: CollapseStats, base: CollapseStats | None,
                           cfg: GateConfig, live_name: str | None, on: str | None = None,
                           skip: tuple[str, ...] = ()) -> list[str]:
     """Every detector (less `skip`) against live; the NEVER_WANTED ones against the base model
@@ -177,9 +281,9 @@ class CandidateGate:
         self.busy = busy  # requests being served right now: scoring waits for 0
         probes = load_probes()
         self.probes: list[Probe] = probes[: cfg.probes] if cfg.probes else probes
-        self._probe_cache: dict[str | None, dict[str, Any]] = {}  # engine version -> probe result
+        self._probe_cache: dict[str | None, ProbeResult] = {}  # engine version -> probe result
         self._replay_cache: dict[tuple[str | None, str], float] = {}  # (version, call id) -> value
-        self._history: list[dict[str, float]] | None = None
+        self._history: list[HealthPoint] | None = None
         self.reviewing: int | None = None
         self.last_review_s: float | None = None
         self.promoted = 0
@@ -191,7 +295,7 @@ class CandidateGate:
         return rated and held_out(sample.served_prompt_ids or sample.prompt_ids, sample.response_ids,
                                   self.cfg.held_out_share)
 
-    async def review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
+    async def review(self, version: int, live: int | None, metrics: Mapping[str, float]) -> Verdict:
         """Decide whether `v{version}` (loaded, not active) may replace `live` (None = base)."""
         started = time.perf_counter()
         self.reviewing = version
@@ -199,10 +303,11 @@ class CandidateGate:
             verdict = await self._review(version, live, metrics)
         except Exception as e:  # a version the gate could not check does not serve
             log.exception("gate: reviewing v%d failed", version)
-            verdict = Verdict(False, [f"gate failed: {type(e).__name__}: {e}"[:500]])
+            verdict = Verdict(False, (f"gate failed: {type(e).__name__}: {e}"[:500],))
         finally:
             self.reviewing = None
-        verdict.report["seconds"] = self.last_review_s = round(time.perf_counter() - started, 3)
+        self.last_review_s = round(time.perf_counter() - started, 3)
+        verdict = replace(verdict, report=replace(verdict.report, seconds=self.last_review_s))
         if verdict.promote:
             self.promoted += 1
             cached = set(self._probe_cache) | {v for v, _ in self._replay_cache}
@@ -213,65 +318,60 @@ class CandidateGate:
         log.info("gate: v%d %s%s", version, "promoted" if verdict.promote else "refused: ", verdict.reason)
         return verdict
 
-    async def _review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
+    async def _review(self, version: int, live: int | None, metrics: Mapping[str, float]) -> Verdict:
         cfg = self.cfg
         history = await self._health_history()
         reasons = health_reasons(metrics, history, cfg)
-        report: dict[str, Any] = {"health": {"loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
-                                             "history": len(history)}}
+        report = GateReport(health=HealthCheck(metrics.get("loss"), metrics.get("grad_norm"), len(history)))
         if reasons:
-            return Verdict(False, reasons, report)
+            return Verdict(False, tuple(reasons), report)
         cand_name, live_name = Version.name_of(version), Version.name_of(live)
         base = await self._probe(None)
         cand = await self._probe(cand_name)
         ref = base if live is None else await self._probe(live_name)
-        lost, gained, p = retention_test(base["failed"], cand["failed"])
-        report["retention"] = {"candidate": cand["score"], "base": base["score"], "live": ref["score"],
-                               "margin": cfg.retention_margin, "probes": len(self.probes), "newly_failed": lost,
-                               "newly_passed": gained, "p": round(p, 5), "alpha": cfg.retention_alpha}
-        drop = base["score"] - cand["score"]
+        lost, gained, p = retention_test(base.failed, cand.failed)
+        drop = base.score - cand.score
         if p < cfg.retention_alpha and drop >= cfg.retention_margin:
-            reasons.append(f"retention −{drop:.1f} points ({cand['score']:.1f} vs base {base['score']:.1f} "
+            reasons.append(f"retention −{drop:.1f} points ({cand.score:.1f} vs base {base.score:.1f} "
                            f"of 100 on {len(self.probes)} probes: {lost} newly failed, {gained} newly passed, "
                            f"p = {p:.3g} < {cfg.retention_alpha:g})")
-        report["collapse"] = {"candidate": cand["stats"], "live": ref["stats"], "base": base["stats"]}
-        reasons += against_live_and_base(cand["stats"], ref["stats"], base["stats"], cfg, live_name)
+        reasons += against_live_and_base(cand.stats, ref.stats, base.stats, cfg, live_name)
         held_out = await asyncio.to_thread(self._held_out_calls)  # read once: generated and replayed
         own = await self._own_requests(held_out, cand_name, live_name)
         if own:
-            report["collapse_own_requests"] = own
-            reasons += against_live_and_base(own["candidate"], own["live"], own.get("base"), cfg, live_name,
+            reasons += against_live_and_base(own.candidate, own.live, own.base, cfg, live_name,
                                              "your requests", NOT_ON_OWN_REQUESTS)
-        replay = await self._replay(held_out, cand_name, live_name)
-        report["replay"] = replay
-        reasons += replay.pop("reasons")
-        # What the candidate answered where the base model was right: the replies behind the score.
-        report["newly_failed"] = {pid: cand["replies"][pid] for pid in cand["failed"] if pid not in base["failed"]}
+        replay, replay_reasons = await self._replay(held_out, cand_name, live_name)
+        reasons += replay_reasons
+        report = replace(
+            report,
+            retention=RetentionCheck(cand.score, base.score, ref.score, cfg.retention_margin, len(self.probes), lost,
+                                     gained, round(p, 5), cfg.retention_alpha),
+            collapse=CollapseCheck(cand.stats, ref.stats, base.stats), collapse_own_requests=own, replay=replay,
+            newly_failed={pid: cand.replies[pid] for pid in cand.failed if pid not in base.failed})
         if reasons:
-            return Verdict(False, reasons, report)
-        history.append({"loss": float(metrics.get("loss", 0.0)), "grad_norm": float(metrics.get("grad_norm", 0.0))})
+            return Verdict(False, tuple(reasons), report)
+        history.append(HealthPoint(float(metrics.get("loss", 0.0)), float(metrics.get("grad_norm", 0.0))))
         del history[: -cfg.health_window]
-        return Verdict(True, [], report)
+        return Verdict(True, (), report)
 
     # ---- training health ----
 
-    async def _health_history(self) -> list[dict[str, float]]:
+    async def _health_history(self) -> list[HealthPoint]:
         """Loss and gradient norm of the last healthy steps (from the store after a restart)."""
         if self._history is None:
-            metrics = await asyncio.to_thread(self.store.healthy_step_metrics, self.cfg.health_window)
-            self._history = [{"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"])} for m in metrics
-                             if "loss" in m and "grad_norm" in m]
+            self._history = await asyncio.to_thread(self.store.healthy_step_metrics, self.cfg.health_window)
         return self._history or []
 
     # ---- probes ----
 
-    async def _probe(self, version: str | None) -> dict[str, Any]:
+    async def _probe(self, version: str | None) -> ProbeResult:
         if version not in self._probe_cache:
             gens = await asyncio.gather(*(self._generate(p, version) for p in self.probes))
             failed = [p.id for p, g in zip(self.probes, gens) if not passes(p, g.text)]
-            self._probe_cache[version] = {
-                "score": 100.0 * (1 - len(failed) / len(self.probes)), "failed": failed,
-                "stats": collapse_stats(list(gens)), "replies": {p.id: g.text for p, g in zip(self.probes, gens)}}
+            self._probe_cache[version] = ProbeResult(
+                100.0 * (1 - len(failed) / len(self.probes)), failed, collapse_stats(list(gens)),
+                {p.id: g.text for p, g in zip(self.probes, gens)})
         return self._probe_cache[version]
 
     async def _generate(self, probe: Probe, version: str | None) -> Generation:
@@ -280,7 +380,7 @@ class CandidateGate:
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         return await self._greedy(prompt_ids, self.cfg.probe_max_tokens, version)
 
-    async def _own_requests(self, held_out: list[HeldOutCall], cand: str, live: str | None) -> dict[str, Any] | None:
+    async def _own_requests(self, held_out: list[HeldOutCall], cand: str, live: str | None) -> OwnRequestsCheck | None:
         """Collapse stats of candidate and live answering the person's newest requests (None: fewer
         than 2 of them): held-out calls' prompts first, then those of the newest other main calls
         with a sample. Not cached: the set moves on between reviews."""
@@ -293,11 +393,11 @@ class CandidateGate:
             prompts += await asyncio.to_thread(self._recent_prompts, n - len(prompts), skip, prompts)
         if len(prompts) < 2:
             return None
-        out: dict[str, Any] = {"calls": len(prompts)}
-        for name, version in (("candidate", cand), ("live", live), ("base", None))[: 2 if live is None else 3]:
+        stats = []  # no reply text: the report outlives a forget
+        for version in (cand, live, None)[: 2 if live is None else 3]:
             gens = await asyncio.gather(*(self._greedy(p, self.cfg.replay_generate_tokens, version) for p in prompts))
-            out[name] = collapse_stats(list(gens))  # no reply text: the report outlives a forget
-        return out
+            stats.append(collapse_stats(list(gens)))
+        return OwnRequestsCheck(len(prompts), *stats)
 
     def _recent_prompts(self, n: int, skip: set[str], seen: list[list[int]]) -> list[list[int]]:
         """The prompts of the newest main calls with a sample (a next state or a rating reached them:
@@ -331,11 +431,14 @@ class CandidateGate:
 
     # ---- preference replay ----
 
-    async def _replay(self, items: list[HeldOutCall], cand: str, live: str | None) -> dict[str, Any]:
+    async def _replay(self, items: list[HeldOutCall], cand: str, live: str | None) -> tuple[ReplayCheck, list[str]]:
+        """The replay's numbers, and its reasons to refuse."""
         cfg = self.cfg
         rated = [(i, i.reward) for i in items if i.reward in (1.0, -1.0)]
         corrected = [(i, i.teacher_logprobs) for i in items if i.teacher_logprobs is not None]
-        out: dict[str, Any] = {"held_out": len(items), "reasons": []}
+        reasons: list[str] = []
+        margin: str | dict[str, float]
+        mean_logprob = gaps = None
         liked = sum(reward > 0 for _, reward in rated)
         means: dict[str, dict[str, float]] = {}  # version -> mean per-token logprob of liked / disliked replies
         for name, version in (("candidate", cand), ("live", live)) if rated else ():
@@ -345,30 +448,28 @@ class CandidateGate:
                 ("disliked", [x for x, (_, reward) in zip(lp, rated) if reward < 0])) if ps}
         c, l = means.get("candidate", {}), means.get("live", {})
         if not rated:
-            out["margin"] = "skipped: no rated held-out calls"
+            margin = "skipped: no rated held-out calls"
         elif min(liked, len(rated) - liked) >= cfg.replay_min_each:
-            margins = {name: m["liked"] - m["disliked"] for name, m in means.items()}
-            out["margin"] = margins
-            if margins["candidate"] < margins["live"] - cfg.replay_tolerance:
-                out["reasons"].append(f"replay: liked−disliked margin {margins['candidate']:+.3f} vs "
-                                      f"{margins['live']:+.3f} nats/token on {live or 'base'} ({len(rated)} held-out calls)")
+            margin = {name: m["liked"] - m["disliked"] for name, m in means.items()}
+            if margin["candidate"] < margin["live"] - cfg.replay_tolerance:
+                reasons.append(f"replay: liked−disliked margin {margin['candidate']:+.3f} vs "
+                               f"{margin['live']:+.3f} nats/token on {live or 'base'} ({len(rated)} held-out calls)")
         else:  # too few of one kind for a margin: each kind alone must not move the wrong way
-            out["margin"] = f"one-sided: {liked} liked and {len(rated) - liked} disliked held-out calls, a margin needs {cfg.replay_min_each} each"
-            out["mean_logprob"] = means
+            margin = f"one-sided: {liked} liked and {len(rated) - liked} disliked held-out calls, a margin needs {cfg.replay_min_each} each"
+            mean_logprob = means
             if "liked" in c and c["liked"] < l["liked"] - cfg.replay_tolerance:
-                out["reasons"].append(f"replay: liked replies less likely, {c['liked']:+.3f} vs {l['liked']:+.3f} "
-                                      f"nats/token on {live or 'base'} ({liked} held-out calls)")
+                reasons.append(f"replay: liked replies less likely, {c['liked']:+.3f} vs {l['liked']:+.3f} "
+                               f"nats/token on {live or 'base'} ({liked} held-out calls)")
             if "disliked" in c and c["disliked"] > l["disliked"] + cfg.replay_tolerance:
-                out["reasons"].append(f"replay: disliked replies more likely, {c['disliked']:+.3f} vs "
-                                      f"{l['disliked']:+.3f} nats/token on {live or 'base'} ({len(rated) - liked} held-out calls)")
+                reasons.append(f"replay: disliked replies more likely, {c['disliked']:+.3f} vs "
+                               f"{l['disliked']:+.3f} nats/token on {live or 'base'} ({len(rated) - liked} held-out calls)")
         if corrected:
             gaps = {name: sum([await self._teacher_gap(version, i, teacher) for i, teacher in corrected]) / len(corrected)
                     for name, version in (("candidate", cand), ("live", live))}
-            out["teacher_gap"] = gaps
             if gaps["candidate"] > gaps["live"] + cfg.replay_tolerance:
-                out["reasons"].append(f"replay: further from the corrected behaviour, {gaps['candidate']:.3f} vs "
-                                      f"{gaps['live']:.3f} nats/token on {live or 'base'} ({len(corrected)} corrected calls)")
-        return out
+                reasons.append(f"replay: further from the corrected behaviour, {gaps['candidate']:.3f} vs "
+                               f"{gaps['live']:.3f} nats/token on {live or 'base'} ({len(corrected)} corrected calls)")
+        return ReplayCheck(len(items), margin, mean_logprob, gaps), reasons
 
     def _held_out_calls(self) -> list[HeldOutCall]:
         limit = min(self.cfg.replay_max_tokens, self.engine.info.context_length)

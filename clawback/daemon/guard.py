@@ -68,11 +68,11 @@ class LiveGuard:
         live = self.adapters.live()
         if live is None or self.cfg.guard_replies == 0:
             return None
-        rows = {a["version"]: a for a in await asyncio.to_thread(self.store.adapters)}
-        if live not in rows or "promoted_by_hand" in rows[live]["gate"]:
+        rows = {a.version: a for a in await asyncio.to_thread(self.store.adapters)}
+        if live not in rows or "promoted_by_hand" in rows[live].gate:
             return None  # a version the person put live stays live
-        parent = rows[live]["parent"]
-        if parent is not None and rows.get(parent, {}).get("state") in ("failed", "pruned", "refused"):
+        parent = rows[live].parent
+        if parent is not None and parent in rows and rows[parent].state in ("failed", "pruned", "refused"):
             return None  # nothing to go back to
         counts = await asyncio.to_thread(self._counts, live, parent)
         n = self.cfg.guard_replies

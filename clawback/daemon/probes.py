@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass
 from importlib import resources
 from itertools import combinations
-from typing import Any
 
+from clawback.records import JsonObject
 from clawback.replies import parse_tool_calls
 
 
@@ -27,8 +27,8 @@ class Probe:
     id: str
     kind: str  # arithmetic | fact | format | tool_call
     prompt: str
-    check: dict[str, Any]
-    tools: tuple[dict[str, Any], ...] = ()
+    check: JsonObject  # the rule `passes` applies, as gate_probes.jsonl gives it
+    tools: tuple[JsonObject, ...] = ()  # OpenAI tool schemas
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def passes(probe: Probe, text: str) -> bool:
     raise ValueError(f"probe {probe.id}: unknown check {sorted(check)}")
 
 
-def _first_json(text: str) -> Any:
+def _first_json(text: str) -> object:
     decoder = json.JSONDecoder()
     for i, ch in enumerate(text):
         if ch in "{[":
@@ -85,7 +85,7 @@ def _first_json(text: str) -> Any:
     return None
 
 
-def _json_or_none(text: str) -> Any:
+def _json_or_none(text: str) -> object:
     try:
         return json.loads(text)
     except (json.JSONDecodeError, TypeError):
@@ -95,7 +95,7 @@ def _json_or_none(text: str) -> Any:
 _TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
 
 
-def _fits(args: Any, schema: dict[str, Any]) -> bool:
+def _fits(args: object, schema: JsonObject) -> bool:
     """The part of JSON Schema tool definitions use: an object, required keys, property types."""
     if not isinstance(args, dict):
         return False
@@ -152,35 +152,41 @@ def ends_in_loop(ids: list[int], min_loop_tokens: int = 32, max_period: int = 32
     return False
 
 
-def collapse_stats(gens: list[Generation]) -> dict[str, float]:
-    """What the collapse detectors compare (docs/gate.md):
+@dataclass(frozen=True)
+class CollapseStats:
+    """What the collapse detectors compare (docs/gate.md), of one set of replies."""
 
-    min_entropy      mean −logprob of the greedy tokens (the min-entropy of each step's
-                     distribution, a lower bound of its Shannon entropy), nats
-    distinct_2       mean share of distinct word bigrams within a reply (repetition inside a reply)
-    self_similarity  mean Jaccard similarity of word-trigram sets between replies to different
-                     prompts (the same reply whatever was asked)
-    median_tokens    median reply length in tokens
-    empty_rate       share of replies with no text
-    cut_rate         share of replies that hit the token limit
-    loop_rate        share of replies that end in a repetition loop (`ends_in_loop`)
-    meta_rate        share of replies about the conversation itself (META_REPLY)
-    refusal_rate     share of replies that decline the task (REFUSAL_REPLY)
-    """
+    # Mean −logprob of the greedy tokens (the min-entropy of each step's distribution, a lower
+    # bound of its Shannon entropy), nats.
+    min_entropy: float
+    distinct_2: float  # mean share of distinct word bigrams within a reply (repetition inside a reply)
+    # Mean Jaccard similarity of word-trigram sets between replies to different prompts (the same
+    # reply whatever was asked).
+    self_similarity: float
+    median_tokens: float  # median reply length in tokens
+    empty_rate: float  # share of replies with no text
+    cut_rate: float  # share of replies that hit the token limit
+    loop_rate: float  # share of replies that end in a repetition loop (`ends_in_loop`)
+    meta_rate: float  # share of replies about the conversation itself (META_REPLY)
+    refusal_rate: float  # share of replies that decline the task (REFUSAL_REPLY)
+
+
+def collapse_stats(gens: list[Generation]) -> CollapseStats:
+    """The collapse statistics of a set of generations."""
     n = max(len(gens), 1)
     logprobs = [lp for g in gens for lp in g.logprobs]
     words = [_words(g.text) for g in gens]
     distinct = [len(set(b)) / len(b) for b in (_ngrams(w, 2) for w in words) if len(b) >= 2]
     trigrams = [set(_ngrams(w, 3)) for w in words if len(w) >= 3]
     sims = [len(a & b) / len(a | b) for a, b in combinations(trigrams, 2)]
-    return {
-        "min_entropy": -sum(logprobs) / len(logprobs) if logprobs else 0.0,
-        "distinct_2": sum(distinct) / len(distinct) if distinct else 1.0,
-        "self_similarity": sum(sims) / len(sims) if sims else 0.0,
-        "median_tokens": float(statistics.median([len(g.ids) for g in gens])) if gens else 0.0,
-        "empty_rate": sum(not g.text.strip() for g in gens) / n,
-        "cut_rate": sum(g.finish == "length" for g in gens) / n,
-        "loop_rate": sum(ends_in_loop(g.ids) for g in gens) / n,
-        "meta_rate": sum(META_REPLY.search(g.text) is not None for g in gens) / n,
-        "refusal_rate": sum(REFUSAL_REPLY.search(g.text) is not None for g in gens) / n,
-    }
+    return CollapseStats(
+        min_entropy=-sum(logprobs) / len(logprobs) if logprobs else 0.0,
+        distinct_2=sum(distinct) / len(distinct) if distinct else 1.0,
+        self_similarity=sum(sims) / len(sims) if sims else 0.0,
+        median_tokens=float(statistics.median([len(g.ids) for g in gens])) if gens else 0.0,
+        empty_rate=sum(not g.text.strip() for g in gens) / n,
+        cut_rate=sum(g.finish == "length" for g in gens) / n,
+        loop_rate=sum(ends_in_loop(g.ids) for g in gens) / n,
+        meta_rate=sum(META_REPLY.search(g.text) is not None for g in gens) / n,
+        refusal_rate=sum(REFUSAL_REPLY.search(g.text) is not None for g in gens) / n,
+    )

@@ -31,11 +31,12 @@ from typing import Any
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine
-from clawback.records import Version
+from clawback.records import JsonObject, Version
 
 from . import memory
 from .gate import score_when_quiet, teacher_gap
 from .store import Store
+from .store.reads import MemoryNote
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class NoteRetirement:
             return []
         reports = []
         for note in notes:
-            if not note["active"] or note["call_id"] is None:
+            if not note.active:
                 continue
             try:
                 report = await self._check(version, note)
@@ -67,19 +68,21 @@ class NoteRetirement:
                 numbers = {"version": version, "gap_live": report["gap_live"], "gap_note": report["gap_note"],
                            "margin": self.margin}
                 report["retired"] = report["retire"] and await self.store.retire_note(
-                    note["note_id"], note["updated_at"], version, numbers)
+                    note.note_id, note.updated_at, version, numbers)
             except Exception as e:
-                log.warning("memory: checking note %d against v%d failed, it stays: %s", note["note_id"], version, e)
+                log.warning("memory: checking note %d against v%d failed, it stays: %s", note.note_id, version, e)
                 continue
             # Every check, retired or not, for tuning the margin (numbers only: events outlive a forget).
-            self.store.add_event("memory.checked", str(note["note_id"]), {**numbers, "retired": report["retired"]})
+            self.store.add_event("memory.checked", str(note.note_id), {**numbers, "retired": report["retired"]})
             reports.append(report)
-            log.info("memory: note %d on v%d: gap %.3f without it vs %.3f with it on base%s", note["note_id"],
+            log.info("memory: note %d on v%d: gap %.3f without it vs %.3f with it on base%s", note.note_id,
                      version, report["gap_live"], report["gap_note"], ", retired" if report["retired"] else "")
         return reports
 
-    async def _check(self, version: int, note: dict[str, Any]) -> dict[str, Any] | None:
-        evidence = await asyncio.to_thread(self.store.note_evidence, note["call_id"])
+    async def _check(self, version: int, note: MemoryNote) -> dict[str, Any] | None:
+        if note.call_id is None:  # not learnt from a call yet: nothing to check it on
+            return None
+        evidence = await asyncio.to_thread(self.store.note_evidence, note.call_id)
         if evidence is None or not evidence.response_ids:
             return None
         body, response, teacher = evidence.request, evidence.response_ids, evidence.teacher_logprobs
@@ -87,15 +90,15 @@ class NoteRetirement:
         bare = await self._prompt(body, messages)
         gap_live = teacher_gap(await score_when_quiet(self.engine, self.busy, bare, response, Version.name_of(version)),
                                teacher)
-        key = (note["note_id"], note["updated_at"])
+        key = (note.note_id, note.updated_at)
         if key not in self._note_gaps:  # the base model never changes: once per note
-            told = await self._prompt(body, memory.inject(messages, [note["text"]], self.placement))
+            told = await self._prompt(body, memory.inject(messages, [note.text], self.placement))
             self._note_gaps[key] = teacher_gap(await score_when_quiet(self.engine, self.busy, told, response, None),
                                                teacher)
         gap_note = self._note_gaps[key]
-        return {"note_id": note["note_id"], "gap_live": round(gap_live, 4), "gap_note": round(gap_note, 4),
+        return {"note_id": note.note_id, "gap_live": round(gap_live, 4), "gap_note": round(gap_note, 4),
                 "retire": gap_live <= gap_note - self.margin}
 
-    async def _prompt(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> list[int]:
+    async def _prompt(self, body: JsonObject, messages: list[JsonObject]) -> list[int]:
         req = ChatRequest.model_validate({**body, "messages": messages})
         return (await asyncio.to_thread(self.renderer.render, req))[1]

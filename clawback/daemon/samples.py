@@ -30,13 +30,13 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 from clawback.chat import ChatRenderer, ChatRequest, append_text
 from clawback.engine import Engine, EngineError, Sampling
 from clawback.judge.backends import JudgeBackend
 from clawback.judge.prm import Vote, VoteOptions, candidate_hints, judge_hint, judge_prm
-from clawback.records import Feedback, JudgedSample, SampleInputs, Version, VoteRecord
+from clawback.records import Feedback, JsonObject, JudgedSample, SampleInputs, Version, VoteRecord
 
 from .config import SignalConfig
 from .memory import strip
@@ -85,8 +85,8 @@ def latest_correction(feedback: Sequence[Feedback]) -> str | None:
     return texts[-1].strip() if texts else None
 
 
-def teacher_messages(messages: list[dict[str, Any]], hint: str, template: str = "hint",
-                     placement: str = "user") -> list[dict[str, Any]]:
+def teacher_messages(messages: list[JsonObject], hint: str, template: str = "hint",
+                     placement: str = "user") -> list[JsonObject]:
     """The request with the hint, worded by `template`, in the last user message or the system prompt."""
     return append_text(messages, placement, HINT_TEMPLATES[template].format(hint=hint))
 
@@ -121,7 +121,7 @@ def _vote_records(kind: Literal["prm", "hint"], backend_name: str, votes: Sequen
 
 class SamplePipeline:
     def __init__(self, store: Store, engine: Engine, renderer: ChatRenderer, backend: JudgeBackend | None,
-                 cfg: SignalConfig, on_ready: Callable[[dict[str, Any]], None] = lambda _: None) -> None:
+                 cfg: SignalConfig, on_ready: Callable[[dict[str, object]], None] = lambda _: None) -> None:
         self.store, self.engine, self.renderer, self.backend, self.cfg = store, engine, renderer, backend, cfg
         self.on_ready = on_ready
         self._wake = asyncio.Event()

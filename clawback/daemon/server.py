@@ -125,7 +125,8 @@ def _ray_trainer(settings: Settings, model_dir: str, placement: RayPlacement | N
 AUTO_JUDGE_MIN_PARAMS = 1_000_000_000
 
 
-def _judge(settings: Settings, engine: Engine, renderer: ChatRenderer, tokenizer: Any) -> tuple[str, JudgeBackend | None]:
+def _judge(settings: Settings, engine: Engine, renderer: ChatRenderer,
+           tokenizer: Any) -> tuple[str, JudgeBackend | None]:  # Any: a transformers tokenizer, as EngineBackend takes it
     """The judge backend [judge] asks for, and its name ("off": none)."""
     judge = settings.judge
     name = judge.backend
@@ -142,7 +143,7 @@ def _judge(settings: Settings, engine: Engine, renderer: ChatRenderer, tokenizer
     return name, None
 
 
-def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
+def daemon_app(settings: Settings, state: AppState | None = None) -> Any:  # Any: the app behind its auth, as the simulator reaches into it
     """The ASGI app with a lifespan that sweeps idle sessions and shuts everything down cleanly."""
     state = state or build_state(settings)
 
@@ -172,13 +173,10 @@ def daemon_app(settings: Settings, state: AppState | None = None) -> Any:
         tasks = [asyncio.create_task(sweeper())]
         pipeline, trainer = state.pipeline, state.trainer
 
-        def on_commit(kind: str, _: str) -> None:  # runs on the store's writer thread
-            if kind == "sample.pending":
-                pipeline.wake()
-            elif kind == "sample.ready" and trainer is not None:
-                trainer.wake()
-
-        state.store.listeners.append(on_commit)
+        # Both run on the store's writer thread; `wake` is thread-safe.
+        state.store.on_sample_pending.append(lambda _: pipeline.wake())
+        if trainer is not None:
+            state.store.on_sample_ready.append(lambda _: trainer.wake())
         tasks.append(asyncio.create_task(pipeline.run()))
         if trainer is not None:
             tasks.append(asyncio.create_task(trainer.run()))

@@ -58,7 +58,7 @@ class TrainerHandle(Protocol):
 
     async def ping(self) -> int | None: ...  # the version it stands on
 
-    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, Any]) -> TrainResult: ...
+    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, object]) -> TrainResult: ...
 
     async def close(self) -> None: ...
 
@@ -70,7 +70,7 @@ TrainerStarter = Callable[[], TrainerHandle]
 class RayTrainer:
     """A `TrainerWorker` Ray actor behind `TrainerHandle`: each call is one actor task."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any) -> None:  # Any: a Ray actor handle, its methods made at run time
         self.actor = actor
 
     async def resume(self, version: int | None, files: dict[str, bytes] | None) -> int | None:
@@ -79,7 +79,7 @@ class RayTrainer:
     async def ping(self) -> int | None:
         return await self.actor.ping.remote()
 
-    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, Any]) -> TrainResult:
+    async def train(self, samples: Sequence[ReadySample], version: int, meta: dict[str, object]) -> TrainResult:
         return await self.actor.train.remote(list(samples), version, meta)
 
     async def close(self) -> None:
@@ -127,7 +127,7 @@ class TrainingLoop:
         self.steps = 0
         self.failures = 0
         self.busy = False
-        self.last_metrics: dict[str, Any] = {}
+        self.last_metrics: dict[str, float] = {}
         self.trainer_node: str | None = None  # the Ray node the last step ran on
         self._notes_to_check: list[int] = []  # versions put live outside a step
 
@@ -242,10 +242,10 @@ class TrainingLoop:
             if self.gate is not None:
                 verdict = await self.gate.review(version, parent, result.metrics)
                 if not verdict.promote:
-                    await self.adapters.refuse(version, verdict.reason, verdict.report)
+                    await self.adapters.refuse(version, verdict.reason, verdict.report.json())
                     self.on_refused(Refused(Version(version), verdict.reason))
                     return None
-                await self.adapters.record_gate(version, verdict.report)
+                await self.adapters.record_gate(version, verdict.report.json())
             swap_s = await self.adapters.go_live(version, path)
             if self.retirement is not None:  # never raises: a failed check leaves the notes as they were
                 await self.retirement.check(version)

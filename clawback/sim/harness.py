@@ -219,9 +219,9 @@ async def daemon_outcome(state: AppState) -> DaemonOutcome:
     notes = await asyncio.to_thread(state.store.memory_notes, state.adapters.live())
     return {"steps": await asyncio.to_thread(_train_steps, state.store),
             "samples": await asyncio.to_thread(_sample_counts, state.store),
-            "versions": _versions(await asyncio.to_thread(state.store.adapters)),
-            "memory_notes": [MemoryNote(note_id=n["note_id"], text=n["text"], created_at=n["created_at"],
-                                        retired_by=n["retired_by"], retired_at=n["retired_at"], active=n["active"])
+            "versions": _versions([dataclasses.asdict(a) for a in await asyncio.to_thread(state.store.adapters)]),
+            "memory_notes": [MemoryNote(note_id=n.note_id, text=n.text, created_at=n.created_at,
+                                        retired_by=n.retired_by, retired_at=n.retired_at, active=n.active)
                              for n in notes],
             "memory_checks": await asyncio.to_thread(_note_checks, state.store)}
 

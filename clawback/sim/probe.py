@@ -30,8 +30,8 @@ async def active_notes(state: AppState, live: str | None = None) -> list[str]:
     if not state.settings.memory:
         return []
     version = Version.of(live if live is not None else state.engine.active_version())
-    return [n["text"] for n in await asyncio.to_thread(state.store.memory_notes, version)
-            if n["active"] and n["scope"] == "general"]
+    return [n.text for n in await asyncio.to_thread(state.store.memory_notes, version)
+            if n.active and n.scope == "general"]
 
 
 async def opener_mass(state: AppState, scen: Scenario, tasks: tuple[Task, ...]) -> float | None:

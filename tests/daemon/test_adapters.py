@@ -41,7 +41,7 @@ def setup(tiny_model_dir: Path, tmp_path: Path):
 
 
 def states(store: Store) -> dict[int, str]:
-    return {a["version"]: a["state"] for a in store.adapters()}
+    return {a.version: a.state for a in store.adapters()}
 
 
 def test_go_live_rollback_and_restore(setup):

@@ -9,15 +9,17 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from clawback.daemon.adapters import tainted_versions
+from clawback.daemon.adapters import Taint, tainted_versions
 from clawback.daemon.capture import Capture
 from clawback.daemon.forget import forget
 from clawback.daemon.memory import inject
 from clawback.daemon.store import ForgetScope, Store
+from clawback.daemon.store.reads import AdapterRow
 from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 from tests.conftest import query
 
@@ -73,7 +75,7 @@ def test_forget_a_session_leaves_no_trace_of_its_text(store: Store):
 
     assert report["sessions"] == 2 and report["deleted"]["calls"] == 2 and report["deleted"]["feedback_events"] == 3
     assert report["deleted"]["memory_notes"] == 2  # the notes its corrections left
-    assert [n["text"] for n in store.memory_notes()] == ["say KEEP-MARKER-7"]
+    assert [n.text for n in store.memory_notes()] == ["say KEEP-MARKER-7"]
     assert report["affected_versions"] == [2, 3] and report["rollback_to"] == 1
     raw = raw_bytes(store.db_path)
     assert b"GONE-MARKER" not in raw, "forgotten text is still in the database files"
@@ -103,7 +105,7 @@ def test_forget_before_a_time_and_everything(store: Store):
     raw = raw_bytes(store.db_path)
     assert b"OLD-MARKER-1" not in raw and b"NEW-MARKER-2" in raw
 
-    assert asyncio.run(store.edit_note(store.memory_notes()[0]["note_id"], "Call me NOTE-MARKER-5."))
+    assert asyncio.run(store.edit_note(store.memory_notes()[0].note_id, "Call me NOTE-MARKER-5."))
     report = asyncio.run(forget(store, ForgetScope(everything=True)))
     assert report["deleted"]["sessions"] == 1 and report["deleted"]["memory_notes"] == 1
     assert store.memory_notes() == []  # a person forgetting everything loses their notes, edited ones too
@@ -119,13 +121,14 @@ def test_a_scope_is_exactly_one_thing():
 
 
 def test_tainted_versions_follow_the_lineage():
-    rows = [{"version": v, "parent": p, "state": st} for v, p, st in
+    rows = [AdapterRow(version=v, parent=p, path=f"/adapters/v{v}", state=st, reason=None, pinned=False, method="opd",
+                       samples=4, metrics={}, created_at=0.0, live_at=None, updated_at=0.0, gate={}) for v, p, st in
             [(1, None, "committed"), (2, 1, "pruned"), (3, 2, "committed"), (4, 3, "live"), (5, 1, "committed")]]
-    assert tainted_versions(rows, [3]) == {"affected_versions": [3, 4], "rollback_to": 1}  # v2 is pruned
-    rolled_back_from = [{**r, "state": "retired"} if r["version"] == 1 else r for r in rows]
-    assert tainted_versions(rolled_back_from, [3])["rollback_to"] is None  # offered only what serves without force
-    assert tainted_versions(rows, [1]) == {"affected_versions": [1, 2, 3, 4, 5], "rollback_to": None}
-    assert tainted_versions(rows, []) == {"affected_versions": [], "rollback_to": None}
+    assert tainted_versions(rows, [3]) == Taint([3, 4], 1)  # v2 is pruned
+    rolled_back_from = [replace(r, state="retired") if r.version == 1 else r for r in rows]
+    assert tainted_versions(rolled_back_from, [3]).rollback_to is None  # offered only what serves without force
+    assert tainted_versions(rows, [1]) == Taint([1, 2, 3, 4, 5], None)
+    assert tainted_versions(rows, []) == Taint([], None)
 
 
 def correct(store: Store, session: str, text: str) -> dict:
@@ -141,11 +144,11 @@ def test_forget_a_session_takes_the_note_of_a_correction_sent_before_its_first_c
     converse(store, "early-S", "EARLY-MARKER-8", time.time())
     converse(store, "other", "OTHER-MARKER-1", time.time())
     store.flush()
-    assert any("ORPHAN-MARKER-9" in n["text"] for n in store.memory_notes())
+    assert any("ORPHAN-MARKER-9" in n.text for n in store.memory_notes())
 
     asyncio.run(forget(store, ForgetScope(session_id="early-S")))
 
-    assert [n["text"] for n in store.memory_notes()] == ["say OTHER-MARKER-1"]
+    assert [n.text for n in store.memory_notes()] == ["say OTHER-MARKER-1"]
     raw = raw_bytes(store.db_path)
     assert b"ORPHAN-MARKER-9" not in raw and b"EARLY-MARKER-8" not in raw
     assert b"early-S" not in raw, "the forgotten session's id is still in the database files"
@@ -164,11 +167,11 @@ def test_a_note_other_sessions_asked_for_survives_forgetting_one_of_them(store: 
         converse(store, s, f"MARKER-{s}", time.time())
         correct(store, s, "Please answer in French.")
     store.flush()
-    french = [n for n in store.memory_notes() if n["text"] == "Please answer in French."]
+    french = [n for n in store.memory_notes() if n.text == "Please answer in French."]
     assert len(french) == 1
 
     asyncio.run(forget(store, ForgetScope(session_id=sessions[-1])))  # the session that asked last
-    assert [n["note_id"] for n in store.memory_notes() if n["text"] == "Please answer in French."] == [french[0]["note_id"]]
+    assert [n.note_id for n in store.memory_notes() if n.text == "Please answer in French."] == [french[0].note_id]
 
     for s in sessions[:-1]:
         asyncio.run(forget(store, ForgetScope(session_id=s)))
@@ -228,7 +231,7 @@ def test_forget_takes_a_forgotten_note_out_of_every_request_it_was_injected_into
     asyncio.run(store.apply_feedback(FeedbackRecord.of({"event_id": str(uuid.uuid4()), "kind": "thumbs_down", "session_id": "other",
                                       "target": queued, "source": "cli"}), time.time()))
     assert query(store.db_path, "SELECT state FROM samples WHERE call_id = ?", queued)[0][0] == "dropped"
-    assert [n["text"] for n in store.memory_notes()] == ["say OTHER-MARKER-3", "Keep it short."]
+    assert [n.text for n in store.memory_notes()] == ["say OTHER-MARKER-3", "Keep it short."]
 
 
 def test_an_older_store_loses_the_session_names_in_its_event_log(tmp_path: Path):

@@ -17,6 +17,7 @@ from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.config import GateConfig
 from clawback.daemon.gate import CandidateGate
 from clawback.daemon.store import Store
+from clawback.daemon.store.queries import HealthPoint
 from clawback.engines.embedded import EmbeddedEngine
 from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
 from clawback.trainer.config import TrainConfig
@@ -115,11 +116,11 @@ def test_a_broken_adapter_is_refused_for_lost_capability(rig):
     verdict = review(rig, 1)
     assert not verdict.promote
     assert verdict.reasons[0].startswith("retention −"), verdict.reasons
-    r = verdict.report["retention"]
-    assert r["base"] >= 75 and r["candidate"] < r["base"] - 2  # the base answers most of these; v1 does not
-    assert "Paris" in rig["gate"]._probe_cache[None]["replies"]["fact-01"]  # the score is read from real replies
-    newly = verdict.report["newly_failed"]  # the candidate's replies where the base model was right
-    assert newly and len(newly) * 100 / len(PROBES) >= r["base"] - r["candidate"], newly
+    r = verdict.report.retention
+    assert r.base >= 75 and r.candidate < r.base - 2  # the base answers most of these; v1 does not
+    assert "Paris" in rig["gate"]._probe_cache[None].replies["fact-01"]  # the score is read from real replies
+    newly = verdict.report.newly_failed  # the candidate's replies where the base model was right
+    assert newly and len(newly) * 100 / len(PROBES) >= r.base - r.candidate, newly
 
 
 def test_an_adapter_that_repeats_one_phrase_is_refused_as_collapse_and_by_replay(rig):
@@ -131,15 +132,15 @@ def test_an_adapter_that_repeats_one_phrase_is_refused_as_collapse_and_by_replay
     make_adapter(rig, 2, train=[(p, PHRASE) for p in TRAIN_PROMPTS], steps=12, lr=3e-3)
     verdict = review(rig, 2)
     assert not verdict.promote
-    replies = list(verdict.report["collapse"]["candidate"].items())
+    replies = verdict.report.collapse.candidate
     assert any("same reply to different prompts" in r for r in verdict.reasons), (verdict.reasons, replies)
     # The person's own held-out requests, answered greedily: the same phrase whatever they asked.
-    own = verdict.report["collapse_own_requests"]
-    assert own["calls"] == 6 and own["candidate"]["self_similarity"] > own["live"]["self_similarity"]
+    own = verdict.report.collapse_own_requests
+    assert own.calls == 6 and own.candidate.self_similarity > own.live.self_similarity
     assert any(r.startswith("collapse (your requests): same reply") for r in verdict.reasons), verdict.reasons
     assert any(r.startswith("replay: liked−disliked margin") for r in verdict.reasons), verdict.reasons
-    margin = verdict.report["replay"]["margin"]
-    assert margin["candidate"] < margin["live"]
+    margin = verdict.report.replay.margin
+    assert isinstance(margin, dict) and margin["candidate"] < margin["live"]
 
 
 def test_with_disliked_calls_only_the_replay_checks_them_alone_and_refuses(rig):
@@ -147,10 +148,10 @@ def test_with_disliked_calls_only_the_replay_checks_them_alone_and_refuses(rig):
     too few of each kind for a margin, and the disliked reply became more likely."""
     gate = rig["gate"]
     disliked = [i for i in gate._held_out_calls() if i.reward == -1.0]
-    out = asyncio.run(gate._replay(disliked, "v2", None))
-    assert out["margin"].startswith("one-sided: 0 liked and 3 disliked"), out
-    assert out["mean_logprob"]["candidate"]["disliked"] > out["mean_logprob"]["live"]["disliked"]
-    assert any(r.startswith("replay: disliked replies more likely") for r in out["reasons"]), out
+    out, reasons = asyncio.run(gate._replay(disliked, "v2", None))
+    assert isinstance(out.margin, str) and out.margin.startswith("one-sided: 0 liked and 3 disliked"), out
+    assert out.mean_logprob["candidate"]["disliked"] > out.mean_logprob["live"]["disliked"]
+    assert any(r.startswith("replay: disliked replies more likely") for r in reasons), reasons
 
 
 def test_a_good_adapter_passes(rig):
@@ -159,18 +160,18 @@ def test_a_good_adapter_passes(rig):
     make_adapter(rig, 3, train=good, steps=2, lr=1e-4)
     verdict = review(rig, 3)
     assert verdict.promote, verdict.reasons
-    assert verdict.report["retention"]["candidate"] >= verdict.report["retention"]["base"] - 2
-    assert isinstance(verdict.report["replay"]["margin"], dict)  # the held-out calls were replayed
-    assert verdict.report["collapse_own_requests"]["calls"] == 6  # and answered, without an alarm
+    assert verdict.report.retention.candidate >= verdict.report.retention.base - 2
+    assert isinstance(verdict.report.replay.margin, dict)  # the held-out calls were replayed
+    assert verdict.report.collapse_own_requests.calls == 6  # and answered, without an alarm
 
 
 def test_unhealthy_training_is_refused_without_evaluation(rig):
     gate = rig["gate"]
-    gate._history = [{"loss": 0.1, "grad_norm": 2.0}] * 5
+    gate._history = [HealthPoint(loss=0.1, grad_norm=2.0)] * 5
     verdict = review(rig, 3, {"loss": 0.1, "grad_norm": 556.0})
     assert not verdict.promote and "gradient norm 556" in verdict.reason
-    assert "retention" not in verdict.report and "v3" not in gate._probe_cache  # no probe was run
-    assert json.dumps(verdict.report)  # stored as JSON
+    assert verdict.report.retention is None and "v3" not in gate._probe_cache  # no probe was run
+    assert list(verdict.report.json()) == ["health", "seconds"] and json.dumps(verdict.report.json())  # stored as JSON
 
 
 def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
@@ -191,5 +192,5 @@ def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
     assert spider not in gate._recent_prompts(3, set(), [spider])  # a prompt already chosen is not taken again
     held_out = gate._held_out_calls()[:1]
     own = asyncio.run(gate._own_requests(held_out, "v3", None))
-    assert own is not None and own["calls"] == 8 and set(own) == {"calls", "candidate", "live"}
-    assert "refusal_rate" in own["candidate"]
+    assert own is not None and own.calls == 8 and own.base is None  # live is the base model
+    assert 0.0 <= own.candidate.refusal_rate <= 1.0

@@ -4,13 +4,15 @@ held-out share and the live guard's test."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from clawback.daemon.config import GateConfig, Settings
 from clawback.daemon.gate import NOT_ON_OWN_REQUESTS, against_live_and_base, collapse_reasons, health_reasons, held_out
 from clawback.daemon.guard import fisher_greater
-from clawback.daemon.probes import REFUSAL_REPLY, Generation, collapse_stats, load_probes, passes
+from clawback.daemon.probes import REFUSAL_REPLY, CollapseStats, Generation, collapse_stats, load_probes, passes
+from clawback.daemon.store.queries import HealthPoint
 
 
 def test_the_probe_set_covers_every_kind_and_each_check_can_pass_and_fail():
@@ -76,11 +78,11 @@ def test_replies_that_decline_the_task_are_refused_against_live_and_base():
     assert not any(REFUSAL_REPLY.search(t) for t in fine)
     answers = VARIED + VARIED
 
-    def declines(n: int) -> dict[str, float]:
+    def declines(n: int) -> CollapseStats:
         return collapse_stats(declining[1:1 + n] + answers[n:])
 
     base, live, cand = declines(0), declines(2), declines(3)
-    assert cand["refusal_rate"] == 0.3 and base["refusal_rate"] == 0.0
+    assert cand.refusal_rate == 0.3 and base.refusal_rate == 0.0
     assert collapse_reasons(cand, base, cfg, "v1") == ["collapse: replies that decline the task 30% vs 0% on v1"]
     assert collapse_reasons(cand, live, cfg, "v2") == []  # 30% vs 20%: within refusal_rise of live
     assert against_live_and_base(cand, live, base, cfg, "v2") == [
@@ -122,7 +124,7 @@ def test_what_nobody_wants_cannot_creep_up_version_by_version():
 
 def test_training_health():
     cfg = GateConfig()
-    history = [{"loss": 0.1 * (-1) ** i, "grad_norm": 2.0 + 0.1 * i} for i in range(5)]
+    history = [HealthPoint(loss=0.1 * (-1) ** i, grad_norm=2.0 + 0.1 * i) for i in range(5)]
     assert health_reasons({"loss": 0.2, "grad_norm": 3.0}, history, cfg) == []
     assert health_reasons({"loss": math.nan, "grad_norm": 3.0}, history, cfg) == ["training health: non-finite loss"]
     assert "gradient norm 556" in health_reasons({"loss": 0.2, "grad_norm": 556.0}, history, cfg)[0]
@@ -196,10 +198,10 @@ def test_a_rise_by_the_limit_counts_and_loops_are_a_detector():
     cut = [Generation([1, 2, 3], [-1.0] * 3, "a", "length")] * 3 + [Generation([1, 2, 3], [-1.0] * 3, "b", "stop")]
     cand = collapse_stats(cut[:2] + [Generation([1, 2, 3], [-1.0] * 3, "b", "stop")] * 2)  # 50% cut vs 0%
     assert any("cut-off replies 50%" in r for r in collapse_reasons(cand, live, cfg, "v1"))
-    two_of_four = {**live, "cut_rate": 0.75}
-    assert any("cut-off replies 75% vs 50%" in r for r in collapse_reasons(two_of_four, {**live, "cut_rate": 0.5}, cfg, "v1"))
+    two_of_four = replace(live, cut_rate=0.75)
+    assert any("cut-off replies 75% vs 50%" in r for r in collapse_reasons(two_of_four, replace(live, cut_rate=0.5), cfg, "v1"))
     loop = list(range(8)) + [7, 9] * 20
     assert ends_in_loop(loop) and not ends_in_loop(list(range(40))) and not ends_in_loop([7, 9] * 10)  # too short
     looping = collapse_stats([Generation(loop, [-1.0] * len(loop), "x y " * 20, "length")] + [Generation([1], [-1.0], "ok", "stop")] * 3)
-    assert looping["loop_rate"] == 0.25
+    assert looping.loop_rate == 0.25
     assert any("looping replies 25% vs 0%" in r for r in collapse_reasons(looping, live, cfg, "v1"))

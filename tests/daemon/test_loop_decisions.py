@@ -109,7 +109,7 @@ class ScriptedGate:
 
     async def review(self, version: int, live: int | None, metrics: dict[str, Any]) -> Verdict:
         self.reviewed.append((version, live))
-        return Verdict(False, ["replies collapsed"]) if version in self.refuse else Verdict(True)
+        return Verdict(False, ("replies collapsed",)) if version in self.refuse else Verdict(True)
 
 
 def ready_sample(store: Store, served_by: int | None = None) -> str:
@@ -167,7 +167,7 @@ def test_a_full_batch_trains_one_version_that_goes_live(parts):
     run_until(loop, lambda: loop.steps == 0 and sample_states(store)[first][0] == "ready")  # one is not a batch
     assert trainer.trained == [] and adapters.live() is None
     second = ready_sample(store)
-    run_until(loop, lambda: adapters.live() == 1)
+    run_until(loop, lambda: adapters.live() == 1 and not loop.busy)  # the step, its commit included, is over
     assert trainer.resumed == [None]  # started lazily, from what served
     assert trainer.trained == [(1, [first, second])]
     assert slots.active == "v1" and adapter_states(store) == {1: "live"}
@@ -181,10 +181,10 @@ def test_samples_served_too_many_versions_ago_are_dropped_as_stale(parts):
     loop = TrainingLoop(store, adapters, cfg, lambda: trainer, poll_s=0.05)
     for _ in range(2):
         ready_sample(store)
-    run_until(loop, lambda: adapters.live() == 1)
+    run_until(loop, lambda: adapters.live() == 1 and not loop.busy)  # the step, its commit included, is over
     old = [ready_sample(store, served_by=None) for _ in range(2)]  # the base served them; v1 is live
     fresh = [ready_sample(store, served_by=1) for _ in range(2)]
-    run_until(loop, lambda: adapters.live() == 2)
+    run_until(loop, lambda: adapters.live() == 2 and not loop.busy)  # the step, its commit included, is over
     states = sample_states(store)
     assert [states[c] for c in old] == [("dropped", "stale")] * 2
     assert trainer.trained[-1] == (2, fresh)
@@ -196,7 +196,8 @@ def test_a_failing_step_is_recorded_the_trainer_goes_back_and_repeat_samples_are
     loop = TrainingLoop(store, adapters, CFG, lambda: trainer, poll_s=0.05, retry_s=0.01, retry_max_s=0.02,
                         quarantine_after=2)
     batch = [ready_sample(store), ready_sample(store)]
-    run_until(loop, lambda: loop.failures == 2)
+    # the second failure's record and its quarantine are written after it is counted
+    run_until(loop, lambda: loop.failures == 2 and {sample_states(store)[c][0] for c in batch} == {"quarantined"})
     steps = query(store.db_path, "SELECT outcome, error FROM train_steps ORDER BY step")
     assert [s["outcome"] for s in steps] == ["failed", "failed"] and "loss is NaN" in steps[0]["error"]
     # After each failure the trainer goes back to what serves (the last one may still be under way).
@@ -210,7 +211,7 @@ def test_a_failing_step_is_recorded_the_trainer_goes_back_and_repeat_samples_are
     assert [loop.retry_delay() for loop.failed_in_a_row in (1, 2, 3, 20)] == [5.0, 10.0, 20.0, 600.0]
     # Samples behind the bad ones train, into the number the failed steps never published.
     later = [ready_sample(store), ready_sample(store)]
-    run_until(loop, lambda: adapters.live() == 1)
+    run_until(loop, lambda: adapters.live() == 1 and not loop.busy)  # the step, its commit included, is over
     assert trainer.trained == [(1, later)] and loop.failed_in_a_row == 0
 
 
@@ -227,7 +228,7 @@ def test_a_refused_candidate_stays_out_of_service_and_the_next_step_trains_from_
     assert adapter_states(store) == {1: "refused"} and adapters.live() is None and "v1" not in slots.loaded
     for _ in range(2):
         ready_sample(store)
-    run_until(loop, lambda: adapters.live() == 2)
+    run_until(loop, lambda: adapters.live() == 2 and not loop.busy)  # the step, its commit included, is over
     assert gate.reviewed == [(1, None), (2, None)]
     assert trainer.resumed == [None, None]  # v1 is not what serves: the trainer went back to the base
     assert adapter_states(store) == {1: "refused", 2: "live"}

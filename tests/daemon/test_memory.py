@@ -78,21 +78,21 @@ def test_a_note_that_covers_older_ones_replaces_them(tmp_path: Path):
         _feedback(store, "correction", "Don't use bold.")
         _feedback(store, "correction", "Hmm. Please start your reply with 'Sure!' and write the work out in plain "
                                        "sentences with the numbers.")
-        assert [n["text"] for n in store.memory_notes()] == [
+        assert [n.text for n in store.memory_notes()] == [
             "Don't use bold.", "Please start your reply with 'Sure!' and write the work out in plain sentences "
             "with the numbers."]
         events = store._conn.execute("SELECT payload FROM events WHERE kind = 'memory.subsumed'").fetchall()
         assert len(events) == 2 and all("Sure" not in e[0] for e in events)  # a reason, never the text
         covering = store.memory_notes()[1]
         _feedback(store, "correction", "Hmm. Please start your reply with 'Sure!'.")  # a repeat: confirms it
-        assert [n["text"] for n in store.memory_notes()] == [
+        assert [n.text for n in store.memory_notes()] == [
             "Don't use bold.", "Please start your reply with 'Sure!' and write the work out in plain sentences "
             "with the numbers."]
-        assert store.memory_notes()[1]["updated_at"] > covering["updated_at"]
+        assert store.memory_notes()[1].updated_at > covering.updated_at
         assert store._conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'memory.confirmed'").fetchone()[0] == 1
         _feedback(store, "correction", "Please use bold and keep it short.")
         _feedback(store, "correction", "Please don't use bold.")  # part of it reversed: kept beside it
-        assert [n["text"] for n in store.memory_notes()][-2:] == ["Please use bold and keep it short.",
+        assert [n.text for n in store.memory_notes()][-2:] == ["Please use bold and keep it short.",
                                                                    "Please don't use bold."]
     finally:
         store.close()
@@ -104,24 +104,24 @@ def test_store_dedupes_replaces_on_conflict_and_stays_bounded(tmp_path: Path):
         _feedback(store, "correction", "That looks AI-written. Please don't use bold.")
         _feedback(store, "correction", "That looks AI-written. Please don't use headers.")
         _feedback(store, "correction", "Keep it short. Don't talk about my feedback.")
-        assert [n["text"] for n in store.memory_notes()] == [
+        assert [n.text for n in store.memory_notes()] == [
             "Please don't use bold.", "Please don't use headers.", "Keep it short."]
         skipped = store._conn.execute("SELECT json_extract(payload, '$.reason'), json_extract(payload, '$.sentences') "
                                       "FROM events WHERE kind = 'memory.skipped' ORDER BY rowid").fetchall()
         # the complaint, once per correction, and the request about the exchange
         assert [tuple(r) for r in skipped] == [("not a request", 1), ("not a request", 1), ("about the exchange, not replies", 1)]
         _feedback(store, "thumbs_down", "Actually, please use bold.")  # a 👎 reason; newest wins
-        texts = [n["text"] for n in store.memory_notes()]
+        texts = [n.text for n in store.memory_notes()]
         assert "Please don't use bold." not in texts and "Actually, please use bold." in texts and len(texts) == 3
         _feedback(store, "thumbs_up", "Nice one, well done.")  # praise is not a preference
         _feedback(store, "correction", "Answer in one sentence.")  # bounded: the stalest note goes
         assert len(store.memory_notes()) == 3 and "Please don't use headers." not in [
-            n["text"] for n in store.memory_notes()]
-        first = store.memory_notes()[0]["note_id"]
+            n.text for n in store.memory_notes()]
+        first = store.memory_notes()[0].note_id
         assert asyncio.run(store.edit_note(first, "  Keep   it brief. "))
         assert asyncio.run(store.forget_notes(999)) == 0
         edited = store.memory_notes()[-1]  # what the person said last sits nearest their message
-        assert (edited["note_id"], edited["text"], edited["source"]) == (first, "Keep it brief.", "edit")
+        assert (edited.note_id, edited.text, edited.source) == (first, "Keep it brief.", "edit")
         assert asyncio.run(store.forget_notes()) == 3 and store.memory_notes() == []
     finally:
         store.close()
@@ -136,11 +136,11 @@ def test_notes_are_injected_least_recently_confirmed_first_in_the_persons_senten
         _feedback(store, "correction", "Hmm. Please answer in under 20 words and give the number you get.")
         _feedback(store, "correction", "Hmm. No bold. Please answer in under 20 words and give the number you get.")
         brief = "Please answer in under 20 words and give the number you get."
-        assert [n["text"] for n in store.memory_notes()] == ["No bold.", brief]
+        assert [n.text for n in store.memory_notes()] == ["No bold.", brief]
         _feedback(store, "correction", "Don't use headers.")
         _feedback(store, "correction", "Hmm. Please answer in under 20 words.")  # confirms the brief note
-        assert [n["text"] for n in store.memory_notes()] == ["No bold.", "Don't use headers.", brief]
-        assert asyncio.run(store.note_texts(None, "nobody")) == [n["text"] for n in store.memory_notes()]
+        assert [n.text for n in store.memory_notes()] == ["No bold.", "Don't use headers.", brief]
+        assert asyncio.run(store.note_texts(None, "nobody")) == [n.text for n in store.memory_notes()]
     finally:
         store.close()
 
@@ -169,10 +169,10 @@ def test_a_session_note_reaches_its_own_conversation_only_until_the_person_widen
         _say(store, "A", "Hmm. Don't use bold. Answer with just the number, like: 4.")
         _say(store, "B", "Use pandas for this one.")
         _say(store, "C", "Use pandas for this one.")  # the same words in another conversation: its own note
-        notes = {n["text"] + "@" + str(n["session_id"]): n for n in store.memory_notes()}
+        notes = {n.text + "@" + str(n.session_id): n for n in store.memory_notes()}
         assert sorted(notes) == ["Answer with just the number, like: 4.@A", "Don't use bold.@None",
                                  "Use pandas for this one.@B", "Use pandas for this one.@C"]
-        assert [n["scope"] for n in store.memory_notes()] == ["general", "session", "session", "session"]
+        assert [n.scope for n in store.memory_notes()] == ["general", "session", "session", "session"]
         assert asyncio.run(store.note_texts(None, "A")) == ["Don't use bold.", "Answer with just the number, like: 4."]
         assert asyncio.run(store.note_texts(None, "B")) == ["Don't use bold.", "Use pandas for this one."]
         assert asyncio.run(store.note_texts(None, "new")) == ["Don't use bold."]
@@ -184,19 +184,19 @@ def test_a_session_note_reaches_its_own_conversation_only_until_the_person_widen
         # Bounded per scope: two general notes and two per conversation.
         for text in ("Keep answers short.", "Use metric units."):
             _say(store, "B", text)
-        assert [n["text"] for n in store.memory_notes() if n["scope"] == "general"] == [
+        assert [n.text for n in store.memory_notes() if n.scope == "general"] == [
             "Keep answers short.", "Use metric units."]
-        assert len([n for n in store.memory_notes() if n["session_id"] == "B"]) == 1
+        assert len([n for n in store.memory_notes() if n.session_id == "B"]) == 1
 
-        four = notes["Answer with just the number, like: 4.@A"]["note_id"]
-        pandas_c = notes["Use pandas for this one.@C"]["note_id"]
+        four = notes["Answer with just the number, like: 4.@A"].note_id
+        pandas_c = notes["Use pandas for this one.@C"].note_id
         assert asyncio.run(store.scope_note(4242, "general")) == "no memory note 4242"
         assert asyncio.run(store.scope_note(four, "session", "never-seen")) == "no session 'never-seen'"
         assert asyncio.run(store.scope_note(pandas_c, "general")) is None  # the person widens it: confirmed
         assert asyncio.run(store.note_texts(None, "new")) == ["Use metric units.", "Use pandas for this one."]
-        pandas_b = notes["Use pandas for this one.@B"]["note_id"]
+        pandas_b = notes["Use pandas for this one.@B"].note_id
         assert asyncio.run(store.scope_note(pandas_b, "general")) is None  # same topic, same scope: it takes the place
-        assert [n["note_id"] for n in store.memory_notes() if n["text"] == "Use pandas for this one."] == [pandas_b]
+        assert [n.note_id for n in store.memory_notes() if n.text == "Use pandas for this one."] == [pandas_b]
         assert asyncio.run(store.scope_note(pandas_b, "session")) == (  # asked for in B and C: which?
             f"memory note {pandas_b} was asked for in 2 sessions: name one")
         assert asyncio.run(store.scope_note(pandas_b, "session", "B")) is None
@@ -231,9 +231,9 @@ def test_a_note_from_a_correction_stored_before_its_call_is_linked_when_the_call
         early = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "fresh", "target": "last",
                  "text": "Hmm. Don't use bold."}
         assert asyncio.run(store.apply_feedback(FeedbackRecord.of(early), sent))["status"] == "orphan"
-        assert [n["call_id"] for n in store.memory_notes()] == [None]
+        assert [n.call_id for n in store.memory_notes()] == [None]
         call_id = _stored_call(store, "fresh", sent - 1)  # served before the correction was sent
-        assert [n["call_id"] for n in store.memory_notes()] == [call_id]
+        assert [n.call_id for n in store.memory_notes()] == [call_id]
         assert query(store.db_path, "SELECT state, call_id FROM feedback_events")[0][:] == ("applied", call_id)
         assert query(store.db_path, "SELECT state FROM samples WHERE call_id = ?", call_id)[0][0] == "pending_judge"
 
@@ -242,13 +242,13 @@ def test_a_note_from_a_correction_stored_before_its_call_is_linked_when_the_call
                 "text": "Keep answers short."}
         assert asyncio.run(store.apply_feedback(FeedbackRecord.of(turn), time.time()))["status"] == "orphan"
         second = _stored_call(store, "fresh", time.time(), "turn-2")
-        assert {n["text"]: n["call_id"] for n in store.memory_notes()}["Keep answers short."] == second
+        assert {n.text: n.call_id for n in store.memory_notes()}["Keep answers short."] == second
 
         before = {"event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "later", "target": "last",
                   "text": "Use metric units."}
         asyncio.run(store.apply_feedback(FeedbackRecord.of(before), time.time()))
         _stored_call(store, "later", time.time() + 1)  # made after the correction: not what it was about
-        assert {n["text"]: n["call_id"] for n in store.memory_notes()}["Use metric units."] is None
+        assert {n.text: n.call_id for n in store.memory_notes()}["Use metric units."] is None
         assert query(store.db_path, "SELECT state, reason FROM feedback_events WHERE session_id = 'later'")[0][:] == (
             "orphan", "before_first_call")
         linked = query(store.db_path, "SELECT kind, json_extract(payload, '$.notes'), json_extract(payload, '$.reason') "
@@ -375,22 +375,22 @@ def test_a_retired_note_stays_out_only_while_its_version_or_a_descendant_serves(
             _adapter_row(store, version, parent)
         _feedback(store, "correction", "Please answer in French.")
         note = store.memory_notes()[0]
-        assert note["active"] and note["retired_by"] is None
-        assert not asyncio.run(store.retire_note(note["note_id"], note["updated_at"] - 1, 2, {}))  # changed since
-        assert asyncio.run(store.retire_note(note["note_id"], note["updated_at"], 2,
+        assert note.active and note.retired_by is None
+        assert not asyncio.run(store.retire_note(note.note_id, note.updated_at - 1, 2, {}))  # changed since
+        assert asyncio.run(store.retire_note(note.note_id, note.updated_at, 2,
                                              {"version": 2, "gap_live": 0.1, "gap_note": 0.3}))
-        active = {live: store.memory_notes(live)[0]["active"] for live in (None, 1, 2, 3, 4)}
+        active = {live: store.memory_notes(live)[0].active for live in (None, 1, 2, 3, 4)}
         assert active == {None: True, 1: True, 2: False, 3: False, 4: True}
         event = json.loads(query(store.db_path, "SELECT payload FROM events WHERE kind = 'memory.retired'")[0][0])
         assert event == {"version": 2, "gap_live": 0.1, "gap_note": 0.3}  # numbers only: events outlive a forget
         # The person says it again: the version evidently does not follow it, so it is back.
         _feedback(store, "correction", "Please answer in French.")
-        assert store.memory_notes(3)[0]["active"] and store.memory_notes(3)[0]["retired_by"] is None
+        assert store.memory_notes(3)[0].active and store.memory_notes(3)[0].retired_by is None
         note = store.memory_notes()[0]
-        asyncio.run(store.retire_note(note["note_id"], note["updated_at"], 3, {}))
-        asyncio.run(store.edit_note(note["note_id"], "Please answer in German."))  # an edit is a new preference
-        assert store.memory_notes(3)[0]["active"]
-        asyncio.run(store.retire_note(note["note_id"], store.memory_notes()[0]["updated_at"], 3, {}))
+        asyncio.run(store.retire_note(note.note_id, note.updated_at, 3, {}))
+        asyncio.run(store.edit_note(note.note_id, "Please answer in German."))  # an edit is a new preference
+        assert store.memory_notes(3)[0].active
+        asyncio.run(store.retire_note(note.note_id, store.memory_notes()[0].updated_at, 3, {}))
         assert asyncio.run(store.forget_notes()) == 1 and store.memory_notes() == []  # retired notes are forgotten too
     finally:
         store.close()
@@ -434,7 +434,7 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
     db = state.store.db_path
 
     async def go() -> None:
-        await state.adapters.go_live(1, state.store.adapters()[0]["path"])
+        await state.adapters.go_live(1, state.store.adapters()[0].path)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://clawback",
                                      timeout=300) as c:
             async def ask(session: str) -> dict:
@@ -475,7 +475,7 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
             await teach(bold, inject(unserved, ["Don't use bold."]), None)
 
             reports = await NoteRetirement(state.engine, state.renderer, state.store).check(1)
-            by_text = {n["note_id"]: n["text"] for n in state.store.memory_notes()}
+            by_text = {n.note_id: n.text for n in state.store.memory_notes()}
             result = {by_text[r["note_id"]]: r for r in reports}
             assert result["Please answer in French."]["retired"] and result["Please answer in French."]["gap_live"] < 1e-4
             assert not result["Don't use bold."]["retire"] and result["Don't use bold."]["gap_note"] < 1e-4
@@ -513,6 +513,6 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
 
             monkeypatch.setattr(state.engine, "score", broken)
             assert await NoteRetirement(state.engine, state.renderer, state.store).check(1) == []
-            assert [n["retired_by"] for n in state.store.memory_notes()] == [1, None]
+            assert [n.retired_by for n in state.store.memory_notes()] == [1, None]
 
     asyncio.run(go())

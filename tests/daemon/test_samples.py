@@ -10,6 +10,7 @@ import math
 import sqlite3
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +218,7 @@ def test_correction_is_distilled_into_a_hint_with_teacher_logprobs(store, engine
         if tok in ids:
             assert ready.teacher_top_logprobs[t][ids.index(tok)] == pytest.approx(teacher[t], abs=1e-4)
     assert row["token_level_reason"] is None
-    assert store.counts()["opd"] == {"top_k": 1, "token_level": 0, "token_level_reasons": {},
+    assert asdict(store.counts().opd) == {"top_k": 1, "token_level": 0, "token_level_reasons": {},
                                      "token_level_share": 0.0}
 
 
@@ -237,7 +238,7 @@ def test_a_sample_that_trains_token_level_records_why(store, engine, renderer, c
     assert rows[foreign]["token_level_reason"].startswith("candidate_scoring_failed: ")
     assert rows[foreign]["teacher_top_logprobs"] is None and rows[topped]["token_level_reason"] is None
     assert "could not be scored" in caplog.text
-    opd = store.counts()["opd"]
+    opd = asdict(store.counts().opd)
     assert opd == {"top_k": 1, "token_level": 2, "token_level_share": pytest.approx(2 / 3),
                    "token_level_reasons": {"no_top_k_recorded": 1, "candidate_scoring_failed": 1}}
     trained = {s.call_id: s for s in store.ready_samples(10)}

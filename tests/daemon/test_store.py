@@ -23,6 +23,7 @@ from clawback.daemon.store import (
     logprobs_blob,
     migrate,
     migrations,
+    schema,
 )
 from clawback.records import Call
 
@@ -347,7 +348,7 @@ def test_close_session_closes_its_waiting_calls_and_reopen(store: Store) -> None
     store.flush()
     row = store.session_row("s1")
     assert (row["state"], row["closed_at"], row["closed_reason"], row["last_seen_at"]) == ("open", None, None, 60.0)
-    assert store.counts()["sessions"] == {"open": 2}
+    assert store.counts().sessions == {"open": 2}
 
 
 # ---------------------------------------------------------------- export
@@ -400,10 +401,10 @@ def test_export_jsonl_writes_everything_and_respects_since(store: Store, db_path
 def test_declared_write_columns_match_the_migrations(tmp_path: Path) -> None:
     conn = connect(tmp_path / "cols.db")
     migrate(conn)
-    declared = {"calls": store_mod.CALL_COLUMNS, "next_states": store_mod.NEXT_STATE_COLUMNS,
-                "feedback_events": store_mod.FEEDBACK_COLUMNS, "votes": store_mod.VOTE_COLUMNS,
-                "samples": store_mod.SAMPLE_VERDICT_COLUMNS, "train_steps": store_mod.TRAIN_STEP_COLUMNS,
-                "adapters": store_mod.ADAPTER_COLUMNS, "memory_notes": store_mod.MEMORY_NOTE_COLUMNS}
+    declared = {"calls": schema.CALL_COLUMNS, "next_states": schema.NEXT_STATE_COLUMNS,
+                "feedback_events": schema.FEEDBACK_COLUMNS, "votes": schema.VOTE_COLUMNS,
+                "samples": schema.SAMPLE_VERDICT_COLUMNS, "train_steps": schema.TRAIN_STEP_COLUMNS,
+                "adapters": schema.ADAPTER_COLUMNS, "memory_notes": schema.MEMORY_NOTE_COLUMNS}
     for table, columns in declared.items():
         info = conn.execute(f"PRAGMA table_info({table})").fetchall()  # cid, name, type, notnull, default, pk
         assert len(set(columns)) == len(columns), table
@@ -411,5 +412,5 @@ def test_declared_write_columns_match_the_migrations(tmp_path: Path) -> None:
         if table != "samples":  # inserted: every required column must be written
             required = {r[1] for r in info if r[3] and r[4] is None and not r[5]}
             assert required <= set(columns), f"{table}: required {required - set(columns)} not written"
-    assert {r[1] for r in conn.execute("PRAGMA table_info(calls)")} == set(store_mod.CALL_COLUMNS)
+    assert {r[1] for r in conn.execute("PRAGMA table_info(calls)")} == set(schema.CALL_COLUMNS)
     conn.close()

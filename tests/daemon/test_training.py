@@ -143,7 +143,7 @@ def test_a_note_check_that_fails_never_stops_a_version_going_live(parts, tiny_mo
     assert [sample_states(store)[c][0] for c in good] == ["consumed", "consumed"]
     assert tried, "the check ran"
     note, = store.memory_notes(1)
-    assert note["active"] and note["retired_by"] is None
+    assert note.active and note.retired_by is None
 
 
 def test_notes_are_checked_against_the_live_version_at_start_up_and_after_a_promote(parts, tiny_model_dir):
@@ -166,7 +166,7 @@ def test_notes_are_checked_against_the_live_version_at_start_up_and_after_a_prom
     assert checked == [1] and [sample_states(store)[c][0] for c in good] == ["consumed", "consumed"]
 
     restarted = TrainingLoop(store, adapters, cfg, start, poll_s=0.2, retirement=retirement)
-    path = store.adapters()[0]["path"]
+    path = store.adapters()[0].path
 
     async def until(done) -> None:
         deadline = time.time() + 120

@@ -203,8 +203,8 @@ def test_a_rated_call_served_by_vllm_trains_top_k_opd(loop, engine, embedded, ad
         loop.run(pipeline.process(pending, revision))
 
         ready, = store.ready_samples(10)
-        assert ready.teacher_top_logprobs is not None, store.counts()["opd"]
-        assert store.counts()["opd"]["top_k"] == 1
+        assert ready.teacher_top_logprobs is not None, store.counts().opd
+        assert store.counts().opd.top_k == 1
         teacher_prompt = blob_ids(store.read(lambda c: c.execute(
             "SELECT teacher_prompt_ids FROM samples WHERE call_id = ?", (call_id,)).fetchone()[0]))
         assert teacher_prompt != prompt, "the hint is in the teacher's context"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -38,7 +39,8 @@ def add_adapter_routes(app: FastAPI, state: AppState) -> None:
     @app.get("/v1/adapters")
     async def list_adapters() -> dict:
         rows = await asyncio.to_thread(state.store.adapters)
-        return {"live": state.adapters.live(), "reviewing": state.gate and state.gate.reviewing, "data": rows}
+        return {"live": state.adapters.live(), "reviewing": state.gate and state.gate.reviewing,
+                "data": [asdict(a) for a in rows]}
 
     @app.post("/v1/adapters/rollback")
     async def rollback(request: Request) -> dict:
@@ -66,7 +68,7 @@ def add_adapter_routes(app: FastAPI, state: AppState) -> None:
         out = await guarded(state.adapters.promote(version))
         if state.trainer is not None:  # its notes were never checked against it if the gate refused it
             state.trainer.check_notes(version)
-        return out
+        return asdict(out)
 
     @app.post("/v1/adapters/prune")
     async def prune() -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
@@ -26,7 +27,7 @@ def add_memory_routes(app: FastAPI, state: AppState) -> None:
         live = state.adapters.live()
         return {"enabled": state.settings.memory, "max_notes": state.settings.memory_max_notes,
                 "live": Version.name_of(live),
-                "data": [{k: v for k, v in n.items() if k != "topic"}
+                "data": [{k: v for k, v in asdict(n).items() if k != "topic"}
                          for n in await asyncio.to_thread(state.store.memory_notes, live)]}
 
     @app.get("/v1/memory")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI
@@ -67,16 +68,16 @@ def add_status_routes(app: FastAPI, state: AppState) -> None:
             "training": {
                 "enabled": state.trainer is not None,
                 "batch_size": state.settings.train_config().batch_size,
-                "samples_ready": counts["samples"].get("ready", 0),
+                "samples_ready": counts.samples.get("ready", 0),
                 # Samples with a teacher: top-K OPD, or token-level and why (store.opd_counts).
-                "opd": counts["opd"],
+                "opd": asdict(counts.opd),
                 "training_now": bool(state.trainer and state.trainer.busy),
                 "trainer_node": state.trainer and state.trainer.trainer_node,  # Ray node id of the last step
                 "last_step": last_step,
             },
             # The preference notes main calls get in their system prompt (the extension's /clawback).
             "memory": {"enabled": state.settings.memory, "notes": [
-                {k: n[k] for k in ("note_id", "text", "active", "retired_by")} for n in notes]},
+                {"note_id": n.note_id, "text": n.text, "active": n.active, "retired_by": n.retired_by} for n in notes]},
             "gate": await gate_status(state),
             "store": {
                 "path": str(state.store.db_path),
@@ -84,7 +85,7 @@ def add_status_routes(app: FastAPI, state: AppState) -> None:
                 "queue_depth": state.store.queue_depth(),
                 "written": state.store.written,
                 "dropped": dict(state.store.dropped),
-                **counts,
+                **asdict(counts),
             },
         }
 
@@ -100,7 +101,7 @@ async def gate_status(state: AppState) -> dict[str, Any]:
         "promoted": gate.promoted if gate else 0,
         "refused": gate.refused if gate else 0,
         "last_review_s": gate and gate.last_review_s,
-        "newest": newest and {"version": newest["version"], "state": newest["state"], "reason": newest["reason"]},
+        "newest": newest and {"version": newest.version, "state": newest.state, "reason": newest.reason},
         "guard": {"enabled": guard is not None, "rollbacks": guard.rollbacks if guard else 0,
                   "last": guard and guard.last},
     }

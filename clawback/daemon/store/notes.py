@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from .. import memory
 from .tx import Tx
@@ -106,7 +105,7 @@ class NoteWrites(Tx):
         self._event("memory.scoped", str(note_id), {"scope": scope})  # never the session: events outlive a forget
         return None
 
-    def _write_retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, Any]) -> bool:
+    def _write_retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, float]) -> bool:
         done = self._conn.execute(
             "UPDATE memory_notes SET retired_by = ?, retired_at = ? WHERE note_id = ? AND updated_at = ? "
             "AND retired_by IS NULL", (version, time.time(), note_id, updated_at)).rowcount == 1

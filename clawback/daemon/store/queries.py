@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
 
-from clawback.records import Feedback, Version
+from clawback.records import Feedback, JsonObject, Version
 
-from .reads import Reads, adapter_row
+from .reads import AdapterRow, Reads
 from .schema import blob_ids, blob_logprobs, marks
 
 # Feedback kinds the dashboard lists, and the ones that rate a reply.
@@ -28,9 +27,17 @@ class TrainStep:
     outcome: str
     samples: int
     error: str | None
-    metrics: dict[str, Any]  # the trainer's numbers as it reported them (JSON)
+    metrics: dict[str, float]  # the trainer's numbers as it reported them
     started_at: float
     finished_at: float
+
+
+@dataclass(frozen=True)
+class HealthPoint:
+    """A healthy training step's loss and gradient norm: what the gate's running medians are of."""
+
+    loss: float
+    grad_norm: float
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,9 @@ class SessionCall:
     created_at: float
     adapter_version: str | None
     state: str
-    request: dict[str, Any]  # the OpenAI request body
+    request: JsonObject  # the OpenAI request body
     response_text: str
-    next_state: list[dict[str, Any]]  # the messages that followed it
+    next_state: list[JsonObject]  # the messages that followed it
     sample_state: str | None
     sample_reason: str | None
     reward: float | None
@@ -136,7 +143,7 @@ class ReplyFeedback:
 class NoteEvidence:
     """The call a preference note was learnt from: its request, its reply and the teacher's logprobs."""
 
-    request: dict[str, Any]
+    request: JsonObject
     response_ids: list[int]
     teacher_logprobs: list[float]
 
@@ -157,20 +164,22 @@ class Queries(Reads):
             error=r["error"], metrics=json.loads(r["metrics"] or "{}"), started_at=r["started_at"],
             finished_at=r["finished_at"]) for r in c.execute("SELECT * FROM train_steps ORDER BY step")])
 
-    def healthy_step_metrics(self, limit: int) -> list[dict[str, Any]]:
-        """The metrics of the newest `limit` committed steps whose version was not refused, oldest first."""
+    def healthy_step_metrics(self, limit: int) -> list[HealthPoint]:
+        """Loss and gradient norm of the newest `limit` committed steps whose version was not
+        refused (those that reported both), oldest first."""
         rows = self.read(lambda c: c.execute(
             "SELECT t.metrics FROM train_steps t JOIN adapters a ON a.version = t.version "
             "WHERE t.outcome = 'committed' AND a.state != 'refused' ORDER BY t.step DESC LIMIT ?",
             (limit,)).fetchall())
-        return [json.loads(r[0]) for r in rows][::-1]
+        metrics = [json.loads(r[0]) for r in rows][::-1]
+        return [HealthPoint(float(m["loss"]), float(m["grad_norm"])) for m in metrics if "loss" in m and "grad_norm" in m]
 
     def adapter_count(self) -> int:
         return self.read(lambda c: c.execute("SELECT count(*) FROM adapters").fetchone()[0])
 
-    def adapter_page(self, offset: int, limit: int) -> list[dict[str, Any]]:
-        """Versions newest first, `limit` from `offset`, as `adapters()` gives them; the live one always."""
-        return self.read(lambda c: [adapter_row(r) for r in c.execute(
+    def adapter_page(self, offset: int, limit: int) -> list[AdapterRow]:
+        """Versions newest first, `limit` from `offset`; the live one always."""
+        return self.read(lambda c: [AdapterRow.of(r) for r in c.execute(
             "SELECT * FROM adapters WHERE version IN (SELECT version FROM adapters ORDER BY version DESC "
             "LIMIT ? OFFSET ?) OR state = 'live' ORDER BY version DESC", (limit, offset))])
 
@@ -200,7 +209,7 @@ class Queries(Reads):
 
     def feedback_page(self, offset: int, limit: int) -> list[FeedbackView]:
         """Feedback events newest first, `limit` from `offset`."""
-        return self.read(lambda c: [FeedbackView(**dict(r)) for r in c.execute(
+        return self.records(FeedbackView, (
             f"WITH recent AS (SELECT * FROM feedback_events WHERE kind IN ({marks(LISTED_KINDS)}) "
             "ORDER BY received_at DESC LIMIT ? OFFSET ?) "
             "SELECT f.event_id, f.kind, f.text, f.source, f.received_at, f.state, f.reason AS orphan_reason, "
@@ -208,7 +217,7 @@ class Queries(Reads):
             "s.reward, s.reward_source, s.outcome, s.consumed_version, t.step AS consumed_step FROM recent f "
             "LEFT JOIN calls c ON c.call_id = f.call_id LEFT JOIN samples s ON s.call_id = f.call_id "
             "LEFT JOIN train_steps t ON s.consumed_version = 'v' || t.version AND t.outcome = 'committed' "
-            "ORDER BY f.received_at DESC", (*LISTED_KINDS, limit, offset))])
+            "ORDER BY f.received_at DESC"), (*LISTED_KINDS, limit, offset))
 
     def session_count(self) -> int:
         """Sessions with a name (calls without a session id are counted by `anonymous_calls`)."""
@@ -216,7 +225,7 @@ class Queries(Reads):
 
     def session_page(self, offset: int, limit: int) -> list[SessionSummary]:
         """Named sessions, newest first, `limit` from `offset`."""
-        return self.read(lambda c: [SessionSummary(**dict(r)) for r in c.execute(
+        return self.records(SessionSummary, (
             f"WITH recent AS (SELECT * FROM sessions WHERE NOT ({ANON}) ORDER BY last_seen_at DESC LIMIT ? OFFSET ?) "
             "SELECT s.session_id, s.state, s.last_seen_at, s.closed_reason, "
             "sum(c.turn_type = 'main') AS main_calls, count(c.call_id) AS calls, "
@@ -224,7 +233,7 @@ class Queries(Reads):
             " (SELECT call_id FROM calls WHERE session_id = s.session_id) "
             f" AND f.kind IN ({marks(RATING_KINDS)})) AS feedback "
             "FROM recent s LEFT JOIN calls c USING (session_id) GROUP BY s.session_id "
-            "ORDER BY s.last_seen_at DESC", (limit, offset, *RATING_KINDS))])
+            "ORDER BY s.last_seen_at DESC"), (limit, offset, *RATING_KINDS))
 
     def anonymous_calls(self) -> AnonymousCalls:
         n, last = self.read(lambda c: tuple(c.execute(f"SELECT count(*), max(created_at) FROM calls WHERE {ANON}").fetchone()))
@@ -304,7 +313,7 @@ class Queries(Reads):
         return NoteEvidence(json.loads(row["request_json"]), blob_ids(row["response_ids"]),
                             blob_logprobs(row["teacher_logprobs"]))
 
-    def event_payloads(self, kind: str) -> list[tuple[str | None, dict[str, Any]]]:
+    def event_payloads(self, kind: str) -> list[tuple[str | None, JsonObject]]:
         """(subject, payload) of every event of `kind`, oldest first."""
         return self.read(lambda c: [(r[0], json.loads(r[1])) for r in c.execute(
             "SELECT subject_id, payload FROM events WHERE kind = ? ORDER BY id", (kind,))])

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from clawback.records import Feedback, Outcome, ReadySample, SampleInputs, Version
+from clawback.records import Feedback, JsonObject, Outcome, ReadySample, SampleInputs, Version
 
 from .schema import MEMORY_NOTE_COLUMNS, blob_ids, blob_logprobs, blob_rows, connect, linked_sessions, marks
 
@@ -17,9 +18,73 @@ def _opt(decode: Callable[[bytes], list], blob: bytes | None) -> list | None:
     return None if blob is None else decode(blob)
 
 
-def adapter_row(r: sqlite3.Row) -> dict[str, Any]:
-    """An `adapters` row with its JSON decoded, as the HTTP API shows it."""
-    return {**dict(r), "metrics": json.loads(r["metrics"]), "pinned": bool(r["pinned"]), "gate": json.loads(r["gate"])}
+@dataclass(frozen=True)
+class AdapterRow:
+    """An adapter version as the `adapters` table keeps it: its columns in their order, the JSON
+    ones decoded (`asdict` of it is what the HTTP API shows)."""
+
+    version: int
+    parent: int | None
+    path: str
+    state: str  # one of ADAPTER_STATES
+    reason: str | None  # why it was refused (kept when a person promotes it anyway)
+    pinned: bool
+    method: str
+    samples: int
+    metrics: dict[str, float]  # the trainer's numbers for the step that made it
+    created_at: float
+    live_at: float | None
+    updated_at: float
+    # What was checked, as written: the gate's report (gate.GateReport), the live guard's
+    # comparison, a promotion by hand (`promoted_by_hand`, `overridden`); read back as stored.
+    gate: JsonObject
+
+    @classmethod
+    def of(cls, r: sqlite3.Row) -> AdapterRow:
+        return cls(**{**dict(r), "metrics": json.loads(r["metrics"]), "pinned": bool(r["pinned"]),
+                      "gate": json.loads(r["gate"])})
+
+
+@dataclass(frozen=True)
+class MemoryNote:
+    """A preference note as `memory_notes` reads it, for one version that serves."""
+
+    note_id: int
+    text: str
+    topic: str | None
+    source: str | None
+    call_id: str | None  # the call whose correction taught it (None until that call is known)
+    session_id: str | None  # None: general; else only that conversation gets it
+    created_at: float
+    updated_at: float
+    retired_by: int | None  # the version that learnt it, so that it is no longer injected
+    retired_at: float | None
+    active: bool  # injected into main calls while the version asked about serves
+    scope: str  # "general" | "session"
+
+
+@dataclass(frozen=True)
+class OpdCounts:
+    """Of the samples with a teacher that train or trained (ready or consumed), how many distil
+    the policy's top-K and how many only the sampled token, with the reasons of the latter."""
+
+    top_k: int
+    token_level: int
+    token_level_reasons: dict[str, int]
+    token_level_share: float | None  # None: no such samples
+
+
+@dataclass(frozen=True)
+class StoreCounts:
+    """What the store holds, by state: `clawback status` and the dashboard's health."""
+
+    calls: dict[str, int]  # "main/paired", "side/served", ...: turn type / state
+    sessions: dict[str, int]
+    events: int
+    samples: dict[str, int]
+    feedback: dict[str, int]
+    dropped_samples: dict[str, int]  # why samples were not trained on
+    opd: OpdCounts
 
 
 T = TypeVar("T")
@@ -34,6 +99,10 @@ class Reads:
             return fn(conn)
         finally:
             conn.close()
+
+    def records(self, record: Callable[..., T], sql: str, params: Sequence[object]) -> list[T]:
+        """One record per row of `sql`, from the row's columns by name."""
+        return self.read(lambda c: [record(**dict(r)) for r in c.execute(sql, params)])
 
     def last_awaiting_call(self, session_id: str) -> sqlite3.Row | None:
         """The session's main call still waiting for its next state, if any (state after a restart).
@@ -64,7 +133,7 @@ class Reads:
             ]
         )
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> StoreCounts:
         return self.read(counts)
 
     def pending_samples(self, limit: int = 32) -> list[tuple[str, int]]:
@@ -123,8 +192,8 @@ class Reads:
     def ready_count(self) -> int:
         return self.read(lambda c: c.execute("SELECT count(*) FROM samples WHERE state = 'ready'").fetchone()[0])
 
-    def adapters(self) -> list[dict[str, Any]]:
-        return self.read(lambda c: [adapter_row(r) for r in c.execute("SELECT * FROM adapters ORDER BY version")])
+    def adapters(self) -> list[AdapterRow]:
+        return self.read(lambda c: [AdapterRow.of(r) for r in c.execute("SELECT * FROM adapters ORDER BY version")])
 
     def base_was_live(self) -> bool:
         """Whether the last version sent live was the base model (a rollback to base)."""
@@ -132,12 +201,10 @@ class Reads:
             "SELECT subject_id FROM events WHERE kind = 'adapter.live' ORDER BY id DESC LIMIT 1").fetchone())
         return row is not None and row[0] is None
 
-    def last_train_step(self) -> dict[str, Any] | None:
-        def q(c: sqlite3.Connection) -> dict[str, Any] | None:
-            r = c.execute("SELECT * FROM train_steps ORDER BY step DESC LIMIT 1").fetchone()
-            return None if r is None else {**dict(r), "metrics": json.loads(r["metrics"])}
-
-        return self.read(q)
+    def last_train_step(self) -> JsonObject | None:
+        """The newest step's row, its metrics decoded, as `/v1/status` shows it."""
+        r = self.read(lambda c: c.execute("SELECT * FROM train_steps ORDER BY step DESC LIMIT 1").fetchone())
+        return None if r is None else {**dict(r), "metrics": json.loads(r["metrics"])}
 
     def sample_inputs(self, call_id: str) -> SampleInputs | None:
         """Everything the judge and the teacher need for one call, decoded."""
@@ -179,15 +246,16 @@ class Reads:
 
         return self.read(q)
 
-    def memory_notes(self, live: int | None = None) -> list[dict[str, Any]]:
+    def memory_notes(self, live: int | None = None) -> list[MemoryNote]:
         """The person's preference notes, least recently confirmed first (the order they are injected
         in: what the person asked for last sits nearest their message), each with `scope`
         ("general", or "session": only the conversation of `session_id` gets it) and `active`:
         whether main calls served by version `live` (None = the base model) get it. A
         retired note is inactive while `live` is the version that retired it or descends from it
         (the adapters' parent links); a rollback to anything else brings it back."""
-        return self.read(lambda c: [{**dict(r), "scope": "general" if r["session_id"] is None else "session",
-                                     "active": bool(r["active"])} for r in c.execute(
+        return self.read(lambda c: [MemoryNote(**{**dict(r), "active": bool(r["active"]),
+                                                  "scope": "general" if r["session_id"] is None else "session"})
+                                    for r in c.execute(
             "WITH RECURSIVE lineage(version) AS (SELECT ? WHERE ? IS NOT NULL UNION "
             "SELECT a.parent FROM adapters a JOIN lineage l ON a.version = l.version WHERE a.parent IS NOT NULL) "
             f"SELECT {', '.join(MEMORY_NOTE_COLUMNS)}, "
@@ -195,7 +263,7 @@ class Reads:
             "FROM memory_notes ORDER BY updated_at, note_id", (live, live))])
 
 
-def counts(conn: sqlite3.Connection) -> dict[str, Any]:
+def counts(conn: sqlite3.Connection) -> StoreCounts:
     calls = {f"{r[0]}/{r[1]}": r[2] for r in conn.execute(
         "SELECT turn_type, state, count(*) FROM calls GROUP BY turn_type, state")}
     sessions = {r[0]: r[1] for r in conn.execute("SELECT state, count(*) FROM sessions GROUP BY state")}
@@ -207,13 +275,10 @@ def counts(conn: sqlite3.Connection) -> dict[str, Any]:
     for reason, n in conn.execute("SELECT reason, count(*) FROM samples WHERE state = 'dropped' GROUP BY reason"):
         key = (reason or "unknown").split(": ", 1)[0]
         dropped[key] = dropped.get(key, 0) + n
-    return {"calls": calls, "sessions": sessions, "events": events, "samples": samples, "feedback": feedback,
-            "dropped_samples": dropped, "opd": opd_counts(conn)}
+    return StoreCounts(calls, sessions, events, samples, feedback, dropped, opd_counts(conn))
 
 
-def opd_counts(conn: sqlite3.Connection) -> dict[str, Any]:
-    """Of the samples with a teacher that train or trained (ready or consumed), how many distil
-    the policy's top-K and how many only the sampled token, with the reasons of the latter."""
+def opd_counts(conn: sqlite3.Connection) -> OpdCounts:
     top_k, reasons = 0, dict[str, int]()
     for reason, n in conn.execute(
             "SELECT token_level_reason, count(*) FROM samples WHERE state IN ('ready', 'consumed') "
@@ -224,6 +289,5 @@ def opd_counts(conn: sqlite3.Connection) -> dict[str, Any]:
             key = reason.split(": ", 1)[0]
             reasons[key] = reasons.get(key, 0) + n
     token_level = sum(reasons.values())
-    return {"top_k": top_k, "token_level": token_level, "token_level_reasons": reasons,
-            "token_level_share": token_level / (top_k + token_level) if top_k + token_level else None}
+    return OpdCounts(top_k, token_level, reasons, token_level / (top_k + token_level) if top_k + token_level else None)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable, Mapping
 
 from .schema import linked_sessions, marks
 
@@ -14,12 +15,15 @@ class Tx:
 
     _conn: sqlite3.Connection
     memory_max_notes: int
-    _notes: list[tuple[str, str]]  # (kind, subject) for the listeners, told after the commit
+    # Called with the call id on the writer thread, after the commit that queued a call's sample
+    # for judging, or stored a judged sample ready for training.
+    on_sample_pending: list[Callable[[str], None]]
+    on_sample_ready: list[Callable[[str], None]]
+    _told: list[tuple[list[Callable[[str], None]], str]]  # (listeners, call id), told after the commit
     _scrub_wanted: bool  # a forget deleted rows: rewrite the files once it is committed
 
-    def _notify(self, kind: str, subject: str) -> None:
-        """Tell listeners (after the commit) that something they may act on happened."""
-        self._notes.append((kind, subject))
+    def _tell_after_commit(self, listeners: list[Callable[[str], None]], call_id: str) -> None:
+        self._told.append((listeners, call_id))
 
     def _insert(self, table: str, columns: tuple[str, ...], row: dict[str, object], or_ignore: bool = False) -> None:
         """INSERT the named columns; `row` must give exactly these (a missing or extra one is a bug)."""
@@ -29,7 +33,7 @@ class Tx:
             f"INSERT {'OR IGNORE ' if or_ignore else ''}INTO {table} ({', '.join(columns)}) VALUES ({marks(columns)})",
             [row[c] for c in columns])
 
-    def _event(self, kind: str, subject: str | None, payload: dict[str, object] | None = None) -> None:
+    def _event(self, kind: str, subject: str | None, payload: Mapping[str, object] | None = None) -> None:
         self._conn.execute(
             "INSERT INTO events(ts, kind, subject_id, payload) VALUES (?, ?, ?, ?)",
             (time.time(), kind, subject, json.dumps(payload or {})),
@@ -58,4 +62,4 @@ class Tx:
             (call_id, now, now),
         )
         self._event("sample.pending_judge", call_id, {"signal": why})
-        self._notify("sample.pending", call_id)
+        self._tell_after_commit(self.on_sample_pending, call_id)

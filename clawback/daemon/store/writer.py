@@ -23,12 +23,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
-from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
+from clawback.records import Call, FeedbackRecord, JsonObject, JudgedSample, StepRecord
 
 from .forget import ForgetScope, ForgetWrites
 from .queries import Queries
 from .schema import ADAPTER_STATES, connect, linked_sessions, migrate
-from .writes import EventWrites
+from .writes import EventWrites, FeedbackApplied
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,9 @@ class Store(EventWrites, ForgetWrites, Queries):
         self.dropped: dict[str, int] = {}
         self._dropped_logged: dict[str, int] = {}
         self.written = 0
-        self.listeners: list[Callable[[str, str], None]] = []  # called on the writer thread after commits
-        self._notes: list[tuple[str, str]] = []
+        self.on_sample_pending: list[Callable[[str], None]] = []
+        self.on_sample_ready: list[Callable[[str], None]] = []
+        self._told: list[tuple[list[Callable[[str], None]], str]] = []
         self._scrub_wanted = False  # a forget deleted rows: rewrite the files once it is committed
         self._notes_version = 0  # bumped after a commit that may have changed the preference notes
         self._note_texts: tuple[int, int | None, list[tuple[str, str | None]]] | None = None
@@ -82,7 +83,7 @@ class Store(EventWrites, ForgetWrites, Queries):
     def add_call(self, call: Call) -> bool:
         return self._submit(_Write("call", partial(self._write_call, call)))
 
-    def add_next_state(self, call_id: str, next_call_id: str, messages: list[dict[str, Any]], matched: bool,
+    def add_next_state(self, call_id: str, next_call_id: str, messages: list[JsonObject], matched: bool,
                        ts: float) -> bool:
         """`next_call_id` brought `messages`, the next state of `call_id`; queues its sample."""
         return self._submit(_Write("next_state", partial(self._write_next_state, call_id, next_call_id, messages,
@@ -103,7 +104,7 @@ class Store(EventWrites, ForgetWrites, Queries):
 
     # ---- writes that are awaited until committed; StoreBusy when the queue is full ----
 
-    async def apply_feedback(self, event: FeedbackRecord, received_at: float) -> dict[str, Any]:
+    async def apply_feedback(self, event: FeedbackRecord, received_at: float) -> FeedbackApplied:
         """Apply one validated feedback event exactly once; what happened, for the ack."""
         return await self._commit(_Write("feedback", partial(self._write_feedback, event, received_at)))
 
@@ -138,8 +139,8 @@ class Store(EventWrites, ForgetWrites, Queries):
         await self._commit(_Write("adapter_live", partial(self._write_adapter_live, version)))
 
     async def update_adapter(self, version: int, *, pinned: bool | None = None, state: str | None = None,
-                             reason: str | None = None, gate: dict[str, Any] | None = None) -> None:
-        changes: dict[str, Any] = {}
+                             reason: str | None = None, gate: JsonObject | None = None) -> None:
+        changes: dict[str, object] = {}
         if pinned is not None:
             changes["pinned"] = int(pinned)
         if reason is not None:
@@ -161,7 +162,7 @@ class Store(EventWrites, ForgetWrites, Queries):
         `session_id`, by default the session it was learnt from). None when done, else why not."""
         return await self._commit(_Write("memory_scope", partial(self._write_note_scope, note_id, scope, session_id)))
 
-    async def retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, Any]) -> bool:
+    async def retire_note(self, note_id: int, updated_at: float, version: int, report: dict[str, float]) -> bool:
         """Retire a note as checked against `version` (`report`: the check's numbers, for the
         event); False if it changed since (edited, confirmed again by a new correction) or is gone."""
         return await self._commit(_Write("memory_retire", partial(self._write_retire_note, note_id, updated_at,
@@ -240,7 +241,7 @@ class Store(EventWrites, ForgetWrites, Queries):
     def _apply(self, writes: list[_Write]) -> None:
         if not writes and self.dropped == self._dropped_logged:
             return
-        self._notes = []
+        self._told = []
         outcomes: list[tuple[object, BaseException | None]]
         try:
             self._conn.execute("BEGIN IMMEDIATE")
@@ -252,10 +253,10 @@ class Store(EventWrites, ForgetWrites, Queries):
         except Exception:
             log.exception("store batch failed; retrying its writes one by one")
             self._rollback()
-            self._notes = []
+            self._told = []
             outcomes = []
             for w in writes:  # isolate the bad write so the others still land
-                n_notes = len(self._notes)
+                n_told = len(self._told)
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
                     result = w.apply()
@@ -264,7 +265,7 @@ class Store(EventWrites, ForgetWrites, Queries):
                     outcomes.append((result, None))
                 except Exception as e:
                     self._rollback()
-                    del self._notes[n_notes:]
+                    del self._told[n_told:]
                     self.dropped[f"{w.kind}:error"] = self.dropped.get(f"{w.kind}:error", 0) + 1
                     log.error("store write %s failed and was dropped: %s", w.kind, e)
                     outcomes.append((None, e))
@@ -276,10 +277,10 @@ class Store(EventWrites, ForgetWrites, Queries):
         for w, (result, error) in zip(writes, outcomes):
             if w.reply is not None:
                 w.reply(result, error)
-        for note in self._notes:
-            for listener in self.listeners:
+        for listeners, call_id in self._told:
+            for listener in listeners:
                 try:
-                    listener(*note)
+                    listener(call_id)
                 except Exception:
                     log.exception("store listener failed")
 
@@ -303,7 +304,7 @@ class Store(EventWrites, ForgetWrites, Queries):
         serves (every main call gets them; most find them unchanged)."""
         version, cached = self._notes_version, self._note_texts
         if cached is None or cached[:2] != (version, live):
-            notes = [(n["text"], n["session_id"]) for n in await asyncio.to_thread(self.memory_notes, live) if n["active"]]
+            notes = [(n.text, n.session_id) for n in await asyncio.to_thread(self.memory_notes, live) if n.active]
             cached = self._note_texts = (version, live, notes)  # read after `version`: a later change bumps it again
         notes = cached[2]
         if any(s not in (None, session_id) for _, s in notes):  # another conversation's, or one this continues

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
-from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord, Version
+from clawback.records import Call, FeedbackRecord, JsonObject, JudgedSample, StepRecord, Version
 
 from .notes import NoteWrites
 from .schema import (
@@ -29,6 +29,15 @@ from .schema import (
 
 SIGNAL_KINDS = ("thumbs_up", "thumbs_down", "correction")  # feedback that changes a sample
 STEP_EPS = 1e-6  # step credit: the z-score's (v - mean) / (std + STEP_EPS), as upstream's step-wise normalisation
+
+
+class FeedbackApplied(TypedDict):
+    """What became of a feedback event, for its ack (docs/protocol.md)."""
+
+    status: str  # the event's state (applied, orphan, ...), or "duplicate"
+    state: NotRequired[str]  # a duplicate's state when it was first stored
+    call_id: str | None
+    reason: str | None  # why it is an orphan or was ignored
 
 
 class EventWrites(NoteWrites):
@@ -54,7 +63,7 @@ class EventWrites(NoteWrites):
         if c.turn_type == "main":
             self._resolve_orphans(c)
 
-    def _write_next_state(self, call_id: str, next_call_id: str, messages: list[dict[str, Any]], matched: bool,
+    def _write_next_state(self, call_id: str, next_call_id: str, messages: list[JsonObject], matched: bool,
                           ts: float) -> None:
         roles = ",".join(m.get("role", "?") for m in messages)
         self._insert("next_states", NEXT_STATE_COLUMNS, {
@@ -63,7 +72,7 @@ class EventWrites(NoteWrites):
         self._set_call_state(call_id, "paired", {"next_call_id": next_call_id, "roles": roles})
         self._want_sample(call_id, "next_state")
 
-    def _set_call_state(self, call_id: str, state: str, payload: dict[str, Any]) -> None:
+    def _set_call_state(self, call_id: str, state: str, payload: dict[str, object]) -> None:
         cur = self._conn.execute(
             "UPDATE calls SET state = ? WHERE call_id = ? AND state = 'awaiting_next_state'", (state, call_id)
         )
@@ -95,7 +104,7 @@ class EventWrites(NoteWrites):
 
     # ---- signals: feedback events, samples, votes ----
 
-    def _write_feedback(self, ev: FeedbackRecord, received_at: float) -> dict[str, Any]:
+    def _write_feedback(self, ev: FeedbackRecord, received_at: float) -> FeedbackApplied:
         row = self._conn.execute(
             "SELECT state, call_id, reason FROM feedback_events WHERE event_id = ?", (ev.event_id,)
         ).fetchone()
@@ -276,7 +285,7 @@ class EventWrites(NoteWrites):
             "reason": sample.reason, "reward": sample.reward, "reward_source": sample.reward_source,
             "hint": sample.hint is not None})
         if sample.state == "ready":
-            self._notify("sample.ready", sample.call_id)
+            self._tell_after_commit(self.on_sample_ready, sample.call_id)
         return True
 
     def _write_drop_samples(self, call_ids: list[str], reason: str, state: str) -> None:
@@ -324,7 +333,7 @@ class EventWrites(NoteWrites):
                                (now, now, version))
         self._event("adapter.live", None if version is None else str(version), {})
 
-    def _write_adapter_update(self, version: int, changes: dict[str, Any]) -> None:
+    def _write_adapter_update(self, version: int, changes: dict[str, object]) -> None:
         assignments = ", ".join(f"{k} = ?" for k in changes)
         self._conn.execute(f"UPDATE adapters SET {assignments}, updated_at = ? WHERE version = ?",
                            (*changes.values(), time.time(), version))
