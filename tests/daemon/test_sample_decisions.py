@@ -12,6 +12,7 @@ test_samples.py (slow tier).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from clawback.chat import ChatRequest
-from clawback.daemon.config import SignalConfig
+from clawback.daemon.config import Settings
 from clawback.daemon.samples import SamplePipeline
 from clawback.daemon.store import Store
 from clawback.records import Call, FeedbackRecord
@@ -99,7 +100,9 @@ def store(tmp_path: Path):
 def pipeline(store: Store, judge: FakeJudge | None = None, engine: FakeTeacher | None = None,
              ready: list[dict] | None = None, **cfg) -> SamplePipeline:
     engine = engine or FakeTeacher()
-    return SamplePipeline(store, engine, engine, judge, SignalConfig(**{"outcome_rules": (), **cfg}),  # type: ignore[arg-type]
+    # The defaults a daemon starts with, outcome rules off (these calls carry no tool results).
+    signals = dataclasses.replace(Settings().signal_config(), outcome_rules=(), **cfg)
+    return SamplePipeline(store, engine, engine, judge, signals,  # type: ignore[arg-type]
                           on_ready=(ready if ready is not None else []).append)
 
 
