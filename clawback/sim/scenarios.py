@@ -183,6 +183,11 @@ def starts_with_sure(text: str) -> bool:
     return bool(re.match(r"\s*sure(?![a-z])(?![\s!,.:;]*sure\b)", text, re.IGNORECASE))
 
 
+def starts_with_great_question(text: str) -> bool:
+    """Opens with "Great question" once: not "Great question! Great question!"."""
+    return bool(re.match(r"\s*great question\b(?![\s!,.:;]*great question\b)", text, re.IGNORECASE))
+
+
 def encouraging(text: str) -> bool:
     low = text.lower()
     return any(w in low for w in ENCOURAGING)
@@ -290,6 +295,16 @@ SURE = Scenario(
                                          "and the result")), "Hmm.",
     good_opener=lambda tok: tok.strip().lower().startswith("sure"))
 
+# Another opener, worded as `sure`'s: on Qwen2.5-Coder-0.5B the note is followed 1.00 told, 0.00
+# untold (bench/README.md, "note_wordings.py: four more wordings"). What it does not rate: the
+# told replies work in numbered steps, not the full sentences the second request asks for.
+GREAT = replace(
+    SURE, name="great", description="homework help that opens with 'Great question!' and shows the work",
+    checks=(Check("starts_with_great", lambda r, t: starts_with_great_question(r),
+                  "start your reply with 'Great question!'"),
+            replace(SHOWS_WORK, ask="then work it out in full sentences, showing each calculation and the result")),
+    good_opener=lambda tok: tok.strip().lower().startswith("great"))
+
 # The fourth takes the next best (bench/README.md, "In-context following": 0.00 untold, 0.75 told
 # with the hint in the user message). A short reply must still work something out: "Sure, I can
 # help!" and "A bus carries 45 people." are short and answer nothing.
@@ -328,7 +343,7 @@ PLAIN = Scenario(
            "don't use markdown or LaTeX (no lists, headers, bold or math blocks)"),
      SHOWS_WORK), "Hmm.")
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE, BRIEF, ANSWER_LINE, PLAIN)}
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER, SURE, GREAT, BRIEF, ANSWER_LINE, PLAIN)}
 
 
 def scenario(name: str) -> Scenario:

@@ -153,3 +153,15 @@ def test_brief_scenario_wants_a_short_reply_that_still_gives_the_result():
     assert not wrong.failed and not wrong.meets and brief.correction(wrong) == "That's not right."
     assert brief.rate("Mia has 12 x 1 apples... no: 15.", MATH).meets  # the answer counts even without the work
     assert not brief.rate("I'll make sure to keep it short: 15.", MATH).meets  # talks about the feedback
+
+
+def test_great_scenario():
+    great = scenario("great")
+    assert great.rate("Great question! 12 - 5 = 7 and 7 + 8 = 15, so Mia has 15 apples at the end.", MATH).meets
+    rating = great.rate("Sure! 12 - 5 = 7 and 7 + 8 = 15, so Mia has 15 apples at the end of the day.", MATH)
+    assert [c.name for c in rating.failed] == ["starts_with_great"]
+    assert great.correction(rating) == "Hmm. Please start your reply with 'Great question!'."
+    twice = great.rate("Great question! Great question! 12 - 5 = 7 and 7 + 8 = 15, so 15 apples in all.", MATH)
+    assert not twice.meets
+    wrong = great.rate("Great question! 12 - 5 = 7 and 7 + 8 = 16, so Mia has 16 apples at the end.", MATH)
+    assert not wrong.failed and not wrong.meets
