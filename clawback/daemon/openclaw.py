@@ -20,11 +20,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
 
 import httpx
 
 from clawback.records import JsonObject
+
+from .openclaw_config import AgentDefaults, ConfigPatch, PluginConfig, Provider
 
 PLUGIN_ID = "clawback"
 EXTENSION_DIR = Path(__file__).resolve().parents[2] / "extension"  # a checkout's plugin (link mode)
@@ -33,80 +34,6 @@ CHECK_SESSION = "agent:main:clawback-install-check"  # the plugin caps this sess
 CHECK_MESSAGE = "Say hello in five words."
 RECENT_MAIN_S = 24 * 3600
 REDACTED = "__OPENCLAW_REDACTED__"  # what `openclaw config get` shows for a secret
-
-
-# The part of OpenClaw's config that install writes (`openclaw config patch`), in OpenClaw's own keys.
-class ModelCost(TypedDict):
-    input: float
-    output: float
-    cacheRead: float
-    cacheWrite: float
-
-
-class ProviderModel(TypedDict):
-    id: str
-    name: str
-    reasoning: bool
-    input: list[str]
-    cost: ModelCost
-    contextWindow: int
-    maxTokens: int
-
-
-class Provider(TypedDict):
-    baseUrl: str
-    api: str
-    apiKey: str
-    models: list[ProviderModel]
-
-
-class PluginConfig(TypedDict, total=False):
-    daemonUrl: str
-    apiKeyFile: str
-
-
-class PluginHooks(TypedDict):
-    allowConversationAccess: bool
-
-
-class PluginEntry(TypedDict):
-    enabled: bool
-    hooks: PluginHooks
-    config: PluginConfig
-
-
-class Plugins(TypedDict):
-    entries: dict[str, PluginEntry]
-
-
-class Providers(TypedDict):
-    providers: dict[str, Provider]
-
-
-class PrimaryModel(TypedDict):
-    primary: str
-
-
-class AgentDefaults(TypedDict, total=False):
-    model: PrimaryModel
-    skills: list[str]
-    bootstrapMaxChars: int
-    bootstrapTotalMaxChars: int
-
-
-class Agents(TypedDict):
-    defaults: AgentDefaults
-
-
-class ToolPolicy(TypedDict):
-    deny: list[str]
-
-
-class ConfigPatch(TypedDict, total=False):
-    plugins: Plugins
-    models: Providers
-    tools: ToolPolicy
-    agents: Agents
 
 
 class SetupError(RuntimeError):
