@@ -147,10 +147,10 @@ def _commit(root: str | Path, version: int, write: Callable[[Path], None]) -> Pa
         write(tmp)
         _check(tmp, version)  # never commit what a loader would refuse (e.g. NaN weights)
         for f in tmp.iterdir():
-            os.chmod(f, 0o600)  # weights, optimizer state and manifest are the person's: private, in a 0700 dir
+            f.chmod(0o600)  # weights, optimizer state and manifest are the person's: private, in a 0700 dir
             _fsync(f)
         _fsync(tmp)
-        os.rename(tmp, final)  # atomic on POSIX, same filesystem by construction
+        tmp.rename(final)  # atomic on POSIX, same filesystem by construction
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -237,7 +237,7 @@ def _check(path: Path, version: int) -> dict[str, Any]:
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

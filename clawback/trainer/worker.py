@@ -98,10 +98,10 @@ def _hold_while_asked() -> None:
     exists, a step waits here, begun and not yet done, with this process's pid in `<file>.held`
     (so a test can kill the actor at a point it knows). Unset, it costs one lookup."""
     hold = os.environ.get(HOLD_ENV)
-    if not hold or not os.path.exists(hold):
+    if not hold or not Path(hold).exists():
         return
     Path(hold + ".held").write_text(str(os.getpid()))
-    while os.path.exists(hold):
+    while Path(hold).exists():
         time.sleep(0.1)
 
 
