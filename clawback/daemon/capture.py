@@ -65,7 +65,7 @@ def random_id() -> str:
 def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
     """Headers first (OpenClaw-RL names), then body fields, then defaults."""
 
-    def pick(header: str, body_value: Any) -> str | None:
+    def pick(header: str, body_value: object) -> str | None:
         value = (headers.get(header) or "").strip() or None  # a blank header counts as not sent
         if value is None and body_value is not None:
             value = str(body_value).lower() if isinstance(body_value, bool) else str(body_value)

@@ -185,7 +185,7 @@ def message_text(message: Message) -> str:
     return "\n".join(parts)
 
 
-def _call_text(name: str, arguments: Any) -> str:
+def _call_text(name: str, arguments: object) -> str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
