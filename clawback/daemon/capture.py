@@ -119,6 +119,7 @@ def next_state_messages(messages: list[Message]) -> list[Message]:
     return list(reversed(tail))
 
 
+# Any: tool calls as the client sent them, as `ToolCall`s or read back from a stored call's JSON.
 def _reply_signature(content: str | None, tool_calls: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
     names = tuple(c["function"]["name"] for c in tool_calls or [])
     return (content or "").strip(), names

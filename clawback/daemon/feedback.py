@@ -224,7 +224,7 @@ async def _auth_frame(ws: WebSocket, expected: str) -> bool:
     return False
 
 
-async def _handle_frame(state: AppState, message: Mapping[str, Any]) -> dict[str, Any]:
+async def _handle_frame(state: AppState, message: Mapping[str, Any]) -> dict[str, Any]:  # Any: Starlette's ASGI message
     """The reply to one frame; a frame of any kind or content gets one and leaves the socket open."""
     text = message.get("text")
     if text is None:
