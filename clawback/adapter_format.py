@@ -27,11 +27,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .records import Version
+from .records import JsonObject, Version
 
 if TYPE_CHECKING:  # torch loads with the first function that needs it: TrainConfig imports ALL_LINEAR
     import torch
@@ -92,8 +92,8 @@ def list_versions(root: str | Path) -> list[int]:
 
 
 def publish(
-    root: str | Path, version: int, model: Any, optimizer: torch.optim.Optimizer, meta: dict[str, Any]
-) -> Path:
+    root: str | Path, version: int, model: Any, optimizer: torch.optim.Optimizer, meta: Mapping[str, object]
+) -> Path:  # Any: a PEFT model, which peft types as a union of model kinds
     """Write `model`'s adapter, the optimizer state and `meta` as `<root>/v{version}` atomically.
 
     `meta` is the caller's record (parent, samples used, method, loss, reward stats, timings...);
@@ -147,10 +147,10 @@ def _commit(root: str | Path, version: int, write: Callable[[Path], None]) -> Pa
         write(tmp)
         _check(tmp, version)  # never commit what a loader would refuse (e.g. NaN weights)
         for f in tmp.iterdir():
-            os.chmod(f, 0o600)  # weights, optimizer state and manifest are the person's: private, in a 0700 dir
+            f.chmod(0o600)  # weights, optimizer state and manifest are the person's: private, in a 0700 dir
             _fsync(f)
         _fsync(tmp)
-        os.rename(tmp, final)  # atomic on POSIX, same filesystem by construction
+        tmp.rename(final)  # atomic on POSIX, same filesystem by construction
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -158,7 +158,7 @@ def _commit(root: str | Path, version: int, write: Callable[[Path], None]) -> Pa
     return final
 
 
-def validate(path: str | Path) -> dict[str, Any]:
+def validate(path: str | Path) -> JsonObject:
     """Return the version's metadata, or raise AdapterError if it must not be used."""
     path = Path(path)
     version = Version.match(path.name)
@@ -167,7 +167,7 @@ def validate(path: str | Path) -> dict[str, Any]:
     return _check(path, version)
 
 
-def resume(model: Any, optimizer: torch.optim.Optimizer, root: str | Path, version: int | None = None) -> dict[str, Any] | None:
+def resume(model: Any, optimizer: torch.optim.Optimizer, root: str | Path, version: int | None = None) -> JsonObject | None:
     """Load a version's adapter weights and optimizer state into `model` and `optimizer`.
 
     Both must be built from the same TrainConfig as the version (make_lora_model, make_optimizer).
@@ -204,7 +204,7 @@ def resume(model: Any, optimizer: torch.optim.Optimizer, root: str | Path, versi
     return None
 
 
-def _check(path: Path, version: int) -> dict[str, Any]:
+def _check(path: Path, version: int) -> JsonObject:
     import torch
     from safetensors.torch import load_file
 
@@ -237,7 +237,7 @@ def _check(path: Path, version: int) -> dict[str, Any]:
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

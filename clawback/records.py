@@ -281,4 +281,4 @@ class StepRecord:
     candidate: bool = False  # committed, and waiting for the gate before it may go live
     path: str | None = None
     error: str | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import NoReturn
 
 MAX_DEPTH = 64
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -49,11 +49,11 @@ async def read_limited(chunks: AsyncIterator[bytes], limit: int, declared: str |
     return bytes(body)
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_json(data: bytes | str) -> Any:
+def parse_json(data: bytes | str) -> object:
     """Strict JSON in UTF-8, or BodyError(400, code 'invalid_json')."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     try:
@@ -79,7 +79,7 @@ def parse_json(data: bytes | str) -> Any:
     return value
 
 
-def _depth_over(value: Any, limit: int) -> bool:
+def _depth_over(value: object, limit: int) -> bool:
     level = [value]
     for _ in range(limit):
         level = [v for c in level if isinstance(c, (dict, list)) for v in (c.values() if isinstance(c, dict) else c)]

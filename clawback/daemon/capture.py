@@ -65,7 +65,7 @@ def random_id() -> str:
 def parse_meta(headers: Mapping[str, str], req: ChatRequest) -> CallMeta:
     """Headers first (OpenClaw-RL names), then body fields, then defaults."""
 
-    def pick(header: str, body_value: Any) -> str | None:
+    def pick(header: str, body_value: object) -> str | None:
         value = (headers.get(header) or "").strip() or None  # a blank header counts as not sent
         if value is None and body_value is not None:
             value = str(body_value).lower() if isinstance(body_value, bool) else str(body_value)
@@ -119,6 +119,7 @@ def next_state_messages(messages: list[Message]) -> list[Message]:
     return list(reversed(tail))
 
 
+# Any: tool calls as the client sent them, as `ToolCall`s or read back from a stored call's JSON.
 def _reply_signature(content: str | None, tool_calls: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[str, ...]]:
     names = tuple(c["function"]["name"] for c in tool_calls or [])
     return (content or "").strip(), names

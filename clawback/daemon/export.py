@@ -19,9 +19,12 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
 
 FORMATS = ("peft", "merged", "gguf-lora", "gguf-merged")
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -155,7 +158,7 @@ def _gguf_merged(adapter_dir: Path, model_dir: str, base_gguf: Path, out: Path) 
     _write(writer)
 
 
-def _write(writer: Any) -> None:
+def _write(writer: GGUFWriter) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -110,7 +110,7 @@ class Hub:
     def remove(self, q: asyncio.Queue) -> None:
         self._queues.discard(q)
 
-    def broadcast(self, message: dict[str, Any]) -> None:
+    def broadcast(self, message: Mapping[str, object]) -> None:
         for q in list(self._queues):
             try:
                 q.put_nowait(message)
@@ -121,14 +121,14 @@ class Hub:
         return len(self._queues)
 
 
-def _error(message: str, code: str, event_id: Any = None, **extra: Any) -> dict[str, Any]:
+def _error(message: str, code: str, event_id: object = None, **extra: object) -> dict[str, object]:
     frame = {"type": "error", "code": code, "message": message, **extra}
     if isinstance(event_id, str):
         frame["event_id"] = event_id
     return frame
 
 
-async def apply_event(state: AppState, raw: Any) -> tuple[int, dict[str, Any]]:
+async def apply_event(state: AppState, raw: object) -> tuple[int, dict[str, object]]:
     """Validate, commit and apply one event. Returns (HTTP status, reply frame)."""
     if not isinstance(raw, dict):
         return 400, _error("a feedback event must be a JSON object", "malformed")
@@ -157,7 +157,7 @@ async def apply_event(state: AppState, raw: Any) -> tuple[int, dict[str, Any]]:
         reason = result["reason"] or "unknown"  # an orphan always has its reason
         return 202, _error(f"stored, but {reason.replace('_', ' ')}: it is applied when its call appears",
                            "orphan", event.event_id, reason=reason, stored=True)
-    ack = {"type": "ack", "event_id": event.event_id, "status": result["status"]}
+    ack: dict[str, object] = {"type": "ack", "event_id": event.event_id, "status": result["status"]}
     if result["call_id"]:
         ack["call_id"] = result["call_id"]
     return 200, ack
@@ -224,7 +224,7 @@ async def _auth_frame(ws: WebSocket, expected: str) -> bool:
     return False
 
 
-async def _handle_frame(state: AppState, message: Mapping[str, Any]) -> dict[str, Any]:
+async def _handle_frame(state: AppState, message: Mapping[str, Any]) -> dict[str, Any]:  # Any: Starlette's ASGI message
     """The reply to one frame; a frame of any kind or content gets one and leaves the socket open."""
     text = message.get("text")
     if text is None:

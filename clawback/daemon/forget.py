@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+
+from clawback.records import JsonObject
 
 from .adapters import tainted_versions
 from .capture import Capture
@@ -33,12 +34,13 @@ def parse_time(value: str | float) -> float:
         return datetime.fromisoformat(value).timestamp()
 
 
-async def forget(store: Store, scope: ForgetScope, capture: Capture | None = None) -> dict[str, Any]:
+async def forget(store: Store, scope: ForgetScope, capture: Capture | None = None) -> JsonObject:
     """Forget `scope`; returns what was deleted and the adapter versions trained on any of it,
-    with `rollback_to`, the newest version trained before them (None: the base model)."""
+    with `rollback_to`, the newest version trained before them (None: the base model): the reply
+    of `POST /v1/forget`, the same JSON the CLI reads back from it."""
     result = await store.forget(scope)
     if capture is not None:
-        capture.forget(None if scope.everything else result["sessions"])
+        capture.forget(None if scope.everything else result.sessions)
     rows = await asyncio.to_thread(store.adapters)
-    return {"scope": scope.kind, "sessions": len(result["sessions"]), "deleted": result["deleted"],
-            "scrubbed": result["scrubbed"], **asdict(tainted_versions(rows, result["trained_versions"]))}
+    return {"scope": scope.kind, "sessions": len(result.sessions), "deleted": result.deleted,
+            "scrubbed": result.scrubbed, **asdict(tainted_versions(rows, result.trained_versions))}

@@ -361,7 +361,7 @@ class CandidateGate:
         """Loss and gradient norm of the last healthy steps (from the store after a restart)."""
         if self._history is None:
             self._history = await asyncio.to_thread(self.store.healthy_step_metrics, self.cfg.health_window)
-        return self._history or []
+        return self._history  # the list itself: a promoted version's step is appended to it
 
     # ---- probes ----
 

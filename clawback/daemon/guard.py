@@ -17,13 +17,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from math import comb
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from clawback.records import Version
 
 from .adapters import AdapterManager
 from .config import GateConfig
 from .store import Store
+from .store.queries import ReplyFeedback
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,25 @@ def fisher_greater(k_new: int, n_new: int, k_old: int, n_old: int) -> float:
     k, n = k_new + k_old, n_new + n_old
     total = comb(n, n_new)
     return sum(comb(k, x) * comb(n - k, n_new - x) for x in range(k_new, min(k, n_new) + 1)) / total
+
+
+class FeedbackCounts(TypedDict):
+    thumbs_down: int
+    correction: int
+
+
+class GuardCheck(TypedDict):
+    """One comparison, as /v1/status shows it and a rolled-back version's `gate` keeps it."""
+
+    version: int
+    parent: int | None
+    window: int  # the live version's replies compared (`guard_replies`)
+    served: int  # of them served so far
+    baseline: int  # the parent's replies compared
+    new: FeedbackCounts
+    old: FeedbackCounts
+    tests: dict[str, float]  # kind -> p-value
+    rolled_back: NotRequired[str]
 
 
 @dataclass(frozen=True)
@@ -51,7 +71,7 @@ class LiveGuard:
         self.on_rollback = on_rollback
         self.poll_s = poll_s
         self.rollbacks = 0
-        self.last: dict[str, Any] | None = None  # the latest comparison, for /v1/status
+        self.last: GuardCheck | None = None  # the latest comparison, for /v1/status
 
     async def run(self) -> None:
         while True:
@@ -63,7 +83,7 @@ class LiveGuard:
                 log.exception("live guard check failed")
             await asyncio.sleep(self.poll_s)
 
-    async def check(self) -> dict[str, Any] | None:
+    async def check(self) -> GuardCheck | None:
         """Compare the live version with its parent once; roll back on a significant rise."""
         live = self.adapters.live()
         if live is None or self.cfg.guard_replies == 0:
@@ -74,19 +94,21 @@ class LiveGuard:
         parent = rows[live].parent
         if parent is not None and parent in rows and rows[parent].state in ("failed", "pruned", "refused"):
             return None  # nothing to go back to
-        counts = await asyncio.to_thread(self._counts, live, parent)
+        new, old = await asyncio.to_thread(self._counts, live, parent)
         n = self.cfg.guard_replies
-        result: dict[str, Any] = {"version": live, "parent": parent, "window": n, **counts, "tests": {}}
-        if counts["baseline"] == 0:
+        result = GuardCheck(version=live, parent=parent, window=n, served=new.replies, baseline=old.replies,
+                            new={"thumbs_down": new.thumbs_down, "correction": new.correction},
+                            old={"thumbs_down": old.thumbs_down, "correction": old.correction}, tests={})
+        if old.replies == 0:
             self.last = result
             return result
         reasons = []
-        for kind, label in (("thumbs_down", "👎"), ("correction", "correction")):
-            k_new, k_old = counts["new"][kind], counts["old"][kind]
-            p = fisher_greater(k_new, n, k_old, counts["baseline"])
+        for kind, label, k_new, k_old in (("thumbs_down", "👎", new.thumbs_down, old.thumbs_down),
+                                          ("correction", "correction", new.correction, old.correction)):
+            p = fisher_greater(k_new, n, k_old, old.replies)
             result["tests"][kind] = round(p, 5)
-            if k_new / n > k_old / counts["baseline"] and p < self.cfg.guard_alpha / 2:
-                reasons.append(f"{label} rate {k_new}/{n} vs {k_old}/{counts['baseline']} on "
+            if k_new / n > k_old / old.replies and p < self.cfg.guard_alpha / 2:
+                reasons.append(f"{label} rate {k_new}/{n} vs {k_old}/{old.replies} on "
                                f"{Version.name_of(parent) or 'base'} (Fisher one-sided p={p:.3g} < "
                                f"{self.cfg.guard_alpha / 2:g})")
         self.last = result
@@ -101,10 +123,7 @@ class LiveGuard:
         return result
 
 
-    def _counts(self, live: int, parent: int | None) -> dict[str, Any]:
+    def _counts(self, live: int, parent: int | None) -> tuple[ReplyFeedback, ReplyFeedback]:
         """The live version's first replies (its window) and the parent's newest ones (the baseline)."""
-        new = self.store.reply_feedback(live, self.cfg.guard_replies, newest=False)
-        old = self.store.reply_feedback(parent, self.cfg.guard_baseline, newest=True)
-        return {"served": new.replies, "baseline": old.replies,
-                "new": {"thumbs_down": new.thumbs_down, "correction": new.correction},
-                "old": {"thumbs_down": old.thumbs_down, "correction": old.correction}}
+        return (self.store.reply_feedback(live, self.cfg.guard_replies, newest=False),
+                self.store.reply_feedback(parent, self.cfg.guard_baseline, newest=True))

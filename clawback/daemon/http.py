@@ -13,12 +13,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol
 
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 _QUERY = re.compile(r"\?\S*")
+
+
+class _Cycle(Protocol):
+    response_complete: bool
 
 
 class HeadTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
@@ -28,9 +33,9 @@ class HeadTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     # What both of uvicorn's HTTP protocols have (AutoHTTPProtocol is typed as a plain Protocol):
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
-    cycle: Any  # the request being served, None before the first head
+    cycle: _Cycle | None  # the request being served, None before the first head
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()
 
@@ -64,7 +69,7 @@ class _NoQueryStrings(logging.Filter):
         return True
 
 
-def serve(app: Any, host: str, port: int, log_level: str, head_timeout_s: float) -> None:
+def serve(app: Callable[..., object], host: str, port: int, log_level: str, head_timeout_s: float) -> None:
     protocol = type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"head_timeout_s": head_timeout_s})
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, http=protocol)
     for name in ("uvicorn.error", "uvicorn.access"):  # after Config: it (re)configures these loggers

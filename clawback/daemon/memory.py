@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
 
 from clawback.chat import append_text
+from clawback.records import JsonObject
 
 MAX_NOTE_CHARS = 300
 
@@ -167,7 +167,7 @@ def notes_from(text: str) -> tuple[list[str], dict[str, int]]:
     return out, skipped
 
 
-def inject(messages: list[dict[str, Any]], notes: list[str], placement: str = "user") -> list[dict[str, Any]]:
+def inject(messages: list[JsonObject], notes: list[str], placement: str = "user") -> list[JsonObject]:
     """The messages with the notes appended, one per line, to the last message of `placement`
     ("user" or "system"; a new system message first if there is none)."""
     if not notes:
@@ -175,13 +175,13 @@ def inject(messages: list[dict[str, Any]], notes: list[str], placement: str = "u
     return append_text(messages, placement, "\n".join(notes))
 
 
-def strip(messages: list[dict[str, Any]], notes: list[str] | None) -> list[dict[str, Any]]:
+def strip(messages: list[JsonObject], notes: list[str] | None) -> list[JsonObject]:
     """The messages without the notes `inject` appended (`notes` as it was given them; a request
     keeps them as `memory_notes`)."""
     return renote(messages, notes, [])
 
 
-def renote(messages: list[dict[str, Any]], notes: list[str] | None, new: list[str]) -> list[dict[str, Any]]:
+def renote(messages: list[JsonObject], notes: list[str] | None, new: list[str]) -> list[JsonObject]:
     """The messages with the notes `inject` appended (`notes`) replaced by `new`: the block is
     found at the end of the last user message, or else the last system message; with `new` empty
     it is cut, and a message that held nothing else is dropped."""

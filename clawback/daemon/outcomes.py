@@ -28,9 +28,8 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from clawback.records import Outcome
+from clawback.records import JsonObject, Outcome
 
 EVIDENCE_CHARS = 600  # the hint: the end of the output up to the line that told, this long at most
 HINT = "The tool call in this reply fails. The tool said:\n{evidence}"
@@ -85,7 +84,7 @@ def _test_summary(text: str) -> Verdict | None:
 
 # ---- error_object ----
 
-def _json_object(text: str) -> dict[str, Any] | None:
+def _json_object(text: str) -> JsonObject | None:
     stripped = text.strip()
     if not stripped.startswith("{"):
         return None
@@ -151,7 +150,7 @@ def evidence(text: str, end: int, limit: int = EVIDENCE_CHARS) -> str:
     return (tail[cut + 1:] if 0 <= cut < len(tail) - 1 else tail).strip()
 
 
-def content_text(content: Any) -> str:
+def content_text(content: object) -> str:
     """A message's content as text (OpenAI content may be a list of parts)."""
     if isinstance(content, list):
         return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -167,7 +166,7 @@ def read_result(text: str, rules: Sequence[str]) -> tuple[str, Verdict] | None:
     return None
 
 
-def tool_outcome(next_state: Sequence[dict[str, Any]] | None, rules: Sequence[str], success_reward: float,
+def tool_outcome(next_state: Sequence[JsonObject] | None, rules: Sequence[str], success_reward: float,
                  failure_reward: float) -> Outcome | None:
     """The outcome the tool results in a call's next state state, or None when none states one."""
     verdicts = []

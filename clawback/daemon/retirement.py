@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, replace
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine
@@ -41,6 +41,18 @@ from .store.reads import MemoryNote
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class NoteCheck:
+    """One note checked against a version: the teacher gap of the version's reply without the
+    note (`gap_live`) and of the base model's with it (`gap_note`)."""
+
+    note_id: int
+    gap_live: float
+    gap_note: float
+    retire: bool  # the version follows the note without being told
+    retired: bool = False  # and the note was retired (not when a newer wording replaced it meanwhile)
+
+
 class NoteRetirement:
     def __init__(self, engine: Engine, renderer: ChatRenderer, store: Store, margin: float = 0.0,
                  busy: Callable[[], int] = lambda: 0, placement: str = "user") -> None:
@@ -49,7 +61,7 @@ class NoteRetirement:
         self.busy = busy  # requests being served right now: scoring waits for 0
         self._note_gaps: dict[tuple[int, float], float] = {}  # (note id, updated_at) -> gap with the note, base
 
-    async def check(self, version: int) -> list[dict[str, Any]]:
+    async def check(self, version: int) -> list[NoteCheck]:
         """Check the notes `version` is served with and retire the ones it follows without them;
         one report per note checked. Never raises: a note whose check fails stays as it is."""
         try:
@@ -65,21 +77,21 @@ class NoteRetirement:
                 report = await self._check(version, note)
                 if report is None:
                     continue
-                numbers = {"version": version, "gap_live": report["gap_live"], "gap_note": report["gap_note"],
+                numbers = {"version": version, "gap_live": report.gap_live, "gap_note": report.gap_note,
                            "margin": self.margin}
-                report["retired"] = report["retire"] and await self.store.retire_note(
-                    note.note_id, note.updated_at, version, numbers)
+                report = replace(report, retired=report.retire and await self.store.retire_note(
+                    note.note_id, note.updated_at, version, numbers))
             except Exception as e:
                 log.warning("memory: checking note %d against v%d failed, it stays: %s", note.note_id, version, e)
                 continue
             # Every check, retired or not, for tuning the margin (numbers only: events outlive a forget).
-            self.store.add_event("memory.checked", str(note.note_id), {**numbers, "retired": report["retired"]})
+            self.store.add_event("memory.checked", str(note.note_id), {**numbers, "retired": report.retired})
             reports.append(report)
             log.info("memory: note %d on v%d: gap %.3f without it vs %.3f with it on base%s", note.note_id,
-                     version, report["gap_live"], report["gap_note"], ", retired" if report["retired"] else "")
+                     version, report.gap_live, report.gap_note, ", retired" if report.retired else "")
         return reports
 
-    async def _check(self, version: int, note: MemoryNote) -> dict[str, Any] | None:
+    async def _check(self, version: int, note: MemoryNote) -> NoteCheck | None:
         if note.call_id is None:  # not learnt from a call yet: nothing to check it on
             return None
         evidence = await asyncio.to_thread(self.store.note_evidence, note.call_id)
@@ -96,8 +108,7 @@ class NoteRetirement:
             self._note_gaps[key] = teacher_gap(await score_when_quiet(self.engine, self.busy, told, response, None),
                                                teacher)
         gap_note = self._note_gaps[key]
-        return {"note_id": note.note_id, "gap_live": round(gap_live, 4), "gap_note": round(gap_note, 4),
-                "retire": gap_live <= gap_note - self.margin}
+        return NoteCheck(note.note_id, round(gap_live, 4), round(gap_note, 4), gap_live <= gap_note - self.margin)
 
     async def _prompt(self, body: JsonObject, messages: list[JsonObject]) -> list[int]:
         req = ChatRequest.model_validate({**body, "messages": messages})

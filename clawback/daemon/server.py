@@ -12,7 +12,7 @@ import contextlib
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -35,6 +35,9 @@ from .retirement import NoteRetirement
 from .samples import SamplePipeline
 from .store import ForgetScope, Store
 from .training import RayTrainer, Trained, TrainerStarter, TrainingLoop
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +129,7 @@ AUTO_JUDGE_MIN_PARAMS = 1_000_000_000
 
 
 def _judge(settings: Settings, engine: Engine, renderer: ChatRenderer,
-           tokenizer: Any) -> tuple[str, JudgeBackend | None]:  # Any: a transformers tokenizer, as EngineBackend takes it
+           tokenizer: PreTrainedTokenizerBase) -> tuple[str, JudgeBackend | None]:
     """The judge backend [judge] asks for, and its name ("off": none)."""
     judge = settings.judge
     name = judge.backend

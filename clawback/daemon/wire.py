@@ -9,7 +9,7 @@ tests/test_wire_schema.py checks real frames against it. docs/protocol.md explai
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
@@ -180,7 +180,7 @@ class _WireJsonSchema(GenerateJsonSchema):
     the daemon leaves it out rather than sending null, and the validator wants a T when it is there.
     Fields get no title: a title makes a named type of its own in the generated TypeScript."""
 
-    def field_title_should_be_set(self, schema: Any) -> bool:
+    def field_title_should_be_set(self, schema: object) -> bool:
         return False
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
@@ -190,7 +190,7 @@ class _WireJsonSchema(GenerateJsonSchema):
         return super().default_schema(schema)
 
 
-def wire_schema() -> dict[str, Any]:
+def wire_schema() -> JsonSchemaValue:
     """One JSON Schema for the wire: client frames, daemon frames and the status reply, each in $defs."""
     roots: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
         (ClientFrame, "validation"), (DaemonFrame, "serialization"), (DaemonStatus, "serialization")]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from clawback.engine import EngineError
+from clawback.records import JsonObject
 
 BASE = "__base__"  # PEFT's name for "no adapter" in adapter_names
 
@@ -36,7 +37,7 @@ class AdapterSlots(ABC):
         self._lock = threading.Lock()  # guards the three dicts above across loop and worker
 
     @abstractmethod
-    async def _call(self, op: str, *args: object) -> Any:
+    async def _call(self, op: str, *args: object) -> object:
         """Runs `op` on the worker thread (EmbeddedEngine)."""
 
     async def load_adapter(self, version: str, path: str) -> None:
@@ -91,7 +92,7 @@ class AdapterSlots(ABC):
                 self._delete_adapter(adapter)
 
 
-    def _load(self, version: str, path: str, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    def _load(self, version: str, path: str, weights: dict[str, torch.Tensor], config: JsonObject) -> None:
         """Load a version into a PEFT adapter slot. A free slot of the same shape is refilled with
         plain tensor copies (milliseconds); only a new shape builds new LoRA layers, which takes
         the PEFT bookkeeping of inserting every layer and stalls all streams meanwhile."""
@@ -139,13 +140,13 @@ class AdapterSlots(ABC):
             self._free_slots.append(self._slots.pop(version))
 
 
-def lora_shape(config: dict[str, Any]) -> tuple:
+def lora_shape(config: JsonObject) -> tuple:
     """What must match for a slot to take another version's weights by copying."""
     keys = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora", "bias", "rank_pattern", "alpha_pattern")
     return tuple(json.dumps(config.get(k), sort_keys=True) for k in keys)
 
 
-def read_adapter(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def read_adapter(path: str) -> tuple[dict[str, torch.Tensor], JsonObject]:
     """Read a PEFT adapter dir (weights and config) without touching the model: done off the
     engine thread, so only the copy into the slot happens between decode steps."""
     from safetensors.torch import load_file

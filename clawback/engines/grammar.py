@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import torch
 
 from clawback.engine import Constraint, EngineError
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 MAX_SCHEMA_PARTS = 10_000  # subschemas visited with every local $ref expanded
 
@@ -34,11 +37,11 @@ def check(constraint: Constraint) -> str:
     return LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(constraint.lark()))
 
 
-def _schema_problem(root: Any) -> str:
+def _schema_problem(root: object) -> str:
     """'' for a schema without recursion whose local $refs expand to a bounded size, else why not."""
     visited = 0
 
-    def resolve(pointer: str) -> Any:
+    def resolve(pointer: str) -> object:
         node = root
         for part in pointer.split("/")[1:]:
             part = part.replace("~1", "/").replace("~0", "~")
@@ -50,7 +53,7 @@ def _schema_problem(root: Any) -> str:
                 return None  # a dangling pointer: llguidance says so in its own words
         return node
 
-    def walk(node: Any, path: str, expanding: tuple[str, ...]) -> str:
+    def walk(node: object, path: str, expanding: tuple[str, ...]) -> str:
         nonlocal visited
         visited += 1
         if visited > MAX_SCHEMA_PARTS:
@@ -82,9 +85,9 @@ class GrammarTokenizer:
     def __init__(self, model_dir: str, vocab_size: int) -> None:
         self.model_dir, self.vocab_size = model_dir, vocab_size
         self._lock = threading.Lock()
-        self._tokenizer: Any = None
+        self._tokenizer: LLTokenizer | None = None
 
-    def get(self) -> Any:
+    def get(self) -> LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
                 import llguidance.hf
@@ -98,7 +101,7 @@ class GrammarTokenizer:
 class GrammarMask:
     """The per-stream logits processor: `apply` before sampling, `advance` with the sampled token."""
 
-    def __init__(self, tokenizer: Any, constraint: Constraint) -> None:
+    def __init__(self, tokenizer: LLTokenizer, constraint: Constraint) -> None:
         from llguidance import LLMatcher
         from llguidance.torch import allocate_token_bitmask
 

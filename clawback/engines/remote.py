@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import httpx
 
 from clawback.engine import EngineError, ModelInfo, Sampling, Token
+from clawback.records import JsonObject
 
 from .supervisor import ServerProcess, healthy
 
@@ -324,7 +325,8 @@ class RemoteEngine(abc.ABC):
 
     # ---- HTTP helpers ----
 
-    async def _post_json(self, path: str, body: dict[str, Any], admin: bool = False) -> Any:
+    async def _post_json(self, path: str, body: JsonObject, admin: bool = False) -> Any:
+        # Any: the server's JSON (or its text when it sent none), which the caller knows the shape of
         r = await self.client.post(path, json=body, headers=self.endpoint.auth(admin))
         if r.status_code >= 400:
             raise EngineError(f"{path}: HTTP {r.status_code}: {_error_text(r)}")
@@ -333,7 +335,7 @@ class RemoteEngine(abc.ABC):
         except ValueError:
             return r.text
 
-    async def _sse(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def _sse(self, path: str, body: JsonObject) -> AsyncIterator[JsonObject]:
         """POST and yield each `data:` JSON event until [DONE]. Leaving early closes the
         connection, which makes the server abort the generation."""
         async with self.client.stream("POST", path, json=body, headers=self.endpoint.auth()) as r:

@@ -32,10 +32,10 @@ import shlex
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from clawback.adapter_format import lora_target_modules
 from clawback.engine import EngineConfig, EngineError, ModelInfo, Sampling, Token
+from clawback.records import JsonObject
 
 from .remote import Endpoint, RemoteEngine
 from .supervisor import ServerProcess, free_port
@@ -69,7 +69,7 @@ class SGLangEngine(RemoteEngine):
         await self._post_json("/unload_lora_adapter", {"lora_name": server_name}, admin=True)
 
     async def _stream(self, prompt_ids: list[int], sampling: Sampling, server_name: str | None) -> AsyncIterator[Token]:
-        params: dict[str, Any] = {
+        params: JsonObject = {
             "max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "stop_token_ids": list(sampling.stop_token_ids), "skip_special_tokens": False,
         }

@@ -20,9 +20,8 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -45,7 +44,7 @@ class ServerProcess:
         health_interval_s: float = 2.0,
         unhealthy_after_s: float = 60.0,
         max_backoff_s: float = 30.0,
-        on_restart: Callable[[], Any] | None = None,
+        on_restart: Callable[[], Awaitable[object]] | None = None,
         auto_port: bool = False,
     ) -> None:
         self.command, self.env, self.base_url, self.log_path = command, env, base_url, Path(log_path)

@@ -39,9 +39,9 @@ import secrets
 import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from clawback.engine import EngineConfig, EngineError, ModelInfo, Sampling, Token
+from clawback.records import JsonObject
 
 from .remote import Endpoint, RemoteEngine
 from .supervisor import ServerProcess, free_port
@@ -72,7 +72,7 @@ class VLLMEngine(RemoteEngine):
     async def _server_unload(self, server_name: str) -> None:
         await self._post_json("/v1/unload_lora_adapter", {"lora_name": server_name}, admin=True)
 
-    def _body(self, prompt: list[int], server_name: str | None, **extra: Any) -> dict[str, Any]:
+    def _body(self, prompt: list[int], server_name: str | None, **extra: object) -> JsonObject:
         return {"model": server_name or self.served_model, "prompt": prompt, **extra}
 
     async def _stream(self, prompt_ids: list[int], sampling: Sampling, server_name: str | None) -> AsyncIterator[Token]:

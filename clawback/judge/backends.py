@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import httpx
 from pydantic import ValidationError
 
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.engine import Engine, Sampling
+from clawback.records import JsonObject
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # A judge needs room for a little reasoning and the \boxed{} answer; a prompt leaving less than
 # this many tokens of context is refused up front instead of producing a truncated, useless vote.
@@ -33,7 +37,7 @@ class JudgeBackend(Protocol):
     name: str  # stored with every verdict, e.g. "engine:SmolLM2-135M-Instruct"
 
     async def complete(
-        self, messages: Sequence[dict[str, Any]], *, temperature: float, max_tokens: int, seed: int | None = None
+        self, messages: Sequence[JsonObject], *, temperature: float, max_tokens: int, seed: int | None = None
     ) -> str: ...
 
 
@@ -41,12 +45,12 @@ class EngineBackend:
     """Judges with a daemon engine's *base* model: adapter None, never the adapter being trained,
     so the reward does not drift with (or get gamed by) the policy it grades."""
 
-    def __init__(self, engine: Engine, renderer: ChatRenderer, tokenizer: Any, name: str | None = None) -> None:
+    def __init__(self, engine: Engine, renderer: ChatRenderer, tokenizer: PreTrainedTokenizerBase, name: str | None = None) -> None:
         self.engine, self.renderer, self.tokenizer = engine, renderer, tokenizer
         self.name = name or f"engine:{engine.info.name}"
 
     async def complete(
-        self, messages: Sequence[dict[str, Any]], *, temperature: float, max_tokens: int, seed: int | None = None
+        self, messages: Sequence[JsonObject], *, temperature: float, max_tokens: int, seed: int | None = None
     ) -> str:
         try:
             req = ChatRequest.model_validate({"model": self.engine.info.name, "messages": list(messages)})
@@ -74,7 +78,7 @@ class EngineBackend:
                 out.append(token.id)
         finally:
             await stream.aclose()  # also reached when a vote's timeout cancels us: frees the engine slot
-        return self.tokenizer.decode(out, skip_special_tokens=True)
+        return cast(str, self.tokenizer.decode(out, skip_special_tokens=True))  # one list of ids: one text
 
 
 class OpenAIBackend:
@@ -95,11 +99,11 @@ class OpenAIBackend:
         self._client: httpx.AsyncClient | None = None  # made on first use, inside the caller's loop
 
     async def complete(
-        self, messages: Sequence[dict[str, Any]], *, temperature: float, max_tokens: int, seed: int | None = None
+        self, messages: Sequence[JsonObject], *, temperature: float, max_tokens: int, seed: int | None = None
     ) -> str:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "model": self.model, "messages": list(messages), "temperature": temperature,
             "max_tokens": max_tokens, "stream": False,
         }

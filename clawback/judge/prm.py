@@ -185,7 +185,7 @@ def message_text(message: Message) -> str:
     return "\n".join(parts)
 
 
-def _call_text(name: str, arguments: Any) -> str:
+def _call_text(name: str, arguments: object) -> str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -194,7 +194,7 @@ def _call_text(name: str, arguments: Any) -> str:
     return f"[calls tool {name} with {json.dumps(arguments, ensure_ascii=False)}]"
 
 
-def _as_dict(message: Any) -> Message:
+def _as_dict(message: Any) -> Message:  # Any: a stored message dict or a daemon `chat.Message`
     if hasattr(message, "model_dump"):  # a daemon `chat.Message` rather than a stored dict
         return message.model_dump(exclude_none=True)
     return message

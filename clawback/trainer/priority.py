@@ -103,7 +103,7 @@ class ServingPriority:
     def __init__(self, path: str | Path | None) -> None:
         self._map: mmap.mmap | None = None
         if path is not None and Path(path).is_file():  # absent on another node: nothing to yield to
-            with open(path, "rb") as f:
+            with Path(path).open("rb") as f:
                 self._map = mmap.mmap(f.fileno(), 16, access=mmap.ACCESS_READ)
         self._last = time.monotonic()
         self.waited_s = 0.0

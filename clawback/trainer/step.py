@@ -110,7 +110,7 @@ def as_loop_rows(samples: Sequence[TrainSample], penalty: float) -> list[Sample]
     return out
 
 
-def make_lora_model(base_model: PreTrainedModel, cfg: TrainConfig) -> Any:
+def make_lora_model(base_model: PreTrainedModel, cfg: TrainConfig) -> Any:  # Any: peft types it as a union of model kinds
     """Wrap a HF causal LM with a fresh LoRA adapter ("default"); the base is modified in place."""
     from peft import LoraConfig, get_peft_model
 

@@ -98,10 +98,10 @@ def _hold_while_asked() -> None:
     exists, a step waits here, begun and not yet done, with this process's pid in `<file>.held`
     (so a test can kill the actor at a point it knows). Unset, it costs one lookup."""
     hold = os.environ.get(HOLD_ENV)
-    if not hold or not os.path.exists(hold):
+    if not hold or not Path(hold).exists():
         return
     Path(hold + ".held").write_text(str(os.getpid()))
-    while os.path.exists(hold):
+    while Path(hold).exists():
         time.sleep(0.1)
 
 
@@ -136,7 +136,7 @@ class TrainerWorker:
         self.model = make_lora_model(base, cfg)
         # Yield points inside a micro-batch too: before each decoder layer, in the forward and (with
         # checkpointing) in the backward's recomputation, so a request waits for one layer at most.
-        decoder: Any = base.get_decoder()
+        decoder: Any = base.get_decoder()  # Any: its `layers` are not in transformers' types
         for layer in decoder.layers:
             layer.register_forward_pre_hook(lambda *_: self.priority.wait())
         self.optimizer = make_optimizer(self.model, cfg)
@@ -163,7 +163,7 @@ class TrainerWorker:
         self._keep_only(version)
         return version
 
-    def train(self, samples: Sequence[TrainSample], version: int, meta: dict[str, Any]) -> TrainResult:
+    def train(self, samples: Sequence[TrainSample], version: int, meta: dict[str, object]) -> TrainResult:
         """One optimizer step on `samples`, published as `v{version}` and returned as its files."""
         t0 = time.time()
         _hold_while_asked()

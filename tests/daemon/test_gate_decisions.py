@@ -139,6 +139,15 @@ def test_unhealthy_training_is_refused_before_any_generation(store):
     assert nan.reasons == ("training health: non-finite loss",)
 
 
+def test_promoted_steps_are_remembered_even_when_the_history_starts_empty(store):
+    models = FakeModels({None: answers_right, "v1": answers_right, "v2": answers_right})
+    g = gate(store, models)
+    assert review(g, 1, loss=0.2, grad_norm=1.5).promote  # a fresh store: no healthy steps yet
+    assert g._history == [HealthPoint(loss=0.2, grad_norm=1.5)]
+    assert review(g, 2, live=1).promote
+    assert g._history is not None and len(g._history) == 2
+
+
 def test_a_gate_that_cannot_check_a_version_refuses_it(store):
     def broken(prompt: str) -> str:
         raise RuntimeError("the engine went away")

@@ -476,10 +476,10 @@ def test_a_note_the_live_version_follows_without_it_retires_and_a_rollback_bring
 
             reports = await NoteRetirement(state.engine, state.renderer, state.store).check(1)
             by_text = {n.note_id: n.text for n in state.store.memory_notes()}
-            result = {by_text[r["note_id"]]: r for r in reports}
-            assert result["Please answer in French."]["retired"] and result["Please answer in French."]["gap_live"] < 1e-4
-            assert not result["Don't use bold."]["retire"] and result["Don't use bold."]["gap_note"] < 1e-4
-            assert result["Don't use bold."]["gap_live"] > 0.01
+            result = {by_text[r.note_id]: r for r in reports}
+            assert result["Please answer in French."].retired and result["Please answer in French."].gap_live < 1e-4
+            assert not result["Don't use bold."].retire and result["Don't use bold."].gap_note < 1e-4
+            assert result["Don't use bold."].gap_live > 0.01
             await asyncio.to_thread(state.store.flush)
             events = query(db, "SELECT kind, payload FROM events WHERE kind IN ('memory.retired', 'memory.checked')")
             assert sorted(e["kind"] for e in events) == ["memory.checked", "memory.checked", "memory.retired"]

@@ -13,7 +13,7 @@ import pytest
 
 from clawback.chat import ChatRenderer
 from clawback.daemon.adapters import AdapterManager
-from clawback.daemon.retirement import NoteRetirement
+from clawback.daemon.retirement import NoteCheck, NoteRetirement
 from clawback.daemon.store import Store
 from clawback.daemon.training import TrainingLoop
 from clawback.engines.embedded import EmbeddedEngine
@@ -156,7 +156,7 @@ def test_notes_are_checked_against_the_live_version_at_start_up_and_after_a_prom
     checked: list[int] = []
 
     class Recording(NoteRetirement):
-        async def check(self, version: int) -> list[dict]:
+        async def check(self, version: int) -> list[NoteCheck]:
             checked.append(version)
             return await super().check(version)
 

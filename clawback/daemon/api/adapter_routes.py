@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 
@@ -20,9 +20,11 @@ T = TypeVar("T")
 def add_adapter_routes(app: FastAPI, state: AppState) -> None:
     from ..adapters import AdapterError
 
-    async def body_version(request: Request) -> tuple[int | None, dict[str, Any]]:
+    async def body_version(request: Request) -> tuple[int | None, dict[str, object]]:
         raw = await read_json(request, 4096, empty={})
         try:
+            if not isinstance(raw, dict):
+                raise ValueError(raw)
             v = raw.get("version")
             if isinstance(v, bool):
                 raise ValueError(v)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,6 +12,7 @@ from pydantic import BaseModel
 from starlette.types import Lifespan
 
 from clawback.chat import ChatRequest
+from clawback.records import JsonObject
 
 from ..dashboard import add_dashboard_routes
 from ..feedback import FeedbackEvent, add_feedback_routes
@@ -79,7 +79,7 @@ def describe_bodies(app: FastAPI, bodies: dict[tuple[str, str], type[BaseModel]]
     """/openapi.json with each route's JSON body: the routes read raw bodies (size limits, strict
     JSON), so FastAPI cannot see them; the request models are the contract."""
 
-    def build() -> dict[str, Any]:
+    def build() -> JsonObject:  # the OpenAPI document, as FastAPI writes it
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             components = doc.setdefault("components", {}).setdefault("schemas", {})

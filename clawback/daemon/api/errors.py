@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -25,7 +23,7 @@ class ApiError(Exception):
         return JSONResponse(body, status_code=self.status)
 
 
-async def read_json(request: Request, limit: int, empty: Any = None) -> Any:  # parsed JSON: callers check its shape
+async def read_json(request: Request, limit: int, empty: object = None) -> object:  # callers check its shape
     """The body as JSON (`empty` when there is none and that is allowed)."""
     timeout_s = request.app.state.clawback.settings.client_timeout_s
     try:

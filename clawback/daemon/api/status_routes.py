@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import asdict
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -90,7 +89,7 @@ def add_status_routes(app: FastAPI, state: AppState) -> None:
         }
 
 
-async def gate_status(state: AppState) -> dict[str, Any]:
+async def gate_status(state: AppState) -> dict[str, object]:
     """The gate's counters and the newest version's fate ("v7 not promoted: <reason>")."""
     rows = await asyncio.to_thread(state.store.adapters)
     newest = rows[-1] if rows else None

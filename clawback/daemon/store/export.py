@@ -6,7 +6,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from .schema import blob_ids, blob_logprobs, blob_rows, connect
 
@@ -24,7 +24,7 @@ def export_jsonl(db_path: Path, out: TextIO, since: float | None = None) -> int:
     return n
 
 
-def _export_rows(conn: sqlite3.Connection, since: float) -> Iterator[dict[str, Any]]:
+def _export_rows(conn: sqlite3.Connection, since: float) -> Iterator[dict[str, object]]:
     for r in conn.execute("SELECT * FROM sessions WHERE last_seen_at >= ? ORDER BY created_at", (since,)):
         yield {"type": "session", **dict(r)}
     for r in conn.execute("SELECT * FROM calls WHERE created_at >= ? ORDER BY created_at", (since,)):

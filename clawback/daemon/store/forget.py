@@ -6,7 +6,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from clawback.records import Version
 
@@ -36,8 +35,19 @@ class ForgetScope:
 
 
 
+@dataclass(frozen=True)
+class Forgotten:
+    """What a forget deleted (rows per table), scrubbed elsewhere, which sessions it took and
+    the adapter versions trained on any of it."""
+
+    deleted: dict[str, int]
+    scrubbed: dict[str, int]
+    sessions: list[str]
+    trained_versions: list[int]
+
+
 class ForgetWrites(Tx):
-    def _write_forget(self, scope: ForgetScope) -> dict[str, Any]:
+    def _write_forget(self, scope: ForgetScope) -> Forgotten:
         c = self._conn
         c.execute("CREATE TEMP TABLE IF NOT EXISTS forget(session_id TEXT PRIMARY KEY)")
         c.execute("DELETE FROM temp.forget")
@@ -51,7 +61,7 @@ class ForgetWrites(Tx):
         sessions = [r[0] for r in c.execute("SELECT session_id FROM temp.forget")]
         in_s = "IN (SELECT session_id FROM temp.forget)"
         in_c = f"IN (SELECT call_id FROM calls WHERE session_id {in_s})"
-        trained = sorted(v for (name,) in c.execute(
+        trained: list[int] = sorted(v for (name,) in c.execute(
             f"SELECT DISTINCT consumed_version FROM samples WHERE consumed_version IS NOT NULL AND call_id {in_c}")
             if (v := Version.of(name)) is not None)
         deleted: dict[str, int] = {}
@@ -99,7 +109,7 @@ class ForgetWrites(Tx):
             self._event("forgotten", None, {"scope": scope.kind, "before": scope.before, "deleted": deleted,
                                             "scrubbed": scrubbed, "trained_versions": trained})
             self._scrub_wanted = True
-        return {"deleted": deleted, "scrubbed": scrubbed, "sessions": sessions, "trained_versions": trained}
+        return Forgotten(deleted, scrubbed, sessions, trained)
 
     def _scrub_notes(self, texts: list[str], forgotten: str) -> tuple[dict[str, int], list[Version]]:
         """Take the notes `texts` out of the stored main calls outside the `forgotten` sessions that

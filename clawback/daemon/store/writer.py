@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 from clawback.records import Call, FeedbackRecord, JsonObject, JudgedSample, StepRecord
 
-from .forget import ForgetScope, ForgetWrites
+from .forget import ForgetScope, ForgetWrites, Forgotten
 from .queries import Queries
 from .schema import ADAPTER_STATES, connect, linked_sessions, migrate
 from .writes import EventWrites, FeedbackApplied
@@ -121,7 +121,7 @@ class Store(EventWrites, ForgetWrites, Queries):
         """Returns once every write queued before this call is committed."""
         await self._commit(_Write("barrier", lambda: None))
 
-    async def forget(self, scope: ForgetScope) -> dict[str, Any]:
+    async def forget(self, scope: ForgetScope) -> Forgotten:
         """Delete what was stored about the sessions in `scope` (calls, next states, feedback, votes,
         samples, the preference notes learned from them, links, the sessions) and rewrite the database files so that none of it remains in
         them; the event log keeps a tombstone with counts only. Returns the counts, the forgotten
