@@ -22,13 +22,15 @@ result file also holds every request (start, TTFT, tokens).
     nice -n 10 .venv/bin/python bench/serve_while_training.py --rounds 4 --model DIR   # another model
 
 Target: TTFT p99 during training and during a review <= 2x idle. Writes
-bench/results/serve_while_training-<timestamp>.json.
+bench/results/serve_while_training-<timestamp>.json. SIGTERM during the measured rounds ends the run
+there and writes the rounds done so far.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -156,6 +158,14 @@ def train_once(c: httpx.Client, db: Path, reviews: Reviews) -> dict[str, Any]:
     return steps(db)[-1]
 
 
+class Stopped(Exception):
+    """SIGTERM during the measured rounds: summarise and write the rounds done so far."""
+
+
+def stop(*_: object) -> None:
+    raise Stopped
+
+
 def label(r: dict[str, float], windows: dict[str, list[tuple[float, float]]]) -> str | None:
     return next((name for name, spans in windows.items() if any(a <= r["start"] < b for a, b in spans)), None)
 
@@ -191,24 +201,28 @@ def main() -> None:
         with httpx.Client(base_url=d.url, timeout=3600) as c, Reviews(d.url) as reviews:
             warm = train_once(c, db, reviews)
             print(f"warm-up step: {warm['outcome']}", flush=True)
+            signal.signal(signal.SIGTERM, stop)
             with Clients(d.url, args.streams, args.max_tokens) as load:
-                for r in range(args.rounds):
-                    loads = [Path("/proc/loadavg").read_text().split()[0]]
-                    idle = (time.time(), time.time() + args.idle_s)
-                    time.sleep(args.idle_s)
-                    step = train_once(c, db, reviews)
-                    loads.append(Path("/proc/loadavg").read_text().split()[0])
-                    review = [(a, b) for a, b in reviews.intervals if a >= step["started_at"]]
-                    windows = {"idle": [idle], "training": [(step["started_at"], step["finished_at"])], "gate": review}
-                    by = {name: [x for x in list(load.done) if label(x, windows) == name] for name in LABELS}
-                    row: dict[str, Any] = {"round": r, "loadavg": loads, "step": step, "review_s": [b - a for a, b in review],
-                                           **{name: ttft(by[name]) for name in LABELS}}
-                    for name in ("training", "gate"):
-                        for q in ("p50", "p99"):
-                            row[f"{name}_{q}_ratio"] = (row[name][q] / row["idle"][q]
-                                                        if row[name][q] and row["idle"][q] else None)
-                    rounds.append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k != "step"}), flush=True)
+                try:
+                    for r in range(args.rounds):
+                        loads = [Path("/proc/loadavg").read_text().split()[0]]
+                        idle = (time.time(), time.time() + args.idle_s)
+                        time.sleep(args.idle_s)
+                        step = train_once(c, db, reviews)
+                        loads.append(Path("/proc/loadavg").read_text().split()[0])
+                        review = [(a, b) for a, b in reviews.intervals if a >= step["started_at"]]
+                        windows = {"idle": [idle], "training": [(step["started_at"], step["finished_at"])], "gate": review}
+                        by = {name: [x for x in list(load.done) if label(x, windows) == name] for name in LABELS}
+                        row: dict[str, Any] = {"round": r, "loadavg": loads, "step": step, "review_s": [b - a for a, b in review],
+                                               **{name: ttft(by[name]) for name in LABELS}}
+                        for name in ("training", "gate"):
+                            for q in ("p50", "p99"):
+                                row[f"{name}_{q}_ratio"] = (row[name][q] / row["idle"][q]
+                                                            if row[name][q] and row["idle"][q] else None)
+                        rounds.append(row)
+                        print(json.dumps({k: v for k, v in row.items() if k != "step"}), flush=True)
+                except Stopped:
+                    print(f"stopped after {len(rounds)} measured rounds", flush=True)
             errors, requests = load.errors, list(load.done)
     finally:
         d.stop()
