@@ -10,7 +10,10 @@ labelled by what the daemon was doing when it started:
   training  a training step is running (the store's `train_steps`: started_at to finished_at,
             i.e. the trainer's step, the transfer of the version and its load into the engine)
   gate      the gate is reviewing the version the step made (`/v1/status` gate.reviewing, polled
-            every 0.1 s): probe generations, greedy replies to recent prompts, replay scoring
+            every 0.1 s): probe generations, greedy replies to recent prompts, replay scoring;
+            with `--gate-window-s N` only its first N s, after which the clients pause until the
+            review ends (a review yields to every request, so under back-to-back requests a
+            larger model's review can take an hour)
 
 A round is: idle, then rating calls (alternately 👍 and 👎, so the gate holds some out for its
 replay) until a step starts, then the step and the review. The first round is a warm-up (Ray
@@ -74,13 +77,16 @@ class Clients:
     """`n` clients sending sequential requests until stopped."""
 
     def __init__(self, url: str, n: int, max_tokens: int) -> None:
-        self.stop, self.done, self.errors = threading.Event(), [], []
+        self.stop, self.paused, self.done, self.errors = threading.Event(), threading.Event(), [], []
         self.threads = [threading.Thread(target=self._run, args=(url, i, max_tokens)) for i in range(n)]
 
     def _run(self, url: str, i: int, max_tokens: int) -> None:
         with httpx.Client(base_url=url, timeout=3600) as c:
             k = 0
             while not self.stop.is_set():
+                if self.paused.is_set():
+                    self.stop.wait(0.1)
+                    continue
                 try:
                     self.done.append(request(c, max_tokens, 1000 * i + k))
                 except Exception as e:
@@ -103,6 +109,7 @@ class Reviews:
 
     def __init__(self, url: str) -> None:
         self.url, self.intervals, self.stop = url, [], threading.Event()
+        self.started: float | None = None  # the start of the review under way
         self.thread = threading.Thread(target=self._run)
 
     def _run(self) -> None:
@@ -115,10 +122,10 @@ class Reviews:
                     reviewing = None
                 now = time.time()
                 if reviewing and start is None:
-                    start = now
+                    start = self.started = now
                 elif not reviewing and start is not None:
                     self.intervals.append((start, now))
-                    start = None
+                    start = self.started = None
                 time.sleep(0.1)
 
     def __enter__(self) -> Reviews:
@@ -139,8 +146,12 @@ def steps(db: Path) -> list[dict[str, Any]]:
     return [{"version": v, "started_at": s, "finished_at": f, "outcome": o, **json.loads(m or "{}")} for v, s, f, o, m in rows]
 
 
-def train_once(c: httpx.Client, db: Path, reviews: Reviews) -> dict[str, Any]:
-    """Rate fresh main calls until a step starts, then wait for it and its review to end."""
+def train_once(c: httpx.Client, db: Path, reviews: Reviews, load: Clients | None = None,
+               window_s: float = 0) -> dict[str, Any]:
+    """Rate fresh main calls until a step starts, then wait for it and its review to end.
+
+    With `load` and `window_s`, the clients pause once the review has run `window_s` seconds, so
+    the rest of it runs unmeasured at the speed of an idle daemon; they resume when it ends."""
     before, reviewed = len(steps(db)), len(reviews.intervals)
     k = 0
     while len(steps(db)) == before and not c.get("/v1/status").json()["training"]["training_now"]:
@@ -154,7 +165,11 @@ def train_once(c: httpx.Client, db: Path, reviews: Reviews) -> dict[str, Any]:
     while len(steps(db)) == before or len(reviews.intervals) == reviewed:
         if len(steps(db)) > before and steps(db)[-1]["outcome"] != "committed":
             break  # a failed step has no review
+        if load and window_s and reviews.started and time.time() > reviews.started + window_s:
+            load.paused.set()
         time.sleep(0.2)
+    if load:
+        load.paused.clear()
     return steps(db)[-1]
 
 
@@ -185,6 +200,8 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=20.0)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--probes", type=int, default=0, help="gate probes used (0: the whole set)")
+    ap.add_argument("--gate-window-s", type=float, default=0,
+                    help="measure the first N s of each review, then pause the clients until it ends (0: all of it)")
     ap.add_argument("--micro-batch-tokens", type=int, default=0, help="the trainer's budget (0: the daemon's default)")
     args = ap.parse_args()
 
@@ -208,9 +225,10 @@ def main() -> None:
                         loads = [Path("/proc/loadavg").read_text().split()[0]]
                         idle = (time.time(), time.time() + args.idle_s)
                         time.sleep(args.idle_s)
-                        step = train_once(c, db, reviews)
+                        step = train_once(c, db, reviews, load, args.gate_window_s)
                         loads.append(Path("/proc/loadavg").read_text().split()[0])
-                        review = [(a, b) for a, b in reviews.intervals if a >= step["started_at"]]
+                        review = [(a, min(b, a + args.gate_window_s) if args.gate_window_s else b)
+                                  for a, b in reviews.intervals if a >= step["started_at"]]
                         windows = {"idle": [idle], "training": [(step["started_at"], step["finished_at"])], "gate": review}
                         by = {name: [x for x in list(load.done) if label(x, windows) == name] for name in LABELS}
                         row: dict[str, Any] = {"round": r, "loadavg": loads, "step": step, "review_s": [b - a for a, b in review],
