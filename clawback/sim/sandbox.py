@@ -127,7 +127,8 @@ def escapes(command: str) -> str | None:
     `/regex/` names none) other than a system program or a device like /dev/null."""
     command = command.replace("\\", "")
     for token in _TOKEN.findall(command):
-        if not token.strip("'\"`").strip("/"):
+        bare = token.strip("'\"`")
+        if "/" in bare and not bare.strip("/"):  # a lone quote (of a quoted space) names no path
             return token
     for word in (re.sub("/+", "/", w) for w in _WORD.findall(command)):
         if word.startswith("~") or ".." in word.split("/"):

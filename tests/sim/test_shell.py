@@ -118,7 +118,8 @@ def test_the_rlimits_backend_refuses_paths_out_and_lets_regexes_through():
                     "python3 -c \"open('/tmp/x', 'w')\""):
         assert escapes(command), command
     for command in ("awk '/ERROR/' f", "sed -i \"s/split(',')/split()/\" total.py", "/usr/bin/wc -l f",
-                    "echo 1 2>/dev/null", "ls data/*.log | wc -l", "grep -rl word notes"):
+                    "echo 1 2>/dev/null", "ls data/*.log | wc -l", "grep -rl word notes",
+                    "grep Kai people.csv | cut -d' ' -f2", "tr ' ' '\\n' < words.txt"):
         assert escapes(command) is None, command
 
 
