@@ -1,7 +1,7 @@
 """The adapter versions' state machine (live, retired, refused, pruned; restore after a restart),
 with a real store and real version directories but no model, so it runs in the fast tier.
 
-`RecordingEngine` stands in for the engine: what is under test is which version the manager asks
+`Slots` stands in for the engine: what is under test is which version the manager asks
 to serve and what the store records, not loading weights; `test_adapters.py` (slow tier) runs the
 same path on a real embedded engine."""
 
@@ -23,30 +23,7 @@ from clawback.adapter_format import CONFIG, META, OPTIMIZER, WEIGHTS, install
 from clawback.daemon.adapters import AdapterError, AdapterManager
 from clawback.daemon.store import Store
 from clawback.records import StepRecord
-
-
-class RecordingEngine:
-    """Which versions are loaded and which one serves; refuses to serve one it has not loaded."""
-
-    def __init__(self) -> None:
-        self.loaded: list[str] = []
-        self.active: str | None = None
-
-    async def load_adapter(self, version: str, path: str) -> None:
-        self.loaded.append(version)
-
-    async def activate(self, version: str | None) -> None:
-        assert version is None or version in self.loaded, f"{version} activated before it was loaded"
-        self.active = version
-
-    async def unload(self, version: str) -> None:
-        self.loaded.remove(version)
-
-    def active_version(self) -> str | None:
-        return self.active
-
-    def loaded_versions(self) -> list[str]:
-        return list(self.loaded)
+from tests.daemon.engine_slots import Slots
 
 
 def version_files(version: int) -> dict[str, bytes]:
@@ -67,7 +44,7 @@ def setup(tmp_path: Path):
         path = install(root, v, version_files(v))
         asyncio.run(store.record_step(StepRecord(version=v, parent=v - 1 or None, started_at=time.time(),
                                                  method="binary", call_ids=(), outcome="committed", path=str(path))))
-    engine = RecordingEngine()
+    engine = Slots()
     yield AdapterManager(engine, store, root, keep=2), engine, store, root  # type: ignore[arg-type]  # the engine's adapter half
     store.close()
 
@@ -104,7 +81,7 @@ def test_refused_and_rolled_back_from_versions_serve_only_when_forced_and_never_
     assert engine.loaded == ["v1"]  # every version that left was unloaded
     weights = root / "v1" / WEIGHTS
     weights.write_bytes(weights.read_bytes()[:100])  # the live version no longer loads
-    restarted = RecordingEngine()
+    restarted = Slots()
     assert asyncio.run(AdapterManager(restarted, store, root, keep=2).restore()) is None  # type: ignore[arg-type]
     assert restarted.active is None and restarted.loaded == []  # the base model, not v2 or v3
 

@@ -26,32 +26,9 @@ from clawback.daemon.training import Refused, Trained, TrainingLoop
 from clawback.records import Call, FeedbackRecord, JudgedSample, ReadySample, StepRecord, TrainResult, Version
 from clawback.trainer.config import TrainConfig
 from tests.conftest import query
+from tests.daemon.engine_slots import Slots
 
 CFG = TrainConfig(method="binary", batch_size=2, lora_rank=2, lora_alpha=4)
-
-
-class Slots:
-    """An engine's adapter slots: what is loaded and what new requests go to."""
-
-    def __init__(self) -> None:
-        self.loaded: list[str] = []
-        self.active: str | None = None
-
-    async def load_adapter(self, version: str, path: str) -> None:
-        self.loaded.append(version)
-
-    async def activate(self, version: str | None) -> None:
-        assert version is None or version in self.loaded, f"{version} activated before it was loaded"
-        self.active = version
-
-    async def unload(self, version: str) -> None:
-        self.loaded.remove(version)
-
-    def active_version(self) -> str | None:
-        return self.active
-
-    def loaded_versions(self) -> list[str]:
-        return list(self.loaded)
 
 
 def tiny_lora(root: Path, version: int) -> Path:
