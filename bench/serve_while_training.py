@@ -227,11 +227,11 @@ def main() -> None:
                         time.sleep(args.idle_s)
                         step = train_once(c, db, reviews, load, args.gate_window_s)
                         loads.append(Path("/proc/loadavg").read_text().split()[0])
-                        review = [(a, min(b, a + args.gate_window_s) if args.gate_window_s else b)
-                                  for a, b in reviews.intervals if a >= step["started_at"]]
+                        whole = [(a, b) for a, b in reviews.intervals if a >= step["started_at"]]
+                        review = [(a, min(b, a + args.gate_window_s) if args.gate_window_s else b) for a, b in whole]
                         windows = {"idle": [idle], "training": [(step["started_at"], step["finished_at"])], "gate": review}
                         by = {name: [x for x in list(load.done) if label(x, windows) == name] for name in LABELS}
-                        row: dict[str, Any] = {"round": r, "loadavg": loads, "step": step, "review_s": [b - a for a, b in review],
+                        row: dict[str, Any] = {"round": r, "loadavg": loads, "step": step, "review_s": [b - a for a, b in whole],
                                                **{name: ttft(by[name]) for name in LABELS}}
                         for name in ("training", "gate"):
                             for q in ("p50", "p99"):
