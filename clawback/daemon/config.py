@@ -64,6 +64,8 @@ class GateConfig(BaseModel):
     loop_rise: float = Field(default=0.15, ge=0)  # share of replies ending in a repetition loop
     meta_rise: float = Field(default=0.15, ge=0)  # share of replies about the conversation itself
     refusal_rise: float = Field(default=0.15, ge=0)  # share of replies that decline the task
+    # share of replies to requests offering tools that make no call an agent could run (your requests)
+    tool_call_drop: float = Field(default=0.25, ge=0)
     # preference replay
     held_out_share: float = Field(default=0.2, ge=0, lt=1)  # of rated calls, never trained on
     replay_calls: int = Field(default=32, ge=0)  # newest held-out calls replayed per candidate

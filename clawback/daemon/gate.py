@@ -13,8 +13,9 @@ nothing routed to it. The gate then decides, in this order (docs/gate.md has eve
 3. collapse detectors on the same probe replies, and on greedy replies to the person's own
    newest requests (held-out calls first; their prompts as served, preference notes included),
    each against the live version's replies to the same prompts. Repetition, the same reply
-   everywhere, empty replies, replies about the conversation and replies that decline the task
-   are also held to the base model's replies, so that small rises which each pass against live
+   everywhere, empty replies, replies about the conversation, replies that decline the task and,
+   where the person's requests offered tools, replies with no call that could run are also held
+   to the base model's replies, so that small rises which each pass against live
    cannot add up over versions.
 4. preference replay on held-out rated calls (never trained on): the mean per-token logprob
    margin of liked over disliked replies, and the distance to the corrected (hinted) behaviour,
@@ -43,9 +44,18 @@ from clawback.engine import Engine, Sampling
 from clawback.records import JsonObject, ReadySample, Version
 
 from .config import GateConfig
-from .probes import CollapseStats, Generation, Probe, collapse_stats, load_probes, passes
+from .probes import (
+    NOT_ON_OWN_REQUESTS,
+    CollapseStats,
+    Generation,
+    Probe,
+    against_live_and_base,
+    collapse_stats,
+    load_probes,
+    passes,
+)
 from .store import Store
-from .store.queries import HealthPoint, HeldOutCall
+from .store.queries import CallPrompt, HealthPoint, HeldOutCall
 
 log = logging.getLogger(__name__)
 
@@ -188,59 +198,6 @@ def health_reasons(metrics: Mapping[str, float], history: list[HealthPoint], cfg
     if abs(loss) > max(cfg.loss_spike * loss_median, cfg.loss_floor):
         reasons.append(f"training health: loss {loss:.3g} > {cfg.loss_spike:g}× running median |loss| "
                        f"{loss_median:.3g} (floor {cfg.loss_floor:g})")
-    return reasons
-
-
-# What a person never wants more of, whatever they asked for: also held to the base model, so
-# that small rises that each pass against the live version cannot add up over versions.
-NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "meta_rate", "refusal_rate")
-# What the person's own requests are not held to: what they ask for often changes how long their
-# replies are ("answer in under 20 words"); runaway and empty replies are still caught there by
-# the cut-off and empty detectors.
-NOT_ON_OWN_REQUESTS = ("median_tokens",)
-
-
-def collapse_reasons(cand: CollapseStats, live: CollapseStats, cfg: GateConfig, live_name: str,
-                     on: str | None = None, only: tuple[str, ...] | None = None,
-                     skip: tuple[str, ...] = ()) -> list[str]:
-    """Collapse alarms: each detector (or those in `only`, less those in `skip`) against the
-    reference version's value (docs/gate.md); `on` names replies other than the probes'."""
-    out = []
-
-    def check(key: str) -> bool:
-        return (only is None or key in only) and key not in skip
-
-    if check("min_entropy") and cand.min_entropy < cfg.entropy_low * live.min_entropy:
-        out.append(f"collapse: token entropy {cand.min_entropy:.2f} vs {live.min_entropy:.2f} nats on {live_name}")
-    if check("min_entropy") and cand.min_entropy > cfg.entropy_high * live.min_entropy + 0.5:
-        out.append(f"collapse: token entropy blew up, {cand.min_entropy:.2f} vs {live.min_entropy:.2f} nats on {live_name}")
-    if check("distinct_2") and cand.distinct_2 < live.distinct_2 - cfg.distinct_drop:
-        out.append(f"collapse: repetition, distinct-2 {cand.distinct_2:.2f} vs {live.distinct_2:.2f} on {live_name}")
-    if check("self_similarity") and cand.self_similarity > live.self_similarity + cfg.similarity_rise:
-        out.append(f"collapse: same reply to different prompts, similarity {cand.self_similarity:.2f} "
-                   f"vs {live.self_similarity:.2f} on {live_name}")
-    a, b = cand.median_tokens, live.median_tokens
-    if check("median_tokens") and abs(a - b) >= cfg.length_min_change and (a > cfg.length_ratio * b or a * cfg.length_ratio < b):
-        out.append(f"collapse: reply length {a:.0f} vs {b:.0f} tokens on {live_name}")
-    for key, limit, what in (("empty_rate", cfg.empty_rise, "empty replies"), ("cut_rate", cfg.cut_rise, "cut-off replies"),
-                             ("loop_rate", cfg.loop_rise, "looping replies"),
-                             ("meta_rate", cfg.meta_rise, "replies about the conversation"),
-                             ("refusal_rate", cfg.refusal_rise, "replies that decline the task")):
-        # A rise by the limit or more: a share moves in steps of 1/n, and 0.75 - 0.5 must count as 0.25.
-        ours, theirs = getattr(cand, key), getattr(live, key)
-        if check(key) and ours - theirs >= limit - 1e-9:
-            out.append(f"collapse: {what} {ours:.0%} vs {theirs:.0%} on {live_name}")
-    return [r.replace("collapse:", f"collapse ({on}):", 1) for r in out] if on else out
-
-
-def against_live_and_base(cand: CollapseStats, live: CollapseStats, base: CollapseStats | None,
-                          cfg: GateConfig, live_name: str | None, on: str | None = None,
-                          skip: tuple[str, ...] = ()) -> list[str]:
-    """Every detector (less `skip`) against live; the NEVER_WANTED ones against the base model
-    too (base None: live is the base model)."""
-    reasons = collapse_reasons(cand, live, cfg, live_name or "base", on, skip=skip)
-    if base is not None and live_name is not None:
-        reasons += collapse_reasons(cand, base, cfg, "base", on, NEVER_WANTED)
     return reasons
 
 
@@ -387,29 +344,32 @@ class CandidateGate:
         n = self.cfg.replay_generate
         if not n:
             return None
-        prompts = [i.prompt_ids for i in held_out[:n]]
+        prompts = [CallPrompt(i.call_id, i.prompt_ids) for i in held_out[:n]]
         if len(prompts) < n:
-            skip = {i.call_id for i in held_out}
-            prompts += await asyncio.to_thread(self._recent_prompts, n - len(prompts), skip, prompts)
+            prompts += await asyncio.to_thread(self._recent_prompts, n - len(prompts), {i.call_id for i in held_out},
+                                               [p.prompt_ids for p in prompts])
         if len(prompts) < 2:
             return None
+        offered = await asyncio.to_thread(self.store.offered_tools, [p.call_id for p in prompts])
+        tools = [offered.get(p.call_id, []) for p in prompts]
         stats = []  # no reply text: the report outlives a forget
         for version in (cand, live, None)[: 2 if live is None else 3]:
-            gens = await asyncio.gather(*(self._greedy(p, self.cfg.replay_generate_tokens, version) for p in prompts))
-            stats.append(collapse_stats(list(gens)))
+            gens = await asyncio.gather(*(self._greedy(p.prompt_ids, self.cfg.replay_generate_tokens, version)
+                                          for p in prompts))
+            stats.append(collapse_stats(list(gens), tools))
         return OwnRequestsCheck(len(prompts), *stats)
 
-    def _recent_prompts(self, n: int, skip: set[str], seen: list[list[int]]) -> list[list[int]]:
-        """The prompts of the newest main calls with a sample (a next state or a rating reached them:
-        the person's conversation, not a one-off call such as an evaluation) outside `skip`, each
-        prompt once and none in `seen`."""
+    def _recent_prompts(self, n: int, skip: set[str], seen: list[list[int]]) -> list[CallPrompt]:
+        """The newest main calls with a sample (a next state or a rating reached them: the person's
+        conversation, not a one-off call such as an evaluation) outside `skip`, each prompt once and
+        none in `seen`."""
         limit = min(self.cfg.replay_max_tokens, self.engine.info.context_length) - self.cfg.replay_generate_tokens
-        out: list[list[int]] = []
+        out: list[CallPrompt] = []
         for r in self.store.recent_sampled_prompts(len(skip) + 5 * n):
             # (no ids: a forget took a note out of the request, and its tokens with it)
-            if r.prompt_ids and r.call_id not in skip and r.prompt_ids not in out and r.prompt_ids not in seen \
-                    and len(r.prompt_ids) <= limit:
-                out.append(r.prompt_ids)
+            if r.prompt_ids and r.call_id not in skip and r.prompt_ids not in seen and len(r.prompt_ids) <= limit:
+                seen = [*seen, r.prompt_ids]
+                out.append(r)
         return out[:n]
 
     async def _greedy(self, prompt_ids: list[int], max_tokens: int, version: str | None) -> Generation:

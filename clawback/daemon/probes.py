@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from itertools import combinations
 
 from clawback.records import JsonObject
 from clawback.replies import parse_tool_calls
+
+from .config import GateConfig
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,17 @@ def passes(probe: Probe, text: str) -> bool:
     if "json_equals" in check:
         return _first_json(reply) == check["json_equals"]
     if "tool" in check:
-        _, calls = parse_tool_calls(text, [t["function"]["name"] for t in probe.tools])
-        schema = next(t["function"].get("parameters") or {} for t in probe.tools if t["function"]["name"] == check["tool"])
-        return any(c["function"]["name"] == check["tool"] and _fits(_json_or_none(c["function"]["arguments"]), schema)
-                   for c in calls)
+        return check["tool"] in working_calls(text, probe.tools)
     raise ValueError(f"probe {probe.id}: unknown check {sorted(check)}")
+
+
+def working_calls(text: str, tools: Sequence[JsonObject]) -> set[str]:
+    """The names of the offered `tools` that a reply calls, as serving reads its calls, with
+    arguments that fit the tool's schema: the calls an agent could run."""
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+    _, calls = parse_tool_calls(text, list(schemas))
+    return {c["function"]["name"] for c in calls
+            if c["function"]["name"] in schemas and _fits(_json_or_none(c["function"]["arguments"]), schemas[c["function"]["name"]])}
 
 
 def _first_json(text: str) -> object:
@@ -169,11 +178,17 @@ class CollapseStats:
     loop_rate: float  # share of replies that end in a repetition loop (`ends_in_loop`)
     meta_rate: float  # share of replies about the conversation itself (META_REPLY)
     refusal_rate: float  # share of replies that decline the task (REFUSAL_REPLY)
+    # Of the replies to requests that offered tools, the share that make no call an agent could run
+    # (`working_calls`: none at all, an invented tool, arguments that do not fit); 0 when no request
+    # offered tools.
+    no_working_call_rate: float = 0.0
 
 
-def collapse_stats(gens: list[Generation]) -> CollapseStats:
-    """The collapse statistics of a set of generations."""
+def collapse_stats(gens: list[Generation], tools: Sequence[Sequence[JsonObject]] = ()) -> CollapseStats:
+    """The collapse statistics of a set of generations; `tools`, when given, the tools each one's
+    request offered."""
     n = max(len(gens), 1)
+    offered = [(g, t) for g, t in zip(gens, tools) if t]
     logprobs = [lp for g in gens for lp in g.logprobs]
     words = [_words(g.text) for g in gens]
     distinct = [len(set(b)) / len(b) for b in (_ngrams(w, 2) for w in words) if len(b) >= 2]
@@ -189,4 +204,59 @@ def collapse_stats(gens: list[Generation]) -> CollapseStats:
         loop_rate=sum(ends_in_loop(g.ids) for g in gens) / n,
         meta_rate=sum(META_REPLY.search(g.text) is not None for g in gens) / n,
         refusal_rate=sum(REFUSAL_REPLY.search(g.text) is not None for g in gens) / n,
+        no_working_call_rate=sum(not working_calls(g.text, t) for g, t in offered) / max(len(offered), 1),
     )
+
+
+# What a person never wants more of, whatever they asked for: also held to the base model, so
+# that small rises that each pass against the live version cannot add up over versions.
+NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "meta_rate", "refusal_rate", "no_working_call_rate")
+# What the person's own requests are not held to: what they ask for often changes how long their
+# replies are ("answer in under 20 words"); runaway and empty replies are still caught there by
+# the cut-off and empty detectors.
+NOT_ON_OWN_REQUESTS = ("median_tokens",)
+
+
+def collapse_reasons(cand: CollapseStats, live: CollapseStats, cfg: GateConfig, live_name: str,
+                     on: str | None = None, only: tuple[str, ...] | None = None,
+                     skip: tuple[str, ...] = ()) -> list[str]:
+    """Collapse alarms: each detector (or those in `only`, less those in `skip`) against the
+    reference version's value (docs/gate.md); `on` names replies other than the probes'."""
+    out = []
+
+    def check(key: str) -> bool:
+        return (only is None or key in only) and key not in skip
+
+    if check("min_entropy") and cand.min_entropy < cfg.entropy_low * live.min_entropy:
+        out.append(f"collapse: token entropy {cand.min_entropy:.2f} vs {live.min_entropy:.2f} nats on {live_name}")
+    if check("min_entropy") and cand.min_entropy > cfg.entropy_high * live.min_entropy + 0.5:
+        out.append(f"collapse: token entropy blew up, {cand.min_entropy:.2f} vs {live.min_entropy:.2f} nats on {live_name}")
+    if check("distinct_2") and cand.distinct_2 < live.distinct_2 - cfg.distinct_drop:
+        out.append(f"collapse: repetition, distinct-2 {cand.distinct_2:.2f} vs {live.distinct_2:.2f} on {live_name}")
+    if check("self_similarity") and cand.self_similarity > live.self_similarity + cfg.similarity_rise:
+        out.append(f"collapse: same reply to different prompts, similarity {cand.self_similarity:.2f} "
+                   f"vs {live.self_similarity:.2f} on {live_name}")
+    a, b = cand.median_tokens, live.median_tokens
+    if check("median_tokens") and abs(a - b) >= cfg.length_min_change and (a > cfg.length_ratio * b or a * cfg.length_ratio < b):
+        out.append(f"collapse: reply length {a:.0f} vs {b:.0f} tokens on {live_name}")
+    for key, limit, what in (("empty_rate", cfg.empty_rise, "empty replies"), ("cut_rate", cfg.cut_rise, "cut-off replies"),
+                             ("loop_rate", cfg.loop_rise, "looping replies"),
+                             ("meta_rate", cfg.meta_rise, "replies about the conversation"),
+                             ("refusal_rate", cfg.refusal_rise, "replies that decline the task"),
+                             ("no_working_call_rate", cfg.tool_call_drop, "replies with no tool call that could run")):
+        # A rise by the limit or more: a share moves in steps of 1/n, and 0.75 - 0.5 must count as 0.25.
+        ours, theirs = getattr(cand, key), getattr(live, key)
+        if check(key) and ours - theirs >= limit - 1e-9:
+            out.append(f"collapse: {what} {ours:.0%} vs {theirs:.0%} on {live_name}")
+    return [r.replace("collapse:", f"collapse ({on}):", 1) for r in out] if on else out
+
+
+def against_live_and_base(cand: CollapseStats, live: CollapseStats, base: CollapseStats | None,
+                          cfg: GateConfig, live_name: str | None, on: str | None = None,
+                          skip: tuple[str, ...] = ()) -> list[str]:
+    """Every detector (less `skip`) against live; the NEVER_WANTED ones against the base model
+    too (base None: live is the base model)."""
+    reasons = collapse_reasons(cand, live, cfg, live_name or "base", on, skip=skip)
+    if base is not None and live_name is not None:
+        reasons += collapse_reasons(cand, base, cfg, "base", on, NEVER_WANTED)
+    return reasons

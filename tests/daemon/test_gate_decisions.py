@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from clawback.daemon.probes import Probe, load_probes
 from clawback.daemon.store import Store
 from clawback.daemon.store.queries import HealthPoint
 from clawback.engine import Sampling, Token
-from clawback.records import StepRecord
+from clawback.records import Call, FeedbackRecord, StepRecord
 
 PROBES = [p for p in load_probes() if p.kind in ("arithmetic", "fact")]
 EOS = 0
@@ -166,3 +167,37 @@ def test_the_report_is_stored_as_the_gate_wrote_it(store):
     assert (row.state, row.reason) == ("refused", verdict.reason)
     assert json.dumps(row.gate) == json.dumps(verdict.report.json())  # the same keys, in the same order
     assert row.gate["collapse"]["candidate"]["self_similarity"] == verdict.report.collapse.candidate.self_similarity
+
+
+EXEC = {"type": "function", "function": {"name": "exec", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+TASKS = ["Count the lines of notes.txt.", "How many .log files are in data?", "Which file mentions mirror212?"]
+
+
+def tool_request(store: Store, task: str) -> None:
+    """A main call of the person's that offered the exec tool and got a 👎 (so it has a sample)."""
+    call_id, now = str(uuid.uuid4()), time.time()
+    store.add_call(Call(call_id, "s1", None, call_id, "main", "awaiting_next_state", now, now, "m", None,
+                        {"messages": [{"role": "user", "content": task}], "tools": [EXEC]}, task,
+                        [ord(ch) for ch in task], [1], [-1.0], "", None, "stop"))
+    asyncio.run(store.apply_feedback(FeedbackRecord.of(
+        {"event_id": str(uuid.uuid4()), "kind": "thumbs_down", "session_id": "s1", "target": call_id}), now))
+
+
+def calls_exec(prompt: str) -> str:
+    return RIGHT.get(prompt) or '<tool_call>{"name":"exec","arguments":{"command":"ls"}}'  # one character a token: 64 at most
+
+
+def invents_tools(prompt: str) -> str:
+    return RIGHT.get(prompt) or '{"name": "count_lines", "arguments": "notes.txt"}'
+
+
+def test_a_candidate_whose_tool_calls_no_longer_run_is_refused(store):
+    for task in TASKS:
+        tool_request(store, task)
+    g = gate(store, FakeModels({None: calls_exec, "v1": invents_tools, "v2": calls_exec}))
+    refused = review(g, 1)
+    assert refused.reasons == ("collapse (your requests): replies with no tool call that could run 100% vs 0% on base",)
+    own = refused.report.collapse_own_requests
+    assert own is not None and own.calls == 3 and own.live.no_working_call_rate == 0.0
+    assert review(g, 2).promote  # the same requests, answered with calls that run

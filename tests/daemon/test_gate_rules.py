@@ -9,9 +9,19 @@ from dataclasses import replace
 import pytest
 
 from clawback.daemon.config import GateConfig, Settings
-from clawback.daemon.gate import NOT_ON_OWN_REQUESTS, against_live_and_base, collapse_reasons, health_reasons, held_out
+from clawback.daemon.gate import health_reasons, held_out
 from clawback.daemon.guard import fisher_greater
-from clawback.daemon.probes import REFUSAL_REPLY, CollapseStats, Generation, collapse_stats, load_probes, passes
+from clawback.daemon.probes import (
+    NOT_ON_OWN_REQUESTS,
+    REFUSAL_REPLY,
+    CollapseStats,
+    Generation,
+    against_live_and_base,
+    collapse_reasons,
+    collapse_stats,
+    load_probes,
+    passes,
+)
 from clawback.daemon.store.queries import HealthPoint
 
 
@@ -205,3 +215,38 @@ def test_a_rise_by_the_limit_counts_and_loops_are_a_detector():
     looping = collapse_stats([Generation(loop, [-1.0] * len(loop), "x y " * 20, "length")] + [Generation([1], [-1.0], "ok", "stop")] * 3)
     assert looping.loop_rate == 0.25
     assert any("looping replies 25% vs 0%" in r for r in collapse_reasons(looping, live, cfg, "v1"))
+
+
+EXEC = {"type": "function", "function": {"name": "exec", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+
+def test_a_version_whose_tool_calls_stop_working_is_refused_on_the_persons_requests():
+    # Replies to shell tasks offering `exec`, as Qwen2.5-Coder-0.5B wrote them before and after
+    # training on failed outcomes: the trained versions invent tools and pass the command as a string.
+    working = ['<tool_call>\n{"name": "exec", "arguments": {"command": "wc -l maple_4.txt"}}\n</tool_call>',
+               '{"name": "exec", "arguments": {"command": "ls data | wc -l"}}',  # bare JSON: serving reads it too
+               "The file has 43 lines.",  # the answer after a tool result: no call, and none needed
+               '{"name": "count_logs", "arguments": {"command": "ls data/*.log"}}']
+    broken = ['{"name": "exec", "arguments": "wc -l maple_4.txt"}', '{"name": "count_logs", "arguments": "data"}',
+              "The file has 43 lines.", '{"name": "printCity", "arguments": "people.csv"}']
+    offered = [[EXEC]] * 4
+    live, cand = collapse_stats([gen(t) for t in working], offered), collapse_stats([gen(t) for t in broken], offered)
+    assert (live.no_working_call_rate, cand.no_working_call_rate) == (0.5, 1.0)
+    cfg = GateConfig()
+    reasons = against_live_and_base(cand, live, live, cfg, "v1", "your requests", NOT_ON_OWN_REQUESTS)
+    assert reasons == ["collapse (your requests): replies with no tool call that could run 100% vs 50% on v1",
+                       "collapse (your requests): replies with no tool call that could run 100% vs 50% on base"]
+    # Only replies to requests that offered tools count; without any, nothing is measured.
+    assert collapse_stats([gen(t) for t in broken]).no_working_call_rate == 0.0
+    assert collapse_stats([gen(t) for t in broken], [[EXEC], [], [], []]).no_working_call_rate == 1.0
+    # A call of a tool the request did not offer is no working call, whatever its name.
+    assert collapse_stats([gen(working[0])], [[replace_name(EXEC, "run")]]).no_working_call_rate == 1.0
+    # One reply of four is a step of 25%: the limit counts (≥), a smaller step does not.
+    one_fewer = collapse_stats([gen(t) for t in [*working[:1], broken[0], *working[2:]]], offered)
+    assert against_live_and_base(one_fewer, live, live, cfg, "v1") != []
+    assert against_live_and_base(one_fewer, live, live, GateConfig(tool_call_drop=0.3), "v1") == []
+
+
+def replace_name(tool: dict, name: str) -> dict:
+    return {**tool, "function": {**tool["function"], "name": name}}

@@ -281,6 +281,16 @@ class Queries(Reads):
             "SELECT c.call_id, c.prompt_ids FROM calls c JOIN samples s USING (call_id) WHERE c.turn_type = 'main' "
             "ORDER BY c.created_at DESC LIMIT ?", (limit,))])
 
+    def offered_tools(self, call_ids: list[str]) -> dict[str, list[JsonObject]]:
+        """The tools each call's request offered the model (none when its `tool_choice` was "none"),
+        for the calls among `call_ids` that offered any."""
+        if not call_ids:
+            return {}
+        return self.read(lambda c: {r[0]: json.loads(r[1]) for r in c.execute(
+            f"SELECT call_id, json_extract(request_json, '$.tools') FROM calls WHERE call_id IN ({marks(call_ids)}) "
+            "AND json_array_length(request_json, '$.tools') > 0 "
+            "AND coalesce(json_extract(request_json, '$.tool_choice'), '') != 'none'", call_ids)})
+
     def reply_feedback(self, version: int | None, limit: int, newest: bool) -> ReplyFeedback:
         """Of the first (or, `newest`, the last) `limit` main replies `version` served (None = base):
         how many there are, and how many got a 👎 and a correction applied."""
