@@ -6,7 +6,8 @@ a regex, JSON, lines) and tool calls (a call of the named tool whose arguments f
 The gate generates greedily from each and scores the share that passes, in points of 100.
 
 `collapse_stats` summarises any set of generations (probe replies, replies to held-out prompts)
-with the numbers the collapse detectors compare between a candidate and the live version.
+with the numbers the collapse detectors compare between a candidate and the live version;
+`collapse_reasons` and `against_live_and_base` are those detectors (docs/gate.md).
 """
 
 from __future__ import annotations
