@@ -4,12 +4,15 @@ held back from the client, and the text split into content and OpenAI `tool_call
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Collection
 from typing import Any, Literal, TypedDict
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-BARE_CALL_OPENERS = ("{", "```json")  # how a reply that is only a tool call in bare JSON begins
+# How a reply that is only tool calls written without the tags begins, and what may wrap each call.
+BARE_CALL_OPENERS = ("{", "```json", "```\n{", "<json>")
+_CALL_WRAPPING = re.compile(r"(?:\s|```(?:json)?|</?json>)*")
 
 
 class FunctionCall(TypedDict):
@@ -33,14 +36,15 @@ def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str |
 
     Blocks that are not valid JSON with a string `name` stay in the content, so nothing the model
     wrote is lost. A final block cut off before `</tool_call>` (end token or max_tokens) is still
-    read if its JSON is complete. Without any block, a reply that is nothing but one call of a
-    tool in `tool_names`, as bare JSON or in one ```json fence, is that call: small models (such
-    as Qwen2.5-Coder-0.5B) often call tools that way, ignoring the tags their template asks for.
+    read if its JSON is complete. Without any block, a reply that is nothing but JSON objects,
+    each bare, in a ``` or ```json fence or in `<json>` tags, calls the tools of `tool_names` that
+    those objects call with an object of arguments; the other objects (an imagined tool result,
+    say) stay as the content. Small models (such as Qwen2.5-Coder-0.5B) often call tools that way,
+    ignoring the tags their template asks for.
     """
     start = text.find(TOOL_OPEN)
     if start < 0:
-        call = _bare_call(text, tool_names)
-        return (None, [call]) if call else (text, [])
+        return _bare_calls(text, tool_names) or (text, [])
     content_parts = [text[:start]]
     calls: list[ToolCall] = []
     pos = start
@@ -61,23 +65,39 @@ def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str |
     return (content or None), calls
 
 
-def _bare_call(text: str, tool_names: Collection[str]) -> ToolCall | None:
-    body = text.strip()
-    if not tool_names or not body.endswith(("}", "```")):
+def _bare_calls(text: str, tool_names: Collection[str]) -> tuple[str | None, list[ToolCall]] | None:
+    """The content and the calls of a reply made only of JSON objects and their wrapping, when at
+    least one object calls an offered tool; None otherwise."""
+    if not tool_names:
         return None
-    if body.startswith("```json") and body.endswith("```"):
-        body = body[len("```json") : -3]
-    call = _parse_call(body)
-    if call is None or call["function"]["name"] not in tool_names or not call["function"]["arguments"].startswith("{"):
+    decoder, objects, pos = json.JSONDecoder(), [], 0
+    while (pos := _after_wrapping(text, pos)) < len(text):
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return None
+        objects.append((text[pos:end], _call_of(obj)))
+        pos = end
+    calls = [c for _, c in objects if c and c["function"]["name"] in tool_names and c["function"]["arguments"].startswith("{")]
+    if not calls:
         return None
-    return call
+    rest = [raw for raw, c in objects if c not in calls]
+    return "\n".join(rest) or None, calls
+
+
+def _after_wrapping(text: str, pos: int) -> int:
+    m = _CALL_WRAPPING.match(text, pos)
+    return m.end() if m else pos
 
 
 def _parse_call(body: str) -> ToolCall | None:
     try:
-        obj = json.loads(body.strip())
+        return _call_of(json.loads(body.strip()))
     except json.JSONDecodeError:
         return None
+
+
+def _call_of(obj: object) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -118,7 +138,7 @@ class TextGate:
     Holds back any tail that could still turn into a stop sequence or the start of a tool call,
     stops at a stop sequence (which is not part of the output), and diverts everything from the
     first `<tool_call>` on into `tool_text` instead of the streamed content. With tools, a reply
-    that opens like a bare JSON call (`{` or ```` ```json ````) is diverted whole: whether it is a
+    that opens like a call without the tags (`BARE_CALL_OPENERS`) is diverted whole: whether it is a
     call is known at its end (`parse_tool_calls`), and if not, the caller sends it then.
     """
 

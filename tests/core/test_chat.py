@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,31 @@ def test_a_reply_that_is_only_a_bare_json_call_of_a_given_tool_is_a_call():
         assert parse_tool_calls(text, given) == (text, []), text
 
 
+def test_calls_written_without_tags_in_other_wrappings_are_calls():
+    """Replies of Qwen2.5-Coder-0.5B to the shell scenario (bench/results/grid-q05-abe70a7/shell):
+    its calls of `exec` in a plain fence, in <json> tags, several to a reply, or followed by the
+    tool's result it imagined."""
+    names = {"exec"}
+    cases = {
+        '<json>\n{\n  "name": "exec",\n  "arguments": {\n    "command": "python3 total.py"\n  }\n}\n</json>':
+            (None, ["python3 total.py"]),
+        '```\n{"name": "exec", "arguments": {"command": "grep -o city people.csv"}}\n```': (None, ["grep -o city people.csv"]),
+        '{"name": "exec", "arguments": {"command": "ls"}}\n{"name": "exec", "arguments": {"command": "wc -l a"}}':
+            (None, ["ls", "wc -l a"]),
+        '{"name": "exec", "arguments": {"command": "ls"}}\n{"name": "tool_response", "arguments": {"out": "a b"}}':
+            ('{"name": "tool_response", "arguments": {"out": "a b"}}', ["ls"]),
+    }
+    for text, (content, commands) in cases.items():
+        got, calls = parse_tool_calls(text, names)
+        assert got == content and [json.loads(c["function"]["arguments"])["command"] for c in calls] == commands, text
+    for text in ('<json>{"name": "count_logs", "arguments": {"command": "ls"}}</json>',  # a tool not offered
+                 '{"name": "exec", "arguments": "wc -l maple_4.txt"}',  # arguments not an object
+                 'Run this: {"name": "exec", "arguments": {"command": "ls"}}',  # prose around it
+                 '{"name": "exec", "arguments": {"command": "ls"}} and then I will count them',
+                 '```xml\n<tools>{"name": "exec", "arguments": {"command": "ls"}}</tools>\n```'):
+        assert parse_tool_calls(text, names) == (text, []), text
+
+
 def test_gate_holds_back_possible_stops_and_cuts_at_them():
     g = TextGate(["STOP"], tools=False)
     assert g.feed("abc S") == "abc "  # "S" might start STOP
@@ -110,6 +136,13 @@ def test_gate_holds_a_reply_that_opens_like_a_bare_call():
     assert g.content == "" and g.tool_text == ' ```json\n{"name"'  # the caller decides at the end
     g = TextGate([], tools=True)
     assert g.feed("``") == "" and g.feed("`py") == "```py"  # a code block, not a call: streamed
+    for opening in ("```\n{", "<json>"):
+        g = TextGate([], tools=True)
+        assert g.feed(opening) == "" and g.tool_text == opening
+    g = TextGate([], tools=True)
+    assert g.feed("```\n") == "" and g.feed("print(1)") == "```\nprint(1)"
+    g = TextGate([], tools=True)
+    assert g.feed("<") == "" and g.feed("b>Hi") == "<b>Hi"
     g = TextGate([], tools=True)
     assert g.feed("Sure, ") == "Sure, " and g.feed("{x}") == "{x}"  # a brace later is just text
     g = TextGate([], tools=False)
