@@ -186,10 +186,11 @@ def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
     served_call(rig, "What is the capital of Chile?", "Santiago.")  # newest, but no sample
     store.flush()
     spider, sum_ = prompt_ids(rig["renderer"], "How many legs does a spider have?"), prompt_ids(rig["renderer"], "What is 3 + 4?")
-    newest = gate._recent_prompts(3, set(), [])
+    newest = [p.prompt_ids for p in gate._recent_prompts(3, set(), [])]
     assert newest == [sum_, spider, prompt_ids(rig["renderer"], "What is 5 + 5?")]  # newest first, each prompt once
     # not the side call's title request, nor the newest main call, which nothing followed
-    assert spider not in gate._recent_prompts(3, set(), [spider])  # a prompt already chosen is not taken again
+    again = [p.prompt_ids for p in gate._recent_prompts(3, set(), [spider])]
+    assert spider not in again  # a prompt already chosen is not taken again
     held_out = gate._held_out_calls()[:1]
     own = asyncio.run(gate._own_requests(held_out, "v3", None))
     assert own is not None and own.calls == 8 and own.base is None  # live is the base model
