@@ -192,6 +192,8 @@ def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
     again = [p.prompt_ids for p in gate._recent_prompts(3, set(), [spider])]
     assert spider not in again  # a prompt already chosen is not taken again
     held_out = gate._held_out_calls()[:1]
-    own = asyncio.run(gate._own_requests(held_out, "v3", None))
-    assert own is not None and own.calls == 8 and own.base is None  # live is the base model
+    make_adapter(rig, 4)  # this test's own candidate: the others' versions may not be loaded
+    own = asyncio.run(gate._own_requests(held_out, "v4", None))
+    # this test's three prompts at least (earlier tests' calls may add to them), never more than asked
+    assert own is not None and 3 <= own.calls <= gate.cfg.replay_generate and own.base is None  # live is the base
     assert 0.0 <= own.candidate.refusal_rate <= 1.0
