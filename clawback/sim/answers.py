@@ -153,6 +153,8 @@ def _evaluate(tokens: list[str | float]) -> float | None:
 
 
 _EQUALS = re.compile(r"=")
+# A list item's marker at the start of a line ("   - 850 km/h × 3 hours = 2550 km") is not a minus.
+_BULLET = re.compile(r"^\s*[-*+•]\s+")
 
 
 def computations(text: str) -> list[bool]:
@@ -160,13 +162,17 @@ def computations(text: str) -> list[bool]:
     numbers, operators and parentheses that ends there ("3 x 16 - 9 = 39", "25 minutes * 12 days =
     300": words between are skipped), with the usual precedence; after it, the number it claims,
     rounded to the places written. A chain "5 x 4 = 20 x 2 = 40" holds two. A claimed result that
-    is not a number ("12 + 5 = ?") is wrong; an "=" with no operator before it computes nothing."""
+    is not a number ("12 + 5 = ?") is wrong; an "=" with no operator before it computes nothing. A
+    line's list marker ("- 850 × 3 = 2550") is not a minus sign."""
     text = _latex_to_text(text)
     out = []
     for eq in _EQUALS.finditer(text):
         start = max(text.rfind("\n", 0, eq.start()), text.rfind("=", 0, eq.start()), 0)
+        left = text[start:eq.start()]
+        if text[start:start + 1] != "=":
+            left = _BULLET.sub("", left)
         try:
-            value = _evaluate(_tokens(text[start:eq.start()]))
+            value = _evaluate(_tokens(left))
         except ZeroDivisionError:
             out.append(False)
             continue

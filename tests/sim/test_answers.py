@@ -36,6 +36,9 @@ def test_numbers_as_people_write_them(text, value):
     ("3 x 16 - 9 = 48 - 9 = 40", [True, False]),
     ("10 / 3 = 3.33", [True]),  # rounded to the places written
     ("-3 + 5 = 2, then 4 - 3 = 2", [True, False]),
+    ("Distance:\n   - 850 km/h × 3 hours = 2550 km", [True]),  # a list marker is not a minus
+    ("* 850 x 3 = 2550\n+ 20 - 5 = 15\n- 2 = 3 - 1 = 4", [True, True, False]),  # "- 2 =" computes nothing
+    ("- 3 + 5 = -2", [False]),  # "- " opening a line is a list marker: 3 + 5 is not -2
     ("1/0 = 4", [False]),
     ("150x1=200", [False]),  # "x" between digits multiplies: read, and wrong
     ("12 + 5 = 17 apples", [True]),  # the sum holds; the answer to the task is another matter
