@@ -5,7 +5,8 @@ one method from each.
 Per scenario and shared seed: the share of replies during the run that meet the scenario (the
 preferred form with a right answer), that share over the last 8 sessions, correctness (the share
 whose answer is right, any form), the share broken (cut, about the conversation, repeated), the
-final held-out greedy score, the last opener probe (`sure`), and when each run adapted
+final held-out greedy score, the last opener probe (`sure`), the probe's gain without the notes
+(the last one less the base model's: what the weights alone learned), and when each run adapted
 (sim/results.py); the mean difference A − B with its 95% t-interval. `--sessions 17-32` takes the
 shares over those sessions only (in a long run, the part where versions are live); adaptation and
 the last 8 sessions are always over the whole run.
@@ -34,12 +35,13 @@ from clawback.sim.results import (
     adapt_order,
     all_cells,
     paired,
+    probe_off_gain,
     right_of,
     sessions_to_adapt,
     stamp_of,
 )
 
-METRICS = ("meets", "last", "right", "broken", "final", "probe")
+METRICS = ("meets", "last", "right", "broken", "final", "probe", "probe_off")
 
 
 class Cells:
@@ -104,6 +106,8 @@ def per_seed(spec: str, scenario: str, sessions: tuple[int, int] | None = None,
         m["final"][seed] = c["final_score"]
         if c.get("probe") and c["probe"][-1]["mass"] is not None:
             m["probe"][seed] = c["probe"][-1]["mass"]
+        if (gain := probe_off_gain(c)) is not None:
+            m["probe_off"][seed] = gain
         m["adapted"][seed] = sessions_to_adapt([bool(i["meets"]) for i in run])
     if len(out.checked) > 1:
         raise SystemExit(f"{spec}: some cells were recorded before answers were checked and some after")
@@ -155,8 +159,8 @@ def main() -> None:
                      f"{order['same']} / {order['later']} / {order['neither']} (p = {order['sign_p']:.2g}) "
                      f"| {', '.join(sorted(a.stamps))} | {', '.join(sorted(b.stamps))} |")
     print(f"| scenario | seeds | replies meeting the preference with a right answer | ... over the last {LAST_SESSIONS} "
-          "sessions | answer right, any form | broken | held-out greedy | probe at the end "
-          f"| {args.a} adapted sooner / same / later / neither | stamps A | stamps B |\n" + "|---" * 11 + "|")
+          "sessions | answer right, any form | broken | held-out greedy | probe at the end | probe gain, notes off "
+          f"| {args.a} adapted sooner / same / later / neither | stamps A | stamps B |\n" + "|---" * 12 + "|")
     print("\n".join(lines))
     for reason in reasons:
         print(f"\nPooled as one code: {reason}")

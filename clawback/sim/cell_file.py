@@ -48,6 +48,7 @@ class ProbePoint(TypedDict):
     interaction: int
     version: int | None
     mass: float | None  # None: the scenario has no opener rule
+    mass_off: NotRequired[float | None]  # the same without the notes (cells recorded since it exists)
 
 
 class ShellCommand(TypedDict):

@@ -266,7 +266,9 @@ async def run_cell(cell: Cell, cfg: SimConfig, model_dir: Path, work_dir: Path,
         async def probe_now(i: int) -> None:
             run["probed_notes"] = await active_notes(state)
             mass = await opener_mass(state, scen, scen.eval)  # one forward pass a task: all of them
-            probes.append({"interaction": i, "version": state.adapters.live(), "mass": mass})
+            # Without the notes where there are some: the weights alone.
+            mass_off = await opener_mass(state, scen, scen.eval, notes=False) if run["probed_notes"] else mass
+            probes.append({"interaction": i, "version": state.adapters.live(), "mass": mass, "mass_off": mass_off})
 
         async def held_out(i: int) -> tuple[Evaluation, Evaluation]:
             """The greedy replies with the notes a main call gets, and without them."""

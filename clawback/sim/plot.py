@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 def plot(summary: Summary, out: Path) -> list[Path]:
     """One PNG per scenario, one line per method: the share of seeds whose reply met the preference
-    in each session (left), the probe on every version (middle) and the held-out greedy score at
+    in each session (left), the probe on every version as served and, dashed, without the notes
+    (middle) and the held-out greedy score at
     the evaluation points with its 95% band over seeds (right)."""
     import matplotlib
 
@@ -33,13 +34,15 @@ def plot(summary: Summary, out: Path) -> list[Path]:
                 ax_s.fill_between(xs, s["low"], s["high"], step="post", alpha=0.15, color=line.get_color())
             if s.get("probe_mean"):
                 ax_p.step(xs, s["probe_mean"], where="post", color=line.get_color(), label=label)
+            if s.get("probe_off_mean"):
+                ax_p.step(xs, s["probe_off_mean"], where="post", color=line.get_color(), linestyle="--")
         missing = [k for k in summary["missing"] if k.startswith(f"{scen}/")]
         title = f"{scen} (code {summary['code_stamp']})"
         if missing:
             title += "\n" + textwrap.fill(f"missing cells: {', '.join(k.split('/', 1)[1] for k in missing)}", 120)
         fig.suptitle(title, fontsize=9)
         ax_m.set_title("replies meeting the preference (share of seeds, per session)", fontsize=9)
-        ax_p.set_title("probe: mass on rule-meeting openers (every version)", fontsize=9)
+        ax_p.set_title("probe: mass on rule-meeting openers (every version; dashed: notes off)", fontsize=9)
         ax_s.set_title("held-out greedy score (mean, 95% interval over seeds)", fontsize=9)
         for ax in (ax_m, ax_p, ax_s):
             ax.set_xlabel("interactions (sessions)")

@@ -6,6 +6,11 @@ the probe is the probability mass of the first reply token's top-20 candidates w
 reply that meets the preference (`Scenario.good_opener`), averaged over the tasks. One forward
 pass per task, so it runs on every version while greedy generation runs at a few points only. It
 sees only the opening of a reply: for rules about the rest of it, it is a partial view.
+
+With `notes=False` the same prompts go without the notes: the weights alone. Against the base
+model's mass (the first probe, before any note or version) it measures what training put into the
+weights more finely than greedy replies do, which flip only once the wanted opener is the most
+likely token.
 """
 
 from __future__ import annotations
@@ -34,14 +39,14 @@ async def active_notes(state: AppState, live: str | None = None) -> list[str]:
             if n.active and n.scope == "general"]
 
 
-async def opener_mass(state: AppState, scen: Scenario, tasks: tuple[Task, ...]) -> float | None:
+async def opener_mass(state: AppState, scen: Scenario, tasks: tuple[Task, ...], notes: bool = True) -> float | None:
     if scen.good_opener is None:
         return None
     live = state.engine.active_version()
-    notes = await active_notes(state, live)
+    told = await active_notes(state, live) if notes else []
     tok, total = state.renderer.tokenizer, 0.0
     for task in tasks:
-        messages = inject([{"role": "user", "content": task.prompt}], notes, state.settings.memory_placement)
+        messages = inject([{"role": "user", "content": task.prompt}], told, state.settings.memory_placement)
         req = ChatRequest.model_validate({"model": "clawback", "messages": messages})
         _, ids = await asyncio.to_thread(state.renderer.render, req)
         sampling = Sampling(temperature=0.0, max_tokens=1, top_logprobs=TOP)

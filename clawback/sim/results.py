@@ -50,10 +50,10 @@ MeanCI = tuple[float, float, float]  # mean and its 95% interval (nan, nan with 
 BeforeAfter = tuple[MeanCI, MeanCI]
 HeldOutKey = Literal["meets", "right", "meets_off", "right_off"]
 PairedMetric = Literal["sessions_to_adapt", "meets_rate", "meets_last", "right_rate", "broken_rate", "final_score",
-                       "meets_off_gain", "right_off_gain", "probe_final"]
+                       "meets_off_gain", "right_off_gain", "probe_final", "probe_off_gain"]
 PAIRED_METRICS: tuple[PairedMetric, ...] = (
     "sessions_to_adapt", "meets_rate", "meets_last", "right_rate", "broken_rate", "final_score", "meets_off_gain",
-    "right_off_gain", "probe_final")
+    "right_off_gain", "probe_final", "probe_off_gain")
 
 
 class PairedDiff(TypedDict):
@@ -89,6 +89,7 @@ class Comparison(TypedDict):
     meets_off_gain: PairedDiff | None
     right_off_gain: PairedDiff | None
     probe_final: PairedDiff | None
+    probe_off_gain: PairedDiff | None
     adapt_order: AdaptOrder | None
 
 
@@ -109,6 +110,7 @@ class MethodSummary(TypedDict):
     low: list[float]
     high: list[float]
     probe_mean: list[float] | None
+    probe_off_mean: list[float] | None  # without the notes, over the cells that recorded it
     before: MeanCI
     final: MeanCI
     meets_before_after: BeforeAfter | None
@@ -118,6 +120,7 @@ class MethodSummary(TypedDict):
     meets_off_gain: MeanCI | None
     right_off_gain: MeanCI | None
     meets_gain: MeanCI | None
+    probe_off_gain: MeanCI | None
     right_gain: MeanCI | None
     run_mean: MeanCI
     steps_per_seed: list[int]
@@ -273,9 +276,21 @@ def mean_ci(values: list[float]) -> MeanCI:
     return m, m - half, m + half
 
 
-def _probe_curve(m: CellRecord, n_int: int) -> list[float] | None:
-    points = [(p["interaction"], p["mass"]) for p in m.get("probe", []) if p["mass"] is not None]
-    return step_curve(points, n_int) if points else None
+def _probe_curve(m: CellRecord, n_int: int, key: Literal["mass", "mass_off"] = "mass") -> list[float] | None:
+    """The probe at x = 0..n_int; None for a cell that has not recorded `key` on every probe."""
+    points = [(p["interaction"], p.get(key)) for p in m.get("probe", [])]
+    known = [(x, v) for x, v in points if v is not None]
+    return step_curve(known, n_int) if known and len(known) == len(points) else None
+
+
+def probe_off_gain(cell: CellRecord) -> float | None:
+    """The probe without the notes at the end minus the base model's (the first probe, taken before
+    any note or version): what training moved in the weights alone. None for a cell recorded before
+    the probe ran without the notes, or a scenario with no opener rule."""
+    probe = cell.get("probe") or []
+    if not probe or probe[0]["mass"] is None or (last := probe[-1].get("mass_off")) is None:
+        return None
+    return last - probe[0]["mass"]
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> PairedDiff | None:
@@ -327,6 +342,7 @@ def summarize(cells: list[CellRecord], expected: list[Cell] | None = None, stamp
         curves = [step_curve(_scores(m["curve"]), n_int) for m in members]
         per_x = [mean_ci([c[x] for c in curves]) for x in range(n_int + 1)]
         probes = [p for p in (_probe_curve(m, n_int) for m in members) if p is not None]
+        probes_off = [p for p in (_probe_curve(m, n_int, "mass_off") for m in members) if p is not None]
         adapt = {m["cell"]["seed"]: sessions_to_adapt([r["meets"] for r in m["interactions"]]) for m in members}
         adapt_at[(scen, method)] = adapt
         meets_rate = {m["cell"]["seed"]: statistics.fmean([r["meets"] for r in m["interactions"]])
@@ -354,6 +370,7 @@ def summarize(cells: list[CellRecord], expected: list[Cell] | None = None, stamp
             # when the probe ran only on new versions holds a stale value while the notes change.
             "probe_final": {m["cell"]["seed"]: mass for m in members
                             if (probe := m.get("probe")) and (mass := probe[-1]["mass"]) is not None},
+            "probe_off_gain": {m["cell"]["seed"]: g for m in members if (g := probe_off_gain(m)) is not None},
         }
         adapted = [v for v in adapt.values() if v is not None]
         steps = [s for m in members for s in m["steps"] if s["outcome"] == "committed"]
@@ -381,6 +398,8 @@ def summarize(cells: list[CellRecord], expected: list[Cell] | None = None, stamp
                                                   if i < len(m["interactions"])) for i in range(n_int)],
             "mean": [p[0] for p in per_x], "low": [p[1] for p in per_x], "high": [p[2] for p in per_x],
             "probe_mean": [statistics.fmean(p[x] for p in probes) for x in range(n_int + 1)] if probes else None,
+            "probe_off_mean": ([statistics.fmean(p[x] for p in probes_off) for x in range(n_int + 1)]
+                               if probes_off else None),
             "before": mean_ci([c[0] for c in curves]), "final": mean_ci([c[-1] for c in curves]),
             "meets_before_after": _before_after(members, "meets"),
             "right_before_after": _before_after(members, "right"),
@@ -388,6 +407,7 @@ def summarize(cells: list[CellRecord], expected: list[Cell] | None = None, stamp
             "right_off_before_after": _before_after(members, "right_off"),
             "meets_off_gain": gain_ci("meets_off_gain"), "right_off_gain": gain_ci("right_off_gain"),
             "meets_gain": gain_ci("meets_gain"), "right_gain": gain_ci("right_gain"),
+            "probe_off_gain": gain_ci("probe_off_gain"),
             # The score averaged over the whole run (area under the curve / N): how soon it learned.
             "run_mean": mean_ci([statistics.fmean(c) for c in curves]),
             "steps_per_seed": [sum(s["outcome"] == "committed" for s in m["steps"]) for m in members],
@@ -453,7 +473,7 @@ def markdown_table(summary: Summary) -> str:
     lines += ["", "Held-out greedy replies at the first and the last evaluation, with the notes (as served) and "
               "without them (the weights alone); gain = last − first per seed, mean [95% CI].", "",
               "| scenario | method | meets, notes on | right, notes on | meets, notes off | right, notes off "
-              "| gain meets off | gain right off |", "|---|---|---|---|---|---|---|---|"]
+              "| gain meets off | gain right off | probe gain, notes off |", "|---|---|---|---|---|---|---|---|---|"]
 
     def before_after(t: BeforeAfter | None) -> str:
         return "–" if t is None else f"{t[0][0]:.2f} → {t[1][0]:.2f}"
@@ -463,7 +483,8 @@ def markdown_table(summary: Summary) -> str:
             lines.append(f"| {scen} | {method} | " + " | ".join(before_after(t) for t in (
                 s.get("meets_before_after"), s.get("right_before_after"), s.get("meets_off_before_after"),
                 s.get("right_off_before_after")))
-                + f" | {ci(s.get('meets_off_gain'), '+.3f')} | {ci(s.get('right_off_gain'), '+.3f')} |")
+                + f" | {ci(s.get('meets_off_gain'), '+.3f')} | {ci(s.get('right_off_gain'), '+.3f')} "
+                f"| {ci(s.get('probe_off_gain'), '+.3f')} |")
     lines += ["", "| scenario | method − comparator | metric | seeds | per-seed differences | mean [95% CI] |",
               "|---|---|---|---|---|---|"]
     for scen, pairs in summary["paired"].items():

@@ -176,6 +176,14 @@ def test_paired_differences_and_code_stamps_never_mix():
     probed = [{**c, "probe": [{"interaction": i, "mass": x} for i, x in probes[(c["cell"]["method"], c["cell"]["seed"])]]}
               for c in cells if (c["cell"]["method"], c["cell"]["seed"]) in probes]
     assert summarize(probed)["paired"]["sure"]["default - memory"]["probe_final"]["diffs"] == pytest.approx([0.1])
+    assert summarize(probed)["paired"]["sure"]["default - memory"]["probe_off_gain"] is None  # recorded before it
+    # Without the notes: the last probe less the base's, per seed; memory's weights never move.
+    off = {("default", 1): [(0, 0.1, 0.1), (6, 0.6, 0.3)], ("memory", 1): [(0, 0.1, 0.1), (6, 0.5, 0.1)]}
+    probed_off = [{**c, "probe": [{"interaction": i, "mass": x, "mass_off": y} for i, x, y in off[(c["cell"]["method"], 1)]]}
+                  for c in cells if (c["cell"]["method"], c["cell"]["seed"]) in off]
+    s_off = summarize(probed_off)
+    assert s_off["scenarios"]["sure"]["default"]["probe_off_gain"][0] == pytest.approx(0.2)
+    assert s_off["paired"]["sure"]["default - memory"]["probe_off_gain"]["diffs"] == pytest.approx([0.2])
     m, lo, hi = mean_ci([0.4, 0.2])
     assert (d["final_score"]["low"], d["final_score"]["high"]) == (pytest.approx(lo), pytest.approx(hi))
     table = markdown_table(s)

@@ -39,6 +39,7 @@ def test_pooled_spec_takes_each_seed_from_its_folder(tmp_path: Path) -> None:
     assert pooled["meets"] == {1: 1.0, 2: 1.0, 3: 0.0} and pooled["right"] == pooled["meets"]
     assert pooled["adapted"] == {1: 1, 2: 1, 3: None}
     assert pooled["probe"] == pytest.approx({1: 0.1, 2: 0.2, 3: 0.3})
+    assert pooled["probe_off"] == {}  # cells without the probe's notes-off mass: not read as 0
     # the plain form reads one folder, as before
     assert pc.per_seed(f"{b}:default_as_served", "sure").by_seed["meets"] == {1: 0.0, 2: 0.0, 3: 0.0}
 

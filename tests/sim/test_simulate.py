@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from clawback.cli import main
 from tests.conftest import scaled
 
@@ -38,7 +40,11 @@ def test_simulate_trains_scores_and_resumes(ending_model_dir: Path, tmp_path: Pa
     assert [(p["interaction"], p["version"]) for p in cell["probe"]] == [(0, None), (1, None), (2, 1), (4, 2)]
     none = json.loads((out / "cells/sure/none/seed1.json").read_text())  # no notes, no versions
     assert [(p["interaction"], p["version"]) for p in none["probe"]] == [(0, None), (2, None), (4, None)]
-    assert all(0 <= p["mass"] <= 1 for p in cell["probe"])
+    assert all(0 <= p["mass"] <= 1 and 0 <= p["mass_off"] <= 1 for p in cell["probe"])
+    # Without the notes, before any version: the base model's prompt and weights, so its mass.
+    base, noted = cell["probe"][0], cell["probe"][1]
+    assert base["mass_off"] == base["mass"] and noted["mass_off"] == pytest.approx(base["mass"], abs=1e-6)
+    assert all(p["mass_off"] == p["mass"] for p in none["probe"])  # no notes: one probe serves both
     assert all(0 <= p["score"] <= 1 and set(p["checks"]) == {"starts_with_sure", "shows_work"} for p in cell["curve"])
     assert sum(cell["reactions"].values()) == 4 and [r["meets"] for r in cell["interactions"]] == [False] * 4
     assert [r["right"] for r in cell["interactions"]] == [False] * 4 and all("right" in p for p in cell["curve"])
