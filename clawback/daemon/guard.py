@@ -1,9 +1,11 @@
 """The live guard: a version that made things worse after it went live is rolled back.
 
 For the live version it watches a fixed window, its first `guard_replies` main replies, and
-counts the ones that got a 👎 and the ones that got a correction. Each rate is compared with the
-version it replaced (its parent; the newest `guard_baseline` main replies it served) by Fisher's
-one-sided exact test, each at `guard_alpha`/2 (Bonferroni over the two rates). Replies of the
+counts the ones that got a 👎, the ones that got a correction, and the ones whose tool result or
+outcome event said they failed (an agent's command that now errors is as plain a sign as a 👎).
+Each rate is compared with the version it replaced (its parent; the newest `guard_baseline` main
+replies it served) by Fisher's one-sided exact test, each at `guard_alpha`/3 (Bonferroni over the
+three rates). Replies of the
 window not yet served or rated count as good, so the p-value can only fall as feedback arrives:
 a rollback decided early is the one the full window would decide too, and watching continuously
 does not inflate the error rate. A significant rise rolls back through the ordinary hot-swap
@@ -39,6 +41,11 @@ def fisher_greater(k_new: int, n_new: int, k_old: int, n_old: int) -> float:
 class FeedbackCounts(TypedDict):
     thumbs_down: int
     correction: int
+    failed_outcome: int
+
+
+# The rates the guard tests: (key, label in a reason).
+KINDS = (("thumbs_down", "👎"), ("correction", "correction"), ("failed_outcome", "failed tool outcome"))
 
 
 class GuardCheck(TypedDict):
@@ -62,6 +69,10 @@ class Rollback:
     version: Version
     to: Version | None
     reason: str
+
+
+def _counts(f: ReplyFeedback) -> FeedbackCounts:
+    return {"thumbs_down": f.thumbs_down, "correction": f.correction, "failed_outcome": f.failed_outcome}
 
 
 class LiveGuard:
@@ -94,23 +105,22 @@ class LiveGuard:
         parent = rows[live].parent
         if parent is not None and parent in rows and rows[parent].state in ("failed", "pruned", "refused"):
             return None  # nothing to go back to
-        new, old = await asyncio.to_thread(self._counts, live, parent)
+        new, old = await asyncio.to_thread(self._feedback, live, parent)
         n = self.cfg.guard_replies
         result = GuardCheck(version=live, parent=parent, window=n, served=new.replies, baseline=old.replies,
-                            new={"thumbs_down": new.thumbs_down, "correction": new.correction},
-                            old={"thumbs_down": old.thumbs_down, "correction": old.correction}, tests={})
+                            new=_counts(new), old=_counts(old), tests={})
         if old.replies == 0:
             self.last = result
             return result
         reasons = []
-        for kind, label, k_new, k_old in (("thumbs_down", "👎", new.thumbs_down, old.thumbs_down),
-                                          ("correction", "correction", new.correction, old.correction)):
+        alpha = self.cfg.guard_alpha / len(KINDS)
+        for kind, label in KINDS:
+            k_new, k_old = getattr(new, kind), getattr(old, kind)
             p = fisher_greater(k_new, n, k_old, old.replies)
             result["tests"][kind] = round(p, 5)
-            if k_new / n > k_old / old.replies and p < self.cfg.guard_alpha / 2:
+            if k_new / n > k_old / old.replies and p < alpha:
                 reasons.append(f"{label} rate {k_new}/{n} vs {k_old}/{old.replies} on "
-                               f"{Version.name_of(parent) or 'base'} (Fisher one-sided p={p:.3g} < "
-                               f"{self.cfg.guard_alpha / 2:g})")
+                               f"{Version.name_of(parent) or 'base'} (Fisher one-sided p={p:.3g} < {alpha:.3g})")
         self.last = result
         if reasons and self.adapters.live() == live:
             reason = "rolled back after going live: " + "; ".join(reasons)
@@ -123,7 +133,7 @@ class LiveGuard:
         return result
 
 
-    def _counts(self, live: int, parent: int | None) -> tuple[ReplyFeedback, ReplyFeedback]:
+    def _feedback(self, live: int, parent: int | None) -> tuple[ReplyFeedback, ReplyFeedback]:
         """The live version's first replies (its window) and the parent's newest ones (the baseline)."""
         return (self.store.reply_feedback(live, self.cfg.guard_replies, newest=False),
                 self.store.reply_feedback(parent, self.cfg.guard_baseline, newest=True))

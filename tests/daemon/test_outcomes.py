@@ -317,3 +317,43 @@ def test_where_the_reward_comes_from(tmp_path, engine, renderer, rules, signals,
             assert row["hint"].endswith("No such file or directory: 'config.json'") and row["teacher_logprobs"]
     finally:
         store.close()
+
+
+def test_the_live_guard_rolls_back_a_version_whose_tool_calls_start_to_fail(tmp_path, engine, renderer):  # noqa: F811
+    """Rewards from exec tool results through the real pipeline (tiny random Llama, real store); the
+    adapter slots without a model (tests/daemon/engine_slots.py), as the guard only swaps them.
+    The base model's commands failed 2 times in 20; v1's start to fail, and no person rates any."""
+    from clawback.daemon.adapters import AdapterManager
+    from clawback.daemon.config import GateConfig
+    from clawback.daemon.guard import LiveGuard
+    from tests.daemon.engine_slots import Slots
+    from tests.daemon.test_loop_decisions import versions
+    from tests.daemon.test_samples import drain, pipe, served_call
+
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        adapters = AdapterManager(Slots(), store, tmp_path / "live", keep=2)  # type: ignore[arg-type]
+        root = versions(tmp_path, store, 1)
+        asyncio.run(adapters.go_live(1, str(root / "v1")))
+        ok, failed = tool(exec_result("43 maple_4.txt", 0)), tool(exec_result(shape("python_traceback.txt"), 1))
+        for k in range(20):
+            served_call(store, renderer, engine, [failed if k < 2 else ok])
+        guard = LiveGuard(store, adapters, GateConfig(guard_replies=10, guard_baseline=200))
+
+        def serve_v1(fails: int, fine: int = 0) -> dict:
+            for state in [failed] * fails + [ok] * fine:
+                served_call(store, renderer, engine, [state], adapter_version=1)
+            drain(pipe(store, engine, renderer, None, method="binary"))
+            return asyncio.run(guard.check())
+
+        check = serve_v1(4)  # 4 of 10 against 2 of 20: p = 0.076, not a rise
+        assert check["old"] == {"thumbs_down": 0, "correction": 0, "failed_outcome": 2}
+        assert check["new"]["failed_outcome"] == 4 and check["tests"]["failed_outcome"] == pytest.approx(0.07604, abs=1e-5)
+        assert adapters.live() == 1 and "rolled_back" not in check
+        check = serve_v1(3, 3)  # 7 of 10: p = 0.0017
+        assert adapters.live() is None and check["rolled_back"] == (
+            "rolled back after going live: failed tool outcome rate 7/10 vs 2/20 on base "
+            "(Fisher one-sided p=0.00166 < 0.0167)")
+        assert store.adapters()[0].state == "refused"
+    finally:
+        store.close()

@@ -55,7 +55,7 @@ def test_gate_under_load_then_a_thumbs_down_burst_rolls_back(tiny_model_dir: Pat
             row = c.get("/v1/adapters").json()["data"][0]
             assert row["state"] == "live" and row["gate"]["retention"]["probes"] == 8, row
             # v1's first replies draw 👎 (4 < batch size: nothing new is trained). Against 0 of the
-            # base model's 18, 3 of 10 is not yet significant (p = 0.037 > 0.025); 4 of 10 is (p = 0.010).
+            # base model's 18, 3 of 10 is not yet significant (p = 0.037 > 0.0167); 4 of 10 is (p = 0.010).
             for k in range(4):
                 main_call(c, f"bad-{k}")
                 feedback(c, f"bad-{k}", "thumbs_down")

@@ -132,11 +132,13 @@ class CallPrompt:
 
 @dataclass(frozen=True)
 class ReplyFeedback:
-    """Of a version's main replies in a window: how many, and how many got a 👎 or a correction."""
+    """Of a version's main replies in a window: how many, how many got a 👎 or a correction, and
+    how many a tool or an outcome event said failed (a negative outcome reward)."""
 
     replies: int
     thumbs_down: int
     correction: int
+    failed_outcome: int
 
 
 @dataclass(frozen=True)
@@ -293,7 +295,8 @@ class Queries(Reads):
 
     def reply_feedback(self, version: int | None, limit: int, newest: bool) -> ReplyFeedback:
         """Of the first (or, `newest`, the last) `limit` main replies `version` served (None = base):
-        how many there are, and how many got a 👎 and a correction applied."""
+        how many there are, how many got a 👎 and a correction applied, and how many a failed
+        outcome rewarded below zero (a 👎 on the same reply overrides it: that is a 👎)."""
 
         def q(c: sqlite3.Connection) -> ReplyFeedback:
             where = "adapter_version IS NULL" if version is None else "adapter_version = ?"
@@ -307,7 +310,11 @@ class Queries(Reads):
                     f"SELECT kind, count(DISTINCT call_id) FROM feedback_events WHERE state = 'applied' "
                     f"AND kind IN ('thumbs_down', 'correction') AND call_id IN ({marks(call_ids)}) GROUP BY kind",
                     call_ids)}
-            return ReplyFeedback(len(call_ids), bad.get("thumbs_down", 0), bad.get("correction", 0))
+                bad["failed_outcome"] = c.execute(
+                    f"SELECT count(*) FROM samples WHERE reward < 0 AND reward_source IN ('outcome_rule', "
+                    f"'outcome_event') AND call_id IN ({marks(call_ids)})", call_ids).fetchone()[0]
+            return ReplyFeedback(len(call_ids), bad.get("thumbs_down", 0), bad.get("correction", 0),
+                                 bad.get("failed_outcome", 0))
 
         return self.read(q)
 
