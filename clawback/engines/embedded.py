@@ -12,7 +12,9 @@ Serving first: background work (the judge, the gate's probes, every `score()`: r
 retirement, teacher logprobs) runs in slices of at most BACKGROUND_TOKENS tokens per forward: a
 background prompt is prefilled alone, BACKGROUND_TOKENS columns at a time; background streams
 decode in batches of at most BACKGROUND_TOKENS rows; a scoring pass runs its sequence in chunks
-of that many tokens over a KV cache. A forward cannot be interrupted, so the rule that admits
+of that many tokens over a KV cache. Once no request has been served for BACKGROUND_IDLE_S, a
+prefill or scoring chunk may take BACKGROUND_IDLE_TOKENS columns: nobody is waiting then, and
+wider forwards get through a review several times faster. A forward cannot be interrupted, so the rule that admits
 requests first is about when a slice starts (`background_turn`): never while a command (a new
 request) is waiting; while requests are served, one slice in BACKGROUND_EVERY rounds, so that
 background work cannot starve; otherwise only once no request has been served for
@@ -63,6 +65,12 @@ BACKGROUND_TOKENS = 16
 # its last reply within a fraction of a second (parse the reply, run a quick tool, send), and a
 # call that arrives behind a slice waits for all of it (a forward cannot be interrupted).
 BACKGROUND_HOLD_S = 0.5
+# After this long without a request (a person reading or typing, not an agent between calls), a
+# prefill or scoring chunk may take BACKGROUND_IDLE_TOKENS columns. Per token a forward of 64
+# costs a third of one of 16 (Qwen2.5-Coder-0.5B, 2 threads: 0.26 s for 16, 0.49 s for 64, 1.0 s
+# for 128), so a request that arrives during such a slice waits about one short prefill longer.
+BACKGROUND_IDLE_S = 5.0
+BACKGROUND_IDLE_TOKENS = 64
 
 
 def background_turn(serving: bool, request_waiting: bool, rounds: int, since_served_s: float) -> bool:
@@ -76,6 +84,12 @@ def background_turn(serving: bool, request_waiting: bool, rounds: int, since_ser
     if serving:
         return rounds % BACKGROUND_EVERY == 0
     return since_served_s >= BACKGROUND_HOLD_S
+
+
+def slice_tokens(since_served_s: float) -> int:
+    """Columns of one background prefill or scoring chunk: BACKGROUND_TOKENS while requests may
+    come, BACKGROUND_IDLE_TOKENS once none has been served for BACKGROUND_IDLE_S."""
+    return BACKGROUND_IDLE_TOKENS if since_served_s >= BACKGROUND_IDLE_S else BACKGROUND_TOKENS
 
 
 def pick_device(device: str) -> torch.device:
@@ -119,6 +133,7 @@ class EmbeddedEngine(AdapterSlots):
         # Background work, one slice per next(), each with what tells its callers the engine stopped.
         self._jobs: collections.deque[tuple[Iterator[None], Callable[[BaseException], None]]] = collections.deque()
         self._stopped = False
+        self._served_at = float("-inf")  # monotonic time of the last serving step
         self._thread = threading.Thread(target=self._work, name="clawback-engine", daemon=True)
         self._thread.start()
 
@@ -222,14 +237,14 @@ class EmbeddedEngine(AdapterSlots):
     # ---- worker thread ----
 
     def _work(self) -> None:
-        rounds, served_at = 0, -BACKGROUND_HOLD_S
+        rounds = 0
         with torch.inference_mode():
             while True:
                 rounds += 1
                 try:
                     # Wait for a command: not while serving, forever when there is nothing to do,
                     # until the hold after the last request ends when background work waits.
-                    hold = served_at + BACKGROUND_HOLD_S - time.monotonic()
+                    hold = self._served_at + BACKGROUND_HOLD_S - time.monotonic()
                     block = not self._serving and (not self._jobs or hold > 0)
                     timeout = hold if self._jobs and hold > 0 else None
                     while True:
@@ -247,9 +262,9 @@ class EmbeddedEngine(AdapterSlots):
                     pass
                 if self._serving:
                     self._step(self._serving)
-                    served_at = time.monotonic()
+                    self._served_at = time.monotonic()
                 if self._jobs and background_turn(bool(self._serving), not self._commands.empty(), rounds,
-                                                  time.monotonic() - served_at):
+                                                  time.monotonic() - self._served_at):
                     self._background_slice()
 
     def _background_slice(self) -> None:
@@ -384,19 +399,19 @@ class EmbeddedEngine(AdapterSlots):
     # ---- background jobs: generators, one slice per next() ----
 
     def _background_prefill(self, gen: Generation) -> Iterator[None]:
-        """Prefill one background prompt alone, BACKGROUND_TOKENS columns per slice; then sample
+        """Prefill one background prompt alone, `slice_tokens` columns per slice; then sample
         its first token and put it in a background batch with room."""
         ids, cache, out = gen.prompt_ids, Cache(layer_class_to_replicate=KVLayer), None
         try:
             if gen.sampling.seed is not None:
                 gen.rng = torch.Generator(device=self.device).manual_seed(gen.sampling.seed)
-            for start in range(0, len(ids), BACKGROUND_TOKENS):
+            for start, end in self._chunks(0, len(ids)):
                 if start:
                     yield
                 if gen.cancelled.is_set():
                     self._finish(gen, None)
                     return
-                chunk = torch.tensor([ids[start : start + BACKGROUND_TOKENS]], dtype=torch.long, device=self.device)
+                chunk = torch.tensor([ids[start:end]], dtype=torch.long, device=self.device)
                 out = self._forward(chunk, [gen.adapter], cache, logits_to_keep=1)
         except Exception as e:
             log.exception("background prefill failed")
@@ -416,6 +431,14 @@ class EmbeddedEngine(AdapterSlots):
             self._background.append(batch)
             self._jobs.append((self._background_decode(batch), lambda e: self._fail_all(batch, e)))
 
+    def _chunks(self, start: int, stop: int) -> Iterator[tuple[int, int]]:
+        """[start, end) column ranges covering start..stop, each as wide as `slice_tokens` allows
+        when it is taken: a job that began while requests came widens once they stop."""
+        while start < stop:
+            end = min(start + slice_tokens(time.monotonic() - self._served_at), stop)
+            yield start, end
+            start = end
+
     @staticmethod
     def _fail_all(batch: Batch, error: BaseException) -> None:
         for g in batch.gens:
@@ -434,7 +457,7 @@ class EmbeddedEngine(AdapterSlots):
                response_ids: list[int], adapter: str | None,
                candidates: list[list[int]] | None = None) -> Iterator[None]:
         """Reply with the logprobs of the response tokens, or of `candidates[t]` at each position t
-        when given. The sequence runs BACKGROUND_TOKENS tokens per slice over a KV cache; only the
+        when given. The sequence runs `slice_tokens` tokens per slice over a KV cache; only the
         positions that predict a response token get logits."""
         try:
             if len(prompt_ids) + len(response_ids) > self.info.context_length:
@@ -453,10 +476,9 @@ class EmbeddedEngine(AdapterSlots):
             ids = prompt_ids + response_ids
             first = len(prompt_ids) - 1  # the position that predicts response token 0
             cache, parts = Cache(layer_class_to_replicate=KVLayer), []
-            for start in range(0, len(ids) - 1, BACKGROUND_TOKENS):  # the last token predicts nothing asked
+            for start, end in self._chunks(0, len(ids) - 1):  # the last token predicts nothing asked
                 if start:
                     yield
-                end = min(start + BACKGROUND_TOKENS, len(ids) - 1)
                 chunk = torch.tensor([ids[start:end]], dtype=torch.long, device=self.device)
                 keep = end - max(start, first)
                 out = self._forward(chunk, [adapter], cache, logits_to_keep=max(keep, 1))

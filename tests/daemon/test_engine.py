@@ -306,11 +306,13 @@ def test_batched_streams_of_different_lengths_and_adapters_match_a_rescore(tiny_
     assert max(rows_per_forward) == 4, "the four streams were decoded in one forward"
 
 
-def test_background_work_runs_in_slices_and_a_request_waits_for_one_at_most(tiny_model_dir: Path):
+def test_background_work_runs_in_slices_and_a_request_waits_for_one_at_most(tiny_model_dir: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch):
     """Serving first: background generations (the gate's probes) and scoring passes take at most
     BACKGROUND_TOKENS tokens per forward, and a request that arrives behind a pile of them is
     prefilled after at most one such slice. Their results are still exact: each background
     stream's logprobs (chunked prefill) and each chunked score equal a whole-sequence forward."""
+    monkeypatch.setattr(embedded, "BACKGROUND_IDLE_TOKENS", BACKGROUND_TOKENS)  # the width while requests come
     engine = EmbeddedEngine(tiny_model_dir)
     forwards: list[tuple[int, int]] = []  # (rows, columns) of every forward, in order
     engine.model.get_input_embeddings().register_forward_hook(
@@ -370,6 +372,42 @@ def test_background_work_runs_in_slices_and_a_request_waits_for_one_at_most(tiny
             logits = engine.model(input_ids=torch.tensor([prompt + prompt[:30]])).logits[0, len(prompt) - 1 : -1]
             want = logits.float().log_softmax(-1).gather(1, torch.tensor(prompt[:30])[:, None]).squeeze(1)
             torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=0)
+
+
+def test_an_idle_engine_takes_wider_background_chunks_until_a_request_comes(tiny_model_dir: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """With no request served for BACKGROUND_IDLE_S, a scoring pass and a background prefill run
+    BACKGROUND_IDLE_TOKENS columns per forward; once a request has been served, BACKGROUND_TOKENS
+    again. The scores are the same either way (exact against a whole-sequence forward)."""
+    monkeypatch.setattr(embedded, "BACKGROUND_IDLE_S", 2.0)
+    monkeypatch.setattr(embedded, "BACKGROUND_HOLD_S", 0.0)
+    engine = EmbeddedEngine(tiny_model_dir)
+    forwards: list[tuple[int, int]] = []
+    engine.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: forwards.append(tuple(args[0].shape)))
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(3, 900, (3 * embedded.BACKGROUND_IDLE_TOKENS,), generator=g).tolist()
+    prompt, response = seq[:100], seq[100:]
+
+    async def go():
+        idle = await engine.score(prompt, response)
+        idle_forwards = list(forwards)
+        forwards.clear()
+        await collect(engine, Sampling(temperature=0.0, max_tokens=2))  # a request is served
+        served = len(forwards)
+        busy = await engine.score(prompt, response)
+        return idle, idle_forwards, busy, forwards[served:]
+
+    idle, idle_forwards, busy, busy_forwards = run(asyncio.wait_for(go(), 600))
+    run(engine.close())
+    assert max(cols for _, cols in idle_forwards) == embedded.BACKGROUND_IDLE_TOKENS
+    assert len(idle_forwards) == -(-(len(seq) - 1) // embedded.BACKGROUND_IDLE_TOKENS)
+    assert max(cols for _, cols in busy_forwards) == BACKGROUND_TOKENS, "a request was served just before"
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([seq])).logits[0, len(prompt) - 1 : -1]
+        want = logits.float().log_softmax(-1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
+    torch.testing.assert_close(torch.tensor(idle), want, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(busy), want, atol=1e-4, rtol=0)
 
 
 def test_background_turn_prefers_requests():
