@@ -1,0 +1,163 @@
+"""How many training steps of note consolidation it takes before the weights alone, with no note in
+context, start a reply the way the note asked.
+
+The simulator's 16-session cells train 1 to 3 steps, and with the notes off no version in any
+cell put measurable mass on the wanted opener (its probe reads the top-20 first tokens only). This
+runs the daemon's own trainer on consolidation samples, the way `daemon/samples.py` makes them,
+for many more steps, and after each step reads the full-vocabulary probability of a wanted first
+token with the note off, on the scenario's held-out tasks:
+
+- served reply: greedy, from the base model with the note in the user message (`memory/user`, as
+  the daemon injects it), which meets the preference; reward +1 (the person's 👍);
+- student context: the same request without the note (`prompt_ids`), behaviour logprobs and the
+  top-K ids' logprobs scored there by the policy being trained (the serving version, refreshed
+  before each step); teacher: the base model with the note, sampled token and top-K (distill=True);
+- one step per batch of `--batch` train tasks, cycling through them; `TrainConfig` defaults
+  (combined, top-K 4, distill_weight 1) at `--lr`.
+
+Simplification against the daemon: the teacher stays the base model with the note (the daemon's
+teacher is the serving version with the note and the correction's hint), and the served replies
+are the base model's (the daemon's come from the version live at the time).
+
+    python bench/consolidation_steps.py --scenario great --steps 12 --out bench/results/consolidation_steps_great.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+
+def main(args: argparse.Namespace) -> dict:
+    from in_context_following import hint_of, told
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from clawback.chat import ChatRenderer, ChatRequest
+    from clawback.sim.scenarios import SCENARIOS
+    from clawback.trainer.config import TrainConfig
+    from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    scen = SCENARIOS[args.scenario]
+    assert scen.good_opener is not None, f"{args.scenario} has no opener rule"
+    tok = AutoTokenizer.from_pretrained(str(args.model))
+    renderer = ChatRenderer(tok)
+    hint = hint_of(scen)
+    cfg = TrainConfig(lr=args.lr, batch_size=args.batch)
+    model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32), cfg)
+    opt = make_optimizer(model, cfg)
+    good_ids = torch.tensor([i for i in range(len(tok)) if scen.good_opener(tok.decode([i]))])
+
+    def ids_of(messages: list[dict]) -> list[int]:
+        return renderer.render(ChatRequest.model_validate({"model": "bench", "messages": messages}))[1]
+
+    def plain(task) -> list[dict]:
+        return [{"role": "user", "content": task.prompt}]
+
+    @torch.inference_mode()
+    def logprobs(prompt: list[int], response: list[int], teacher: bool = False) -> torch.Tensor:
+        """log π over the vocabulary at each response position (the base model when `teacher`)."""
+        ctx = model.disable_adapter() if teacher else contextlib.nullcontext()
+        with ctx:
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        return logits.float().log_softmax(-1)
+
+    @torch.inference_mode()
+    def opener_mass(tasks) -> list[float]:
+        """Full-vocabulary probability of a wanted first token, no note in context."""
+        out = []
+        for task in tasks:
+            logits = model(input_ids=torch.tensor([ids_of(plain(task))])).logits[0, -1].float()
+            out.append(logits.softmax(-1)[good_ids].sum().item())
+        return out
+
+    stops = [i for i in tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]) if i is not None]
+
+    @torch.inference_mode()
+    def greedy(prompts: list[list[int]], n: int, teacher: bool) -> list[tuple[list[int], bool]]:
+        """Greedy replies, all prompts in one left-padded batch: (ids without the stop, stopped)."""
+        width = max(map(len, prompts))
+        ids = torch.tensor([[stops[0]] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with model.disable_adapter() if teacher else contextlib.nullcontext():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=stops,
+                                 pad_token_id=stops[0])
+        replies = []
+        for row in out[:, width:].tolist():
+            end = next((i for i, t in enumerate(row) if t in stops), None)
+            replies.append((row[:end] if end is not None else row, end is not None))
+        return replies
+
+    eval_at = {int(k) for k in args.eval_at.split(",") if k}
+    train = list(scen.train[: args.tasks])
+    held = list(scen.eval[: args.held_out])
+    t0 = time.perf_counter()
+    teacher_prompts = [ids_of(told(plain(task), hint, "memory/user")) for task in train]
+    replies = greedy(teacher_prompts, args.max_tokens, teacher=True)
+    served = [(ids_of(plain(task)), tp, reply) for task, tp, (reply, _) in zip(train, teacher_prompts, replies)]
+    print(f"served {len(served)} replies in {time.perf_counter() - t0:.0f} s; first: {tok.decode(served[0][2])[:80]!r}",
+          flush=True)
+    teacher = [(logprobs(tp, r, teacher=True), r) for _, tp, r in served]
+
+    def sample(i: int) -> Sample:
+        student_prompt, _, reply = served[i]
+        t_lp, _ = teacher[i]
+        top_ids = t_lp.topk(cfg.opd_top_k, dim=-1).indices  # the serving policy (with the note) = the teacher here
+        s_lp = logprobs(student_prompt, reply)
+        resp = torch.tensor(reply)[:, None]
+        return Sample(student_prompt, reply, s_lp.gather(1, resp)[:, 0].tolist(), 1.0,
+                      teacher_logprobs=t_lp.gather(1, resp)[:, 0].tolist(), top_ids=top_ids.tolist(),
+                      top_logprobs=s_lp.gather(1, top_ids).tolist(),
+                      teacher_top_logprobs=t_lp.gather(1, top_ids).tolist(), distill=True)
+
+    def point(step: int, metrics: dict | None) -> dict:
+        mass = opener_mass(held)
+        row = {"step": step, "mass_mean": sum(mass) / len(mass),
+               "log10_mass_median": sorted(math.log10(max(m, 1e-30)) for m in mass)[len(mass) // 2],
+               "metrics": metrics, "elapsed_s": round(time.perf_counter() - t0)}
+        if step in eval_at:  # whole replies, no note: do they meet the preference, and are they right?
+            got = greedy([ids_of(plain(t)) for t in held], args.eval_tokens, teacher=False)
+            texts = [tok.decode(r, skip_special_tokens=True) for r, _ in got]
+            ratings = [scen.rate(text, t, stopped) for text, t, (_, stopped) in zip(texts, held, got)]
+            row["no_note"] = {"meets": sum(r.meets for r in ratings) / len(held),
+                              "right": sum(r.right for r in ratings) / len(held),
+                              "cut": sum(r.gate == "cut" for r in ratings), "replies": texts}
+        print(json.dumps({k: v for k, v in row.items() if k not in ("metrics", "no_note")}
+                         | ({"no_note": {k: v for k, v in row["no_note"].items() if k != "replies"}} if "no_note" in row else {})),
+              flush=True)
+        return row
+
+    curve = [point(0, None)]
+    for step in range(1, args.steps + 1):
+        batch = [sample(((step - 1) * args.batch + j) % len(served)) for j in range(args.batch)]
+        metrics = train_step(model, opt, batch, cfg)
+        curve.append(point(step, {k: metrics[k] for k in ("loss", "grad_norm", "topk_adv", "adv") if k in metrics}))
+    return {"scenario": args.scenario, "model": str(args.model), "lr": args.lr, "batch": args.batch,
+            "tasks": len(train), "held_out": len(held), "hint": hint, "train_config": dataclasses.asdict(cfg), "curve": curve}
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=Path.home() / ".clawback" / "models" / "qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--scenario", default="great")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--held-out", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--eval-at", default="0,4,8", help="steps after which whole no-note replies are rated")
+    ap.add_argument("--eval-tokens", type=int, default=320)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    result = main(args)
+    Path(args.out).write_text(json.dumps(result, indent=1))
