@@ -2,7 +2,7 @@
 context, start a reply the way the note asked.
 
 The simulator's 16-session cells train 1 to 3 steps, and with the notes off no version in any
-cell put measurable mass on the wanted opener (its probe reads the top-20 first tokens only). This
+cell put measurable mass on the wanted opener (the probe then read the top-20 first tokens only). This
 runs the daemon's own trainer on consolidation samples, the way `daemon/samples.py` makes them,
 for many more steps, and after each step reads the full-vocabulary probability of a wanted first
 token with the note off, on the scenario's held-out tasks:
