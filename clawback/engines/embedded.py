@@ -13,8 +13,8 @@ retirement, teacher logprobs) runs in slices of at most BACKGROUND_TOKENS tokens
 background prompt is prefilled alone, BACKGROUND_TOKENS columns at a time; background streams
 decode in batches of at most BACKGROUND_TOKENS rows; a scoring pass runs its sequence in chunks
 of that many tokens over a KV cache. Once no request has been served for BACKGROUND_IDLE_S, a
-prefill or scoring chunk may take BACKGROUND_IDLE_TOKENS columns: nobody is waiting then, and
-wider forwards get through a review several times faster. A forward cannot be interrupted, so the rule that admits
+prefill or scoring chunk may take BACKGROUND_IDLE_TOKENS columns: nobody is waiting then, and a
+wider forward costs less per token. A forward cannot be interrupted, so the rule that admits
 requests first is about when a slice starts (`background_turn`): never while a command (a new
 request) is waiting; while requests are served, one slice in BACKGROUND_EVERY rounds, so that
 background work cannot starve; otherwise only once no request has been served for
@@ -67,8 +67,9 @@ BACKGROUND_TOKENS = 16
 BACKGROUND_HOLD_S = 0.5
 # After this long without a request (a person reading or typing, not an agent between calls), a
 # prefill or scoring chunk may take BACKGROUND_IDLE_TOKENS columns. Per token a forward of 64
-# costs a third of one of 16 (Qwen2.5-Coder-0.5B, 2 threads: 0.26 s for 16, 0.49 s for 64, 1.0 s
-# for 128), so a request that arrives during such a slice waits about one short prefill longer.
+# costs about a third of one of 16 (Qwen2.5-Coder-0.5B, 2 threads, after a 200-token prefix: 0.54 s
+# against 0.36 s; an idle review 1.6x faster, bench/README.md "Background chunks when idle"), and
+# a request that arrives during such a slice waits about 0.2 s longer than behind a narrow one.
 BACKGROUND_IDLE_S = 5.0
 BACKGROUND_IDLE_TOKENS = 64
 
