@@ -45,7 +45,7 @@ async def first_token_mass(engine: Engine, prompt_ids: Sequence[int], ids: Seque
     if not ids:
         return 0.0
     logprobs = await engine.score_candidates(prompt_ids, [ids[0]], [list(ids)], version)
-    return sum(math.exp(lp) for lp in logprobs[0])
+    return min(1.0, sum(math.exp(lp) for lp in logprobs[0]))  # a sum of rounded terms may pass 1
 
 
 async def active_notes(state: AppState, live: str | None = None) -> list[str]:
