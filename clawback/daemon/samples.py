@@ -91,14 +91,18 @@ def teacher_messages(messages: list[JsonObject], hint: str, template: str = "hin
     return append_text(messages, placement, HINT_TEMPLATES[template].format(hint=hint))
 
 
-def degenerate(response_ids: list[int], finish_reason: str | None) -> str | None:
+def degenerate(response_ids: list[int], finish_reason: str | None, liked: bool = False) -> str | None:
     """Why a reply cannot be trained on as it is, or None: empty, cut off by the token budget (no
-    finished answer), or a repetition loop (see `repetition_loop`)."""
+    finished answer), or a repetition loop (see `repetition_loop`). In a reply the person liked, a
+    6-token run said three times is a restated phrase: step-by-step work names its quantities again
+    ("the total number of pencils in"), and on Qwen2.5-Coder-0.5B the run rule flagged a quarter of
+    the liked replies (bench/README.md, "32 sessions of `default_consolidated`"); a liked reply that
+    ends in a loop is still dropped (`degenerate_reply`)."""
     if not response_ids:
         return "empty_response"
     if finish_reason == "length":
         return "cut_off"
-    return "repetition_loop" if repetition_loop(response_ids) else None
+    return "repetition_loop" if not liked and repetition_loop(response_ids) else None
 
 
 def repetition_loop(response_ids: list[int], ngram: int = 6, repeats: int = 3) -> tuple[int, int] | None:
@@ -184,9 +188,10 @@ class SamplePipeline:
         votes: list[VoteRecord] = []
         sample = JudgedSample(call_id=call_id, revision=revision, state="dropped", method=cfg.method,
                               teacher=cfg.teacher)
-        why = degenerate_reply(inp) or degenerate(inp.response_ids,
-                                                  inp.finish_reason if self.cfg.drop_cut_replies else None)
         reward, correction = explicit_reward(inp.feedback), latest_correction(inp.feedback)
+        why = degenerate_reply(inp) or degenerate(inp.response_ids,
+                                                  inp.finish_reason if self.cfg.drop_cut_replies else None,
+                                                  liked=reward == 1.0)
         # A loop the person marked wrong trains against its first repeat (TrainConfig.loop_penalty);
         # a 6-token run said three times in a reply they liked is a restated phrase, not a loop.
         marked_wrong = reward == -1.0 or (correction is not None and reward is None)

@@ -363,6 +363,7 @@ def test_degenerate_replies_are_dropped_with_a_reason(store, engine, renderer, f
 def test_degenerate():
     assert degenerate([1, 2, 3, 4, 5, 6, 7], "stop") is None
     assert degenerate([1, 2, 3] * 6, "stop") == "repetition_loop"
+    assert degenerate([1, 2, 3] * 6, "stop", liked=True) is None
     assert degenerate([1, 2, 3], "tool_calls") is None
     assert repetition_loop([1, 2, 3] * 6) == (3, 9)  # "1 2 3" said again from position 3
     assert repetition_loop([9, 8] + [1, 2, 3, 4, 5, 6, 7] * 3) == (9, 15)
@@ -389,15 +390,25 @@ def test_a_looping_reply_trains_against_its_first_repeat(store, engine, renderer
     assert len(ready.behaviour_logprobs) == len(ready.sampling_logprobs or ready.behaviour_logprobs) == 15
 
 
-@pytest.mark.parametrize("signal", ["thumbs_up", None])
-def test_a_loop_not_marked_wrong_is_still_dropped(store, engine, renderer, signal):
-    """A 6-token run said three times in a reply the person liked, or did not rate, is a restated
-    phrase as often as a loop: nothing to train against."""
+def test_a_loop_not_marked_wrong_is_still_dropped(store, engine, renderer):
+    """A 6-token run said three times in a reply the person did not rate is a restated phrase as
+    often as a loop: nothing to train against."""
     call_id = served_call(store, renderer, engine, NEXT_USER, response_ids=[40, 41] + [5, 6, 7, 8, 9, 10, 11] * 3)
-    if signal:
-        feedback(store, signal)
     drain(pipe(store, engine, renderer, None, method="combined", train_loops=True))
     assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == ("dropped", "repetition_loop")
+
+
+@pytest.mark.parametrize("ids, outcome", [
+    ([40, 41] + [5, 6, 7, 8, 9, 10, 11] * 3, ("ready", None)),  # a phrase said again: trained
+    ([40, 41] + [5, 6, 7] * 20, ("dropped", "repetition_loop")),  # it ends in a loop: dropped all the same
+])
+def test_a_liked_reply_that_restates_a_phrase_is_trained_on(store, engine, renderer, ids, outcome):
+    """What the person liked is material unless it ends in a loop: step-by-step work that names
+    its quantities again says the same 6 tokens three times without looping."""
+    call_id = served_call(store, renderer, engine, NEXT_USER, response_ids=ids)
+    feedback(store, "thumbs_up")
+    drain(pipe(store, engine, renderer, None, method="combined"))
+    assert (sample_row(store, call_id)["state"], sample_row(store, call_id)["reason"]) == outcome
 
 
 def test_without_a_judge_the_raw_correction_is_the_hint(store, engine, renderer):
