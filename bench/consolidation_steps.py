@@ -40,6 +40,7 @@ def main(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from clawback.chat import ChatRenderer, ChatRequest
+    from clawback.sim.probe import opener_ids
     from clawback.sim.scenarios import SCENARIOS
     from clawback.trainer.config import TrainConfig
     from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> dict:
     cfg = TrainConfig(lr=args.lr, batch_size=args.batch)
     model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32), cfg)
     opt = make_optimizer(model, cfg)
-    good_ids = torch.tensor([i for i in range(len(tok)) if scen.good_opener(tok.decode([i]))])
+    good_ids = torch.tensor(opener_ids(tok, scen.name, scen.good_opener))
 
     def ids_of(messages: list[dict]) -> list[int]:
         return renderer.render(ChatRequest.model_validate({"model": "bench", "messages": messages}))[1]
