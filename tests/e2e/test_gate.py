@@ -50,7 +50,10 @@ def test_gate_under_load_then_a_thumbs_down_burst_rolls_back(tiny_model_dir: Pat
                 main_call(c, f"liked-{k}")
                 feedback(c, f"liked-{k}", "thumbs_up")
             # Polled once a second: the machine is busy enough serving 8 streams.
-            wait_for(lambda: c.get("/v1/status").json()["gate"]["promoted"], 900, "v1 promoted", interval=1)
+            # A refusal is final: fail at once with its reason instead of waiting out the deadline.
+            gate = wait_for(lambda: (g := c.get("/v1/status").json()["gate"])["promoted"] + g["refused"] and g,
+                            900, "v1 reviewed", interval=1)
+            assert gate["promoted"] == 1, gate.get("newest")
             assert c.get("/v1/adapters").json()["live"] == 1 and len(served) > 8  # streams ran meanwhile
             row = c.get("/v1/adapters").json()["data"][0]
             assert row["state"] == "live" and row["gate"]["retention"]["probes"] == 8, row
