@@ -40,7 +40,10 @@ def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str |
     each bare, in a ``` or ```json fence or in `<json>` tags, calls the tools of `tool_names` that
     those objects call with an object of arguments; the other objects (an imagined tool result,
     say) stay as the content. Small models (such as Qwen2.5-Coder-0.5B) often call tools that way,
-    ignoring the tags their template asks for.
+    ignoring the tags their template asks for. When tools were offered and no object calls one of
+    them, objects that are only a name and an object of arguments are calls too, as a tagged call
+    of any name is: the agent answers a tool it does not have with an error the model can read
+    and retry from ("Tool count_logs not found"), where as text the reply would end the turn.
     """
     start = text.find(TOOL_OPEN)
     if start < 0:
@@ -67,7 +70,7 @@ def parse_tool_calls(text: str, tool_names: Collection[str] = ()) -> tuple[str |
 
 def _bare_calls(text: str, tool_names: Collection[str]) -> tuple[str | None, list[ToolCall]] | None:
     """The content and the calls of a reply made only of JSON objects and their wrapping, when at
-    least one object calls an offered tool; None otherwise."""
+    least one object calls an offered tool, or else is only a call; None otherwise."""
     if not tool_names:
         return None
     decoder, objects, pos = json.JSONDecoder(), [], 0
@@ -76,13 +79,21 @@ def _bare_calls(text: str, tool_names: Collection[str]) -> tuple[str | None, lis
             obj, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
             return None
-        objects.append((text[pos:end], _call_of(obj)))
+        objects.append((text[pos:end], obj, _call_of(obj)))
         pos = end
-    calls = [c for _, c in objects if c and c["function"]["name"] in tool_names and c["function"]["arguments"].startswith("{")]
+    calls = [c for _, _, c in objects if c and c["function"]["name"] in tool_names and c["function"]["arguments"].startswith("{")]
+    if not calls:
+        calls = [c for _, obj, c in objects if c and _only_a_call(obj)]
     if not calls:
         return None
-    rest = [raw for raw, c in objects if c not in calls]
+    rest = [raw for raw, _, c in objects if c not in calls]
     return "\n".join(rest) or None, calls
+
+
+def _only_a_call(obj: dict[str, object]) -> bool:
+    """A name and an object of arguments, and nothing else."""
+    return set(obj) in ({"name", "arguments"}, {"name", "parameters"}) and isinstance(
+        obj.get("arguments", obj.get("parameters")), dict)
 
 
 def _after_wrapping(text: str, pos: int) -> int:

@@ -17,6 +17,7 @@ on each tool result (the first that recognises it decides):
   and a failed start with `Command not found`, `Command timed out ...`, `Command aborted by
   signal ...`; or a JSON object with `exitCode`, `exit_code` or `returncode` (0 is a success).
   OpenClaw says nothing on a zero exit, so its exec results are only ever failures here.
+- `unknown_tool`: OpenClaw's answer to a call of a tool it does not have (`Tool NAME not found`).
 
 Of several tool results the call fails if any fails, else succeeds if any succeeds. A result no
 rule recognises says nothing, and the sample is judged (or not) as before.
@@ -136,8 +137,18 @@ def _exit_code(text: str) -> Verdict | None:
     return None if code is None else Verdict(code == 0, len(text))
 
 
+# ---- unknown_tool ----
+
+_UNKNOWN_TOOL = re.compile(r"\s*Tool \S+ not found\s*")
+
+
+def _unknown_tool(text: str) -> Verdict | None:
+    return Verdict(False, len(text)) if _UNKNOWN_TOOL.fullmatch(text) else None
+
+
 RULES: dict[str, Callable[[str], Verdict | None]] = {
-    "test_summary": _test_summary, "error_object": _error_object, "traceback": _traceback, "exit_code": _exit_code}
+    "test_summary": _test_summary, "error_object": _error_object, "traceback": _traceback, "exit_code": _exit_code,
+    "unknown_tool": _unknown_tool}
 
 
 def evidence(text: str, end: int, limit: int = EVIDENCE_CHARS) -> str:

@@ -4,12 +4,12 @@ Each task is one session. The task's files are made in a fresh directory (shell_
 policy gets the task with one OpenAI tool, `exec(command)` (OpenClaw's exec tool, less its
 options), and every command it calls runs in that directory in the sandbox (sandbox.py). The tool
 result comes back as a `tool` message in OpenClaw's exec wording (the output, then "(Command
-exited with code N)" on a failure), so the daemon stores it as the next state of the call that
-issued it, and the policy may try again: at most `MAX_CALLS` commands, then one more reply. The
-checker decides from the directory's final state or the last command's output, never from the
-reply's words, and the simulator reports the verdict to the daemon as an `outcome` event (reward
-+1 solved, −1 not, the checker's words as its text) before it ends the session. There is no
-simulated person: no 👍/👎, no correction.
+exited with code N)" on a failure; "Tool NAME not found" for a call of any other tool), so the
+daemon stores it as the next state of the call that issued it, and the policy may try again: at
+most `MAX_CALLS` tool calls, then one more reply. The checker decides from the directory's final
+state or the last command's output, never from the reply's words, and the simulator reports the
+verdict to the daemon as an `outcome` event (reward +1 solved, −1 not, the checker's words as its
+text) before it ends the session. There is no simulated person: no 👍/👎, no correction.
 
 The held-out tasks are run greedily before the first task and at `eval_points` points after it,
 each call a main call that ends its session at once (`x-session-done`): none is paired with a next
@@ -122,8 +122,12 @@ async def run_episode(client: httpx.AsyncClient, sandbox: Sandbox, task: ShellTa
             messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls})
             for call in calls:
                 command = _command_of(call)
+                name = call.get("function", {}).get("name")
                 if len(episode.commands) >= MAX_CALLS:
                     text = f"Not run: at most {MAX_CALLS} commands per task."
+                elif name != EXEC_TOOL["function"]["name"]:  # as OpenClaw answers a tool it does not have
+                    text = f"Tool {name} not found"
+                    episode.commands.append({"command": None, "exit_code": None, "result": text})
                 elif command is None:
                     text = 'exec needs a non-empty string argument "command".'
                     episode.commands.append({"command": None, "exit_code": None, "result": text})

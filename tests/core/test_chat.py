@@ -78,7 +78,6 @@ def test_a_reply_that_is_only_a_bare_json_call_of_a_given_tool_is_a_call():
         content, calls = parse_tool_calls(text, names)
         assert content is None and [c["function"] for c in calls] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
     for text, given in (('{"name": "get_weather", "arguments": {"city": "Paris"}}', set()),  # no tools offered
-                        ('{"name": "send_email", "arguments": {}}', names),  # a tool not offered
                         ('Call {"name": "get_weather", "arguments": {}}', names),  # text around it
                         ('{"name": "get_weather", "arguments": "Paris"}', names),  # arguments not an object
                         ('{"name": "get_weather", "arguments": {"city": "Par', names),  # cut off
@@ -103,12 +102,32 @@ def test_calls_written_without_tags_in_other_wrappings_are_calls():
     for text, (content, commands) in cases.items():
         got, calls = parse_tool_calls(text, names)
         assert got == content and [json.loads(c["function"]["arguments"])["command"] for c in calls] == commands, text
-    for text in ('<json>{"name": "count_logs", "arguments": {"command": "ls"}}</json>',  # a tool not offered
-                 '{"name": "exec", "arguments": "wc -l maple_4.txt"}',  # arguments not an object
+    for text in ('{"name": "exec", "arguments": "wc -l maple_4.txt"}',  # arguments not an object
                  'Run this: {"name": "exec", "arguments": {"command": "ls"}}',  # prose around it
                  '{"name": "exec", "arguments": {"command": "ls"}} and then I will count them',
                  '```xml\n<tools>{"name": "exec", "arguments": {"command": "ls"}}</tools>\n```'):
         assert parse_tool_calls(text, names) == (text, []), text
+
+
+def test_a_bare_call_of_a_tool_not_offered_is_a_call_the_agent_can_refuse():
+    """Qwen2.5-Coder-0.5B's shell replies (bench/results/shell_base_q05_parse.jsonl) name tools it
+    invented; as calls, the agent answers "Tool count_logs not found" and the model may try again."""
+    names = {"exec"}
+    for text in ('{"name": "count_logs", "arguments": {"command": "ls data/*.log"}}',
+                 '<json>{"name": "count_logs", "arguments": {"command": "ls data/*.log"}}</json>',
+                 '```json\n{"name": "count_logs", "parameters": {"command": "ls data/*.log"}}\n```'):
+        content, calls = parse_tool_calls(text, names)
+        assert content is None and [c["function"] for c in calls] == [
+            {"name": "count_logs", "arguments": '{"command": "ls data/*.log"}'}], text
+    for text, given in (('{"name": "count_logs", "arguments": {"command": "ls"}}', set()),  # no tools offered
+                        ('{"name": "Mia", "arguments": {"a": 1}, "age": 7}', names),  # more than a call
+                        ('{"name": "wc", "arguments": "maple_4.txt"}', names),  # arguments not an object
+                        ('{"name": "Mia", "age": 7}', names)):
+        assert parse_tool_calls(text, given) == (text, []), text
+    # Beside a call of an offered tool, other objects stay the content (an imagined result, say).
+    content, calls = parse_tool_calls('{"name": "exec", "arguments": {"command": "ls"}}\n'
+                                      '{"name": "count_logs", "arguments": {"command": "ls"}}', names)
+    assert [c["function"]["name"] for c in calls] == ["exec"] and content == '{"name": "count_logs", "arguments": {"command": "ls"}}'
 
 
 def test_gate_holds_back_possible_stops_and_cuts_at_them():

@@ -115,6 +115,15 @@ def test_openclaws_tool_error_object_fails():
     assert read_result(json.dumps({"status": "ok", "tool": "read"}), ALL) is None
 
 
+def test_a_call_of_a_tool_openclaw_does_not_have_fails():
+    """OpenClaw's agent loop answers a call of a tool it does not have with an error result
+    (pi-agent-core: createErrorToolResult(`Tool ${name} not found`))."""
+    rule, verdict = read_result("Tool count_logs not found", ALL)
+    assert (rule, verdict.passed) == ("unknown_tool", False)
+    assert evidence("Tool count_logs not found", verdict.end) == "Tool count_logs not found"
+    assert read_result("grep: Tool x not found in notes.txt", ALL) is None  # a command's output that says it
+
+
 def test_rules_are_tried_in_the_configured_order_and_can_be_left_out():
     text = exec_result(shape("pytest_fail.txt"), 1)
     assert read_result(text, ("exit_code", "test_summary"))[0] == "exit_code"

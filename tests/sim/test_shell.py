@@ -20,7 +20,7 @@ import pytest
 from clawback.sim import sandbox as sb
 from clawback.sim.harness import SimError
 from clawback.sim.sandbox import ExecResult, Sandbox, escapes, task_directory
-from clawback.sim.shell import send_outcome, task_order
+from clawback.sim.shell import run_episode, send_outcome, task_order
 from clawback.sim.shell_tasks import EVAL, TRAIN, Verdict, regular_files
 
 SECRET = f"s3cret-{uuid.uuid4().hex}\n"
@@ -208,3 +208,30 @@ def test_a_daemon_without_outcome_events_stops_the_run_with_a_clear_error():
     body = json.loads(sent[0].content)
     assert body["kind"] == "outcome" and body["session_id"] == "s1" and body["reward"] == -1.0
     assert body["text"] == "the last command failed" and body["source"] == "simulator"
+
+
+def test_a_call_of_a_tool_that_is_not_exec_is_answered_as_openclaw_does_and_the_policy_may_retry():
+    """The episode loop with a scripted policy (httpx.MockTransport answering as the daemon's chat
+    route would) so that its replies are fixed: a call of an invented tool runs nothing and comes
+    back as "Tool count_logs not found"; the next call of `exec` runs and solves the task."""
+    task = TRAIN[0]
+    replies = [{"name": "count_logs", "arguments": {"command": task.solution}},
+               {"name": "exec", "arguments": {"command": task.solution}}, None]
+    seen: list[list[dict]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content)["messages"])
+        call = replies[len(seen) - 1]
+        message = ({"role": "assistant", "content": "Done."} if call is None else
+                   {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{len(seen)}", "type": "function",
+                    "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]})
+        return httpx.Response(200, json={"choices": [{"message": message, "finish_reason": "stop"}]})
+
+    async def episode():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://daemon") as client:
+            return await run_episode(client, Sandbox("rlimits"), task, lambda k: {})
+
+    ep = asyncio.run(episode())
+    assert [c["command"] for c in ep.commands] == [None, task.solution]
+    assert seen[1][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "Tool count_logs not found"}
+    assert ep.verdict is not None and ep.verdict.solved, ep.verdict
