@@ -56,6 +56,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("default_ungated", "combined", memory=True, gated=False),
     # The default recipe with note consolidation: replies train without the notes, distilled.
     Method("default_consolidated", "combined", memory=True, consolidate=True),
+    # ... with four clipped updates per batch: the dose of the liked replies, four times over.
+    Method("default_consolidated_updates", "combined", memory=True, consolidate=True, train={"updates_per_batch": 4}),
     Method("combined_ungated", "combined", gated=False),
     # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
     # PRESETS "seed"): combined advantage on the sampled token with its hint wording, teacher = the

@@ -230,7 +230,8 @@ COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combin
                ("combined", "binary"), ("opd", "opd_token"), ("opd_evidence", "opd"), ("binary", "none"),
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
                ("default", "default_ungated"), ("combined", "combined_ungated"),
-               ("default_consolidated", "default"), ("default_consolidated", "memory"))
+               ("default_consolidated", "default"), ("default_consolidated", "memory"),
+               ("default_consolidated_updates", "default_consolidated"), ("default_consolidated_updates", "memory"))
 
 
 def _first_last(cell: CellRecord, key: HeldOutKey) -> tuple[float, float] | None:

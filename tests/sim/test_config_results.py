@@ -88,7 +88,8 @@ def test_method_lists():
                                      "default_updates", "binary", "binary_corrections", "opd",
                                      "opd_token",
                                      "opd_evidence",
-                                     "combined", "default_ungated", "default_consolidated", "combined_ungated",
+                                     "combined", "default_ungated", "default_consolidated", "default_consolidated_updates",
+                                     "combined_ungated",
                                      "seed")
     assert parse_methods("combined, binary,combined") == ("combined", "binary")
     with pytest.raises(ValueError, match="unknown method"):
