@@ -56,7 +56,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("default_ungated", "combined", memory=True, gated=False),
     # The default recipe with note consolidation: replies train without the notes, distilled.
     Method("default_consolidated", "combined", memory=True, consolidate=True),
-    # ... with four clipped updates per batch: the dose of the liked replies, four times over.
+    # ... with four clipped updates per batch (every sample of it, liked or corrected).
     Method("default_consolidated_updates", "combined", memory=True, consolidate=True, train={"updates_per_batch": 4}),
     Method("combined_ungated", "combined", gated=False),
     # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
