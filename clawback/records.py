@@ -198,7 +198,7 @@ class JudgedSample:
     outcome: str | None = None  # the outcome rule's name, or the outcome event's source
     judge_score: int | None = None
     hint: str | None = None
-    hint_source: str | None = None  # correction | next_state | correction_raw | outcome
+    hint_source: str | None = None  # correction | next_state | correction_raw | outcome | notes (no hint: the notes are it)
     correction: str | None = None
     teacher: str | None = None  # self | base
     teacher_adapter: int | None = None

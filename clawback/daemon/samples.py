@@ -17,7 +17,8 @@ This pipeline turns it into `ready` or `dropped(reason)`:
   also scores the policy's top-K recorded at serve time (every engine can); a sample with a
   teacher that trains token-level records why (`token_level_reason`).
 - the student context (`consolidate_notes`): a reply served with preference notes trains in its
-  request without them, against the serving version's logprobs there (`_consolidate`).
+  request without them, against the serving version's logprobs there (`_consolidate`); one
+  without a hint has the served request, notes included, as its teacher context.
 
 It runs as a bounded pool of asyncio tasks beside the server, never on the serving path.
 """
@@ -251,13 +252,13 @@ class SamplePipeline:
             if hint is not None:
                 sample = await self._teacher(inp, replace(sample, hint=hint, hint_source=source))
 
+        if cfg.consolidate_notes and inp.request.get("memory_notes"):
+            sample = await self._consolidate(inp, sample)
         has_teacher = sample.teacher_logprobs is not None
         has_signal = {"binary": reward != 0, "opd": has_teacher, "combined": reward != 0 or has_teacher}[cfg.method]
         keep = has_signal or cfg.count_zero_signal
         sample = replace(sample, state="ready" if keep else "dropped",
                          reason=None if keep else sample.reason or "no_signal")
-        if keep and cfg.consolidate_notes and inp.request.get("memory_notes"):
-            sample = await self._consolidate(inp, sample)
         if await self._write(sample, votes) and keep:
             self.on_ready({"call_id": call_id, "session_id": inp.session_id, "reward": reward,
                            "reward_source": reward_source, "hint": sample.hint is not None,
@@ -298,6 +299,13 @@ class SamplePipeline:
         adapter = Version.name_of(inp.adapter_version) if self.cfg.teacher == "self" else None
         if adapter is not None and adapter not in self.engine.loaded_versions():
             return replace(sample, reason="teacher_version_unloaded")
+        sample = await self._scored_teacher(inp, msgs, prompt_ids, adapter, sample)
+        return await self._evidence(inp, prompt_ids, adapter, sample) if self.cfg.positive_evidence else sample
+
+    async def _scored_teacher(self, inp: SampleInputs, msgs: list[JsonObject], prompt_ids: list[int],
+                              adapter: str | None, sample: JudgedSample) -> JudgedSample:
+        """The sample with the teacher context `prompt_ids`: the exact response ids and the
+        recorded top-K scored there by `adapter`, or why it trains token-level."""
         logprobs = await self.engine.score(prompt_ids, inp.response_ids, adapter)
         top, token_level = None, None
         if not inp.top_ids:
@@ -308,10 +316,9 @@ class SamplePipeline:
             except EngineError as e:
                 log.warning("the teacher's top-K for %s could not be scored: %s", inp.call_id, e)
                 token_level = f"candidate_scoring_failed: {e}"[:500]
-        sample = replace(sample, teacher_adapter=inp.adapter_version if adapter else None, teacher_messages=msgs,
-                         teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top,
-                         token_level_reason=token_level)
-        return await self._evidence(inp, prompt_ids, adapter, sample) if self.cfg.positive_evidence else sample
+        return replace(sample, teacher_adapter=inp.adapter_version if adapter else None, teacher_messages=msgs,
+                       teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top,
+                       token_level_reason=token_level)
 
     async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], adapter: str | None,
                         sample: JudgedSample) -> JudgedSample:
@@ -333,9 +340,11 @@ class SamplePipeline:
         the reply the notes led to, its reward and the teacher that saw the notes then teach the
         weights to do without being told what the notes asked for, so a note can retire
         (retirement.py); trained where it was served, a reply's teacher differs from its policy
-        by the hint alone, which repeats a note. The baseline is the serving version's logprobs
-        in that context (sampled token and top-K; without the latter it trains token-level);
-        when that version is no longer loaded the sample trains as it was served."""
+        by the hint alone, which repeats a note. A reply without a hint (a 👍 or no feedback) has
+        the notes for a hint: its teacher is the request as it was served, so it is distilled, not
+        only rewarded. The baseline is the serving version's logprobs in the request without the
+        notes (sampled token and top-K; without the latter it trains token-level); when that
+        version is no longer loaded the sample trains as it was served."""
         adapter = Version.name_of(inp.adapter_version)
         if adapter is not None and adapter not in self.engine.loaded_versions():
             log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)
@@ -345,6 +354,10 @@ class SamplePipeline:
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         if prompt_ids == inp.prompt_ids:  # the notes are not where inject put them
             return sample
+        if sample.teacher_logprobs is None and self.cfg.method != "binary":  # the notes are the hint
+            adapter_t = adapter if self.cfg.teacher == "self" else None
+            sample = await self._scored_teacher(inp, inp.request["messages"], inp.prompt_ids, adapter_t,
+                                                replace(sample, hint_source="notes"))
         top, token_level = None, sample.token_level_reason
         if sample.teacher_top_logprobs is not None and inp.top_ids:
             try:

@@ -337,6 +337,45 @@ def test_a_reply_served_with_notes_trains_without_them(store, engine, renderer, 
     assert ready.behaviour_logprobs != pytest.approx(served_behaviour, abs=1e-4), "the notes change the context"
 
 
+@pytest.mark.parametrize("method", ["opd", "combined", "binary"])
+def test_a_liked_reply_served_with_notes_has_the_notes_for_a_hint(store, engine, renderer, method):
+    """A 👍 without a correction gives no hint; consolidating, the notes are the hint: the teacher
+    is the request as it was served (notes in), scored on the reply and its recorded top-K, and
+    the trainer distils it in the request without them. So top-K OPD keeps a liked reply it would
+    otherwise drop for want of a teacher; Binary RL has no use for a teacher and gets none."""
+    notes = ["Please start with 'Sure!'."]
+    served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
+    call_id = served_call(store, renderer, engine, None, request=served)
+    feedback(store, "thumbs_up")
+    drain(pipe(store, engine, renderer, None, method=method, consolidate_notes=True))
+    row = sample_row(store, call_id)
+    ready, = store.ready_samples(10)
+    _, served_prompt = renderer.render(ChatRequest.model_validate(served))
+    _, bare_prompt = renderer.render(ChatRequest.model_validate(REQUEST))
+    assert ready.prompt_ids == bare_prompt and ready.served_prompt_ids == served_prompt and ready.reward == 1.0
+    if method == "binary":
+        assert ready.teacher_logprobs is None and row["hint_source"] is None
+        return
+    assert row["hint_source"] == "notes" and row["hint"] is None
+    assert json.loads(row["teacher_messages"]) == served["messages"]
+    assert ready.teacher_logprobs == pytest.approx(
+        asyncio.run(engine.score(served_prompt, ready.response_ids, None)), abs=1e-4)
+    expected = asyncio.run(engine.score_candidates(served_prompt, ready.response_ids, ready.top_ids))
+    assert ready.teacher_top_logprobs is not None and ready.distill
+    assert [x for r in ready.teacher_top_logprobs for x in r] == pytest.approx([x for r in expected for x in r], abs=1e-4)
+    assert ready.teacher_logprobs != pytest.approx(ready.behaviour_logprobs, abs=1e-4), "the notes change the context"
+
+
+def test_without_consolidation_a_liked_reply_has_no_teacher_for_opd(store, engine, renderer):
+    notes = ["Please start with 'Sure!'."]
+    served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
+    call_id = served_call(store, renderer, engine, None, request=served)
+    feedback(store, "thumbs_up")
+    drain(pipe(store, engine, renderer, None, method="opd", consolidate_notes=False))
+    row = sample_row(store, call_id)
+    assert (row["state"], row["reason"], row["teacher_logprobs"]) == ("dropped", "no_signal", None)
+
+
 def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, renderer):
     """v9 served the call but is not loaded any more: the sample gets no teacher (recorded), rather
     than being scored by whichever version is live."""
