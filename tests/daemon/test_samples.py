@@ -364,6 +364,9 @@ def test_a_liked_reply_served_with_notes_has_the_notes_for_a_hint(store, engine,
     assert ready.teacher_top_logprobs is not None and ready.distill
     assert [x for r in ready.teacher_top_logprobs for x in r] == pytest.approx([x for r in expected for x in r], abs=1e-4)
     assert ready.teacher_logprobs != pytest.approx(ready.behaviour_logprobs, abs=1e-4), "the notes change the context"
+    asyncio.run(store.drop_samples([call_id], "held_out"))
+    held, = store.held_out_calls(10)
+    assert held.reward == 1.0 and held.teacher_logprobs is None, "no corrected behaviour for the gate to measure against"
 
 
 def test_without_consolidation_a_liked_reply_has_no_teacher_for_opd(store, engine, renderer):

@@ -121,6 +121,9 @@ class HeldOutCall:
     prompt_ids: list[int]
     response_ids: list[int]
     reward: float | None  # the person's rating; None when the reward came from elsewhere
+    # The hinted teacher's logprobs of the reply: the behaviour a correction asked for. None
+    # without a hint, and where the notes were the hint (the teacher is then the serving version
+    # in the served request, which a distance from would not be a step away from any correction).
     teacher_logprobs: list[float] | None
 
 
@@ -273,7 +276,8 @@ class Queries(Reads):
             reward=r["reward"] if r["reward_source"] == "explicit" else None,
             teacher_logprobs=None if r["teacher_logprobs"] is None else blob_logprobs(r["teacher_logprobs"]))
             for r in c.execute(
-                "SELECT s.call_id, s.reward, s.reward_source, s.teacher_logprobs, c.prompt_ids, c.response_ids "
+                "SELECT s.call_id, s.reward, s.reward_source, c.prompt_ids, c.response_ids, "
+                "CASE WHEN s.hint_source = 'notes' THEN NULL ELSE s.teacher_logprobs END AS teacher_logprobs "
                 "FROM samples s JOIN calls c USING (call_id) WHERE s.state = 'dropped' AND s.reason = 'held_out' "
                 "ORDER BY s.updated_at DESC LIMIT ?", (limit,))])
 
