@@ -345,8 +345,8 @@ class Settings(BaseSettings):
     memory_max_notes: int = Field(8, ge=1)
     memory_retire: bool = True
     memory_retire_margin: float = Field(0.0, ge=0)
-    # Note consolidation: a reply served with notes trains in its request without them, against
-    # the serving version's logprobs there, and is distilled (TrainConfig.distill_weight), so the
+    # Note consolidation: a reply served with notes, unless disliked, trains in its request without
+    # them, against the serving version's logprobs there, and is distilled (TrainConfig.distill_weight), so the
     # weights learn to do untold what the notes asked for (daemon/samples.py `_consolidate`).
     # Off (the default): it trains with the notes it was served with. On adapted in 1 of 6 runs on
     # `sure` (later than off in 2 seeds, sooner in none; not decided), no better than the notes

@@ -252,7 +252,11 @@ class SamplePipeline:
             if hint is not None:
                 sample = await self._teacher(inp, replace(sample, hint=hint, hint_source=source))
 
-        if cfg.consolidate_notes and inp.request.get("memory_notes"):
+        # A reply the person disliked trains as it was served. Its fault is in what it says, and
+        # without the notes every token of it is penalised where the tokens the notes asked for are
+        # unlikely, so the penalty pushes them down hardest (a disliked "Great question! …" with a
+        # wrong answer lowered the untold opener; bench/README.md, "The notes as the hint").
+        if cfg.consolidate_notes and inp.request.get("memory_notes") and reward >= 0:
             sample = await self._consolidate(inp, sample)
         has_teacher = sample.teacher_logprobs is not None
         has_signal = {"binary": reward != 0, "opd": has_teacher, "combined": reward != 0 or has_teacher}[cfg.method]
@@ -336,7 +340,8 @@ class SamplePipeline:
         return replace(sample, evidence_ids=ids, evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, adapter))
 
     async def _consolidate(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
-        """The sample set to train in the request without its preference notes (`memory.strip`):
+        """The sample of a reply not disliked set to train in the request without its preference
+        notes (`memory.strip`):
         the reply the notes led to, its reward and the teacher that saw the notes then teach the
         weights to do without being told what the notes asked for, so a note can retire
         (retirement.py); trained where it was served, a reply's teacher differs from its policy

@@ -369,6 +369,20 @@ def test_a_liked_reply_served_with_notes_has_the_notes_for_a_hint(store, engine,
     assert held.reward == 1.0 and held.teacher_logprobs is None, "no corrected behaviour for the gate to measure against"
 
 
+def test_a_disliked_reply_served_with_notes_trains_as_it_was_served(store, engine, renderer):
+    """Without the notes, a 👎's penalty would fall hardest on the tokens the notes asked for."""
+    notes = ["Please start with 'Sure!'."]
+    served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
+    served_call(store, renderer, engine, None, request=served)
+    feedback(store, "thumbs_down")
+    feedback(store, "correction", "Wrong, it is 4.")
+    drain(pipe(store, engine, renderer, None, method="combined", consolidate_notes=True))
+    ready, = store.ready_samples(10)
+    _, served_prompt = renderer.render(ChatRequest.model_validate(served))
+    assert ready.reward == -1.0 and ready.teacher_logprobs is not None
+    assert ready.prompt_ids == served_prompt and ready.served_prompt_ids is None and not ready.distill
+
+
 def test_without_consolidation_a_liked_reply_has_no_teacher_for_opd(store, engine, renderer):
     notes = ["Please start with 'Sure!'."]
     served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
