@@ -340,12 +340,11 @@ class SamplePipeline:
         return replace(sample, evidence_ids=ids, evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, adapter))
 
     async def _consolidate(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
-        """The sample of a reply not disliked set to train in the request without its preference
-        notes (`memory.strip`):
-        the reply the notes led to, its reward and the teacher that saw the notes then teach the
-        weights to do without being told what the notes asked for, so a note can retire
-        (retirement.py); trained where it was served, a reply's teacher differs from its policy
-        by the hint alone, which repeats a note. A reply without a hint (a 👍 or no feedback) has
+        """The sample of a reply not disliked, set to train in the request without its preference
+        notes (`memory.strip`): the reply the notes led to, its reward and the teacher that saw
+        the notes then teach the weights to do without being told what the notes asked for, so a
+        note can retire (retirement.py); trained where it was served, a reply's teacher differs
+        from its policy by the hint alone, which repeats a note. A reply without a hint (a 👍 or no feedback) has
         the notes for a hint: its teacher is the request as it was served, so it is distilled, not
         only rewarded. The baseline is the serving version's logprobs in the request without the
         notes (sampled token and top-K; without the latter it trains token-level); when that
@@ -360,8 +359,8 @@ class SamplePipeline:
         if prompt_ids == inp.prompt_ids:  # the notes are not where inject put them
             return sample
         if sample.teacher_logprobs is None and self.cfg.method != "binary":  # the notes are the hint
-            adapter_t = adapter if self.cfg.teacher == "self" else None
-            sample = await self._scored_teacher(inp, inp.request["messages"], inp.prompt_ids, adapter_t,
+            teacher = adapter if self.cfg.teacher == "self" else None
+            sample = await self._scored_teacher(inp, inp.request["messages"], inp.prompt_ids, teacher,
                                                 replace(sample, hint_source="notes"))
         top, token_level = None, sample.token_level_reason
         if sample.teacher_top_logprobs is not None and inp.top_ids:
