@@ -17,8 +17,8 @@ This pipeline turns it into `ready` or `dropped(reason)`:
   also scores the policy's top-K recorded at serve time (every engine can); a sample with a
   teacher that trains token-level records why (`token_level_reason`).
 - the student context (`consolidate_notes`): a reply served with preference notes trains in its
-  request without them, against the serving version's logprobs there (`_consolidate`); one
-  without a hint has the served request, notes included, as its teacher context.
+  request without them, against the serving version's logprobs there (`_consolidate`); a liked
+  one without a hint has the served request, notes included, as its teacher context.
 
 It runs as a bounded pool of asyncio tasks beside the server, never on the serving path.
 """
@@ -344,9 +344,10 @@ class SamplePipeline:
         notes (`memory.strip`): the reply the notes led to, its reward and the teacher that saw
         the notes then teach the weights to do without being told what the notes asked for, so a
         note can retire (retirement.py); trained where it was served, a reply's teacher differs
-        from its policy by the hint alone, which repeats a note. A reply without a hint (a 👍 or no feedback) has
-        the notes for a hint: its teacher is the request as it was served, so it is distilled, not
-        only rewarded. The baseline is the serving version's logprobs in the request without the
+        from its policy by the hint alone, which repeats a note. A liked reply without a hint has the notes
+        for one: its teacher is the request as it was served, so it is distilled, not only
+        rewarded. Not an unrated one: the serving version with the notes may have drifted from
+        them and would teach its drift (bench/README.md, "Four updates per batch on top"). The baseline is the serving version's logprobs in the request without the
         notes (sampled token and top-K; without the latter it trains token-level); when that
         version is no longer loaded the sample trains as it was served."""
         adapter = Version.name_of(inp.adapter_version)
@@ -358,7 +359,7 @@ class SamplePipeline:
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         if prompt_ids == inp.prompt_ids:  # the notes are not where inject put them
             return sample
-        if sample.teacher_logprobs is None and self.cfg.method != "binary":  # the notes are the hint
+        if sample.teacher_logprobs is None and (sample.reward or 0) > 0 and self.cfg.method != "binary":
             teacher = adapter if self.cfg.teacher == "self" else None
             sample = await self._scored_teacher(inp, inp.request["messages"], inp.prompt_ids, teacher,
                                                 replace(sample, hint_source="notes"))
