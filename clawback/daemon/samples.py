@@ -255,8 +255,10 @@ class SamplePipeline:
         # A reply the person disliked trains as it was served. Its fault is in what it says, and
         # without the notes every token of it is penalised where the tokens the notes asked for are
         # unlikely, so the penalty pushes them down hardest (a disliked "Great question! …" with a
-        # wrong answer lowered the untold opener; bench/README.md, "The notes as the hint").
-        if cfg.consolidate_notes and inp.request.get("memory_notes") and reward >= 0:
+        # wrong answer lowered the untold opener; bench/README.md, "The notes as the hint"). An
+        # unrated reply with no hint has nothing to train on, so it is not scored again.
+        unrated_trains = sample.teacher_logprobs is not None or cfg.count_zero_signal
+        if cfg.consolidate_notes and inp.request.get("memory_notes") and (reward > 0 or reward == 0 and unrated_trains):
             sample = await self._consolidate(inp, sample)
         has_teacher = sample.teacher_logprobs is not None
         has_signal = {"binary": reward != 0, "opd": has_teacher, "combined": reward != 0 or has_teacher}[cfg.method]

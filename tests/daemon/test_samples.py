@@ -386,7 +386,8 @@ def test_a_disliked_reply_served_with_notes_trains_as_it_was_served(store, engin
 @pytest.mark.parametrize("consolidate, rated", [(False, True), (True, False)])
 def test_no_teacher_for_a_reply_without_a_hint_unless_consolidating_a_liked_one(store, engine, renderer,
                                                                                   consolidate, rated):
-    """Unrated, the serving version's own reply with the notes is no evidence that it follows them."""
+    """Unrated, the serving version's own reply with the notes is no evidence that it follows them;
+    with nothing to train on it is not scored again without the notes."""
     notes = ["Please start with 'Sure!'."]
     served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
     call_id = served_call(store, renderer, engine, [{"role": "user", "content": "And what about snow?"}],
@@ -396,6 +397,7 @@ def test_no_teacher_for_a_reply_without_a_hint_unless_consolidating_a_liked_one(
     drain(pipe(store, engine, renderer, None, method="opd", consolidate_notes=consolidate))
     row = sample_row(store, call_id)
     assert (row["state"], row["reason"], row["teacher_logprobs"], row["hint_source"]) == ("dropped", "no_signal", None, None)
+    assert row["student_prompt_ids"] is None
 
 
 def test_the_self_teacher_is_the_version_that_served_the_call(store, engine, renderer):
