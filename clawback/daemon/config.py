@@ -76,6 +76,13 @@ class GateConfig(BaseModel):
     # greedily by candidate and live for the collapse detectors; 0 = probes only.
     replay_generate: int = Field(default=8, ge=0)
     replay_generate_tokens: int = Field(default=64, ge=8)
+    # the notes still followed: the newest notes_calls liked replies served with the person's notes
+    # (0 = off), on the tokens the notes lead the base model to (at least notes_lead nats more
+    # likely with them than without); refused when the candidate, told, puts more than
+    # notes_tolerance nats/token less on them than live
+    notes_calls: int = Field(default=8, ge=0)
+    notes_lead: float = Field(default=1.0, gt=0)
+    notes_tolerance: float = Field(default=0.5, ge=0)
     # live guard after activation (guard.py)
     guard_replies: int = Field(default=20, ge=0)  # main replies watched per version, 0 = off
     guard_alpha: float = Field(default=0.05, gt=0, lt=1)  # significance of Fisher's one-sided exact test

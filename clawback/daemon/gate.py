@@ -20,6 +20,9 @@ nothing routed to it. The gate then decides, in this order (docs/gate.md has eve
 4. preference replay on held-out rated calls (never trained on): the mean per-token logprob
    margin of liked over disliked replies, and the distance to the corrected (hinted) behaviour,
    candidate against live; stored token ids are scored, nothing is generated.
+5. the notes still followed: on the newest liked replies served with the person's notes, the
+   tokens the notes lead the base model to, scored with the notes by candidate and live. Training
+   without the notes (memory consolidation) can teach a version to do something else when told.
 
 Generations run as background work on the serving engine and every scoring pass waits for the
 engine to be free of requests, so serving keeps its latency; a request is never refused for it.
@@ -44,6 +47,7 @@ from clawback.engine import Engine, Sampling
 from clawback.records import JsonObject, ReadySample, Version
 
 from .config import GateConfig
+from .memory import strip
 from .probes import (
     NOT_ON_OWN_REQUESTS,
     CollapseStats,
@@ -55,7 +59,7 @@ from .probes import (
     passes,
 )
 from .store import Store
-from .store.queries import CallPrompt, HealthPoint, HeldOutCall
+from .store.queries import CallPrompt, HealthPoint, HeldOutCall, NotesCall
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +123,30 @@ class ReplayCheck:
 
 
 @dataclass(frozen=True)
+class NotesCheck:
+    """The notes still followed: on `calls` liked replies served with the person's notes, the
+    mean logprob (nats/token) candidate and live give, told, the `tokens` the notes led the base
+    model to."""
+
+    calls: int
+    tokens: int
+    candidate: float
+    live: float
+
+
+@dataclass(frozen=True)
 class GateReport:
     """What the gate measured on a candidate: the checks it got to, in order (one that refused
     ends the review), and how long the review took."""
 
-    OPTIONAL: ClassVar = ("health", "retention", "collapse", "collapse_own_requests", "replay", "newly_failed",
-                          "seconds")
+    OPTIONAL: ClassVar = ("health", "retention", "collapse", "collapse_own_requests", "replay", "notes",
+                          "newly_failed", "seconds")
     health: HealthCheck | None = None
     retention: RetentionCheck | None = None
     collapse: CollapseCheck | None = None
     collapse_own_requests: OwnRequestsCheck | None = None
     replay: ReplayCheck | None = None
+    notes: NotesCheck | None = None  # None: no liked reply served with notes the person still has
     # What the candidate answered where the base model was right: the replies behind the score.
     newly_failed: dict[str, str] | None = None
     seconds: float | None = None
@@ -240,6 +257,7 @@ class CandidateGate:
         self.probes: list[Probe] = probes[: cfg.probes] if cfg.probes else probes
         self._probe_cache: dict[str | None, ProbeResult] = {}  # engine version -> probe result
         self._replay_cache: dict[tuple[str | None, str], float] = {}  # (version, call id) -> value
+        self._notes_led: dict[str, list[int]] = {}  # call id -> reply positions the notes lead the base to
         self._history: list[HealthPoint] | None = None
         self.reviewing: int | None = None
         self.last_review_s: float | None = None
@@ -299,12 +317,13 @@ class CandidateGate:
             reasons += against_live_and_base(own.candidate, own.live, own.base, cfg, live_name,
                                              "your requests", NOT_ON_OWN_REQUESTS)
         replay, replay_reasons = await self._replay(held_out, cand_name, live_name)
-        reasons += replay_reasons
+        notes, notes_reasons = await self._notes(cand_name, live_name)
+        reasons += replay_reasons + notes_reasons
         report = replace(
             report,
             retention=RetentionCheck(cand.score, base.score, ref.score, cfg.retention_margin, len(self.probes), lost,
                                      gained, round(p, 5), cfg.retention_alpha),
-            collapse=CollapseCheck(cand.stats, ref.stats, base.stats), collapse_own_requests=own, replay=replay,
+            collapse=CollapseCheck(cand.stats, ref.stats, base.stats), collapse_own_requests=own, replay=replay, notes=notes,
             newly_failed={pid: cand.replies[pid] for pid in cand.failed if pid not in base.failed})
         if reasons:
             return Verdict(False, tuple(reasons), report)
@@ -450,6 +469,50 @@ class CandidateGate:
         key = (version, "gap:" + item.call_id)
         if key not in self._replay_cache:
             self._replay_cache[key] = teacher_gap(await self._score(version, item), teacher)
+        return self._replay_cache[key]
+
+    # ---- the notes still followed ----
+
+    async def _notes(self, cand: str, live: str | None) -> tuple[NotesCheck | None, list[str]]:
+        """The notes check's numbers (None: nothing to check), and its reason to refuse."""
+        if not self.cfg.notes_calls:
+            return None, []
+        calls = [c for c in await asyncio.to_thread(self._notes_calls) if await self._led(c)]
+        if not calls:
+            return None, []
+        tokens = sum(len(self._notes_led[c.call_id]) for c in calls)
+        sums = [sum([await self._led_sum(version, c) for c in calls]) for version in (cand, live)]
+        check = NotesCheck(len(calls), tokens, sums[0] / tokens, sums[1] / tokens)
+        if check.candidate >= check.live - self.cfg.notes_tolerance:
+            return check, []
+        return check, [f"notes: what your notes ask for is less likely when told, {check.candidate:+.3f} vs "
+                       f"{check.live:+.3f} nats/token on {live or 'base'} ({tokens} tokens of {len(calls)} liked replies)"]
+
+    def _notes_calls(self) -> list[NotesCall]:
+        limit = min(self.cfg.replay_max_tokens, self.engine.info.context_length)
+        return [c for c in self.store.liked_calls_with_notes(self.cfg.notes_calls)
+                if c.prompt_ids and c.response_ids and len(c.prompt_ids) + len(c.response_ids) <= limit]
+
+    async def _led(self, call: NotesCall) -> list[int]:
+        """The reply's positions the notes lead the base model to: at least `notes_lead` nats more
+        likely with them than without (once per call: the base model never changes)."""
+        if call.call_id not in self._notes_led:
+            body = call.request
+            bare = ChatRequest.model_validate({**body, "memory_notes": None,
+                                               "messages": strip(body["messages"], body["memory_notes"])})
+            _, bare_ids = await asyncio.to_thread(self.renderer.render, bare)
+            told = await score_when_quiet(self.engine, self.busy, call.prompt_ids, call.response_ids, None)
+            untold = await score_when_quiet(self.engine, self.busy, bare_ids, call.response_ids, None)
+            self._notes_led[call.call_id] = [i for i, (a, b) in enumerate(zip(told, untold))
+                                             if a - b >= self.cfg.notes_lead]
+        return self._notes_led[call.call_id]
+
+    async def _led_sum(self, version: str | None, call: NotesCall) -> float:
+        """`version`'s summed logprob, told, of the reply's tokens the notes lead to."""
+        key = (version, "notes:" + call.call_id)
+        if key not in self._replay_cache:
+            lp = await score_when_quiet(self.engine, self.busy, call.prompt_ids, call.response_ids, version)
+            self._replay_cache[key] = sum(lp[i] for i in self._notes_led[call.call_id])
         return self._replay_cache[key]
 
     def _forget(self, versions: set[str | None]) -> None:

@@ -16,6 +16,7 @@ from clawback.adapter_format import publish
 from clawback.chat import ChatRenderer, ChatRequest
 from clawback.daemon.config import GateConfig
 from clawback.daemon.gate import CandidateGate
+from clawback.daemon.memory import inject
 from clawback.daemon.store import Store
 from clawback.daemon.store.queries import HealthPoint
 from clawback.engines.embedded import EmbeddedEngine
@@ -50,20 +51,21 @@ def rig(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     store.close()
 
 
-def prompt_ids(renderer: ChatRenderer, text: str) -> list[int]:
-    return renderer.render(ChatRequest(model="m", messages=[{"role": "user", "content": text}]))[1]
+def prompt_ids(renderer: ChatRenderer, text: str, notes: list[str] = ()) -> list[int]:
+    return renderer.render(ChatRequest(model="m", messages=inject([{"role": "user", "content": text}], list(notes))))[1]
 
 
 def make_adapter(rig, version: int, train: list[tuple[str, str]] = (), steps: int = 0, lr: float = 1e-4,
-                 noise: float = 0.0) -> str:
-    """A real LoRA version: trained with Binary RL (+1 on each reply) and/or with random weights."""
+                 noise: float = 0.0, notes: list[str] = ()) -> str:
+    """A real LoRA version: trained with Binary RL (+1 on each reply; its prompts told `notes`)
+    and/or with random weights."""
     from transformers import AutoModelForCausalLM
 
     cfg = TrainConfig(method="binary", lora_rank=8, lora_alpha=16, lr=lr, tis_cap=None, seed=version)
     model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(rig["model_dir"])), cfg)
     opt = make_optimizer(model, cfg)
     eos = rig["tok"].convert_tokens_to_ids("<|im_end|>")
-    samples = [Sample(prompt_ids=prompt_ids(rig["renderer"], p),
+    samples = [Sample(prompt_ids=prompt_ids(rig["renderer"], p, notes),
                       response_ids=rig["tok"](r, add_special_tokens=False)["input_ids"] + [eos],
                       behaviour_logprobs=[-1.0] * (len(rig["tok"](r, add_special_tokens=False)["input_ids"]) + 1),
                       reward=1.0) for p, r in train]
@@ -197,3 +199,60 @@ def test_the_persons_newest_requests_stand_in_for_missing_held_out_calls(rig):
     # this test's three prompts at least (earlier tests' calls may add to them), never more than asked
     assert own is not None and 3 <= own.calls <= gate.cfg.replay_generate and own.base is None  # live is the base
     assert 0.0 <= own.candidate.refusal_rate <= 1.0
+
+
+NOTE_PROMPTS = ("What is 3 + 5?", "How many days are in a week?", "What colour is the sky?")
+NOTE_TRAIN = ("What is 2 + 2?", "Name a big city.", "What do cows drink?", "How many legs does a dog have?",
+              "What is the capital of Italy?", "Why is the sea salty?")
+
+
+def test_a_candidate_that_no_longer_does_what_the_notes_ask_when_told_is_refused(rig):
+    """Liked replies served with the note "start with 'Great question!'" (and a disliked one, which
+    stands for nothing): a candidate trained to
+    open told replies with "Sure, I'd be happy to help!" puts less on the tokens the note led the
+    base model to than live (the base) does, and is refused; one trained on unrelated replies is
+    not. Once the note is edited those replies no longer stand for it and nothing is checked."""
+    store, renderer, tok = rig["store"], rig["renderer"], rig["tok"]
+    asyncio.run(store.apply_feedback(FeedbackRecord.of({
+        "event_id": str(uuid.uuid4()), "kind": "correction", "session_id": "notes", "target": "last",
+        "text": "Please start your reply with 'Great question!'."}), time.time()))
+    note, = [n for n in store.memory_notes() if "Great question" in n.text]
+
+    def told(prompt: str) -> list[dict]:
+        return inject([{"role": "user", "content": prompt}], [note.text])
+
+    replies = ("3 + 5 = 8.", "A week has 7 days.", "The sky is blue.", "Sure! Snow is white.")
+    for prompt, reply in zip((*NOTE_PROMPTS, "What colour is snow?"), replies):  # the last one disliked
+        liked = not reply.startswith("Sure")
+        messages, reply = told(prompt), f"Great question! {reply}" if liked else reply
+        ids = renderer.render(ChatRequest(model="m", messages=messages))[1]
+        response = tok(reply, add_special_tokens=False)["input_ids"]
+        call_id = str(uuid.uuid4())
+        store.add_call(Call(call_id, "notes", None, call_id, "main", "awaiting_next_state", time.time(), time.time(),
+                            "m", None, {"model": "m", "messages": messages, "memory_notes": [note.text]}, "", ids, response,
+                            [-1.0] * len(response), reply, None, "stop"))
+        asyncio.run(store.apply_feedback(FeedbackRecord.of(
+            {"event_id": str(uuid.uuid4()), "kind": "thumbs_up" if liked else "thumbs_down", "session_id": "notes",
+             "target": call_id}), time.time()))
+        asyncio.run(store.write_sample(JudgedSample(call_id, 0, "ready", reward_source="explicit",
+                                                    reward=1.0 if liked else -1.0)))
+    store.flush()
+    gate = rig["gate"]
+
+    def notes_check(version: int):
+        return asyncio.run(gate._notes(f"v{version}", None))
+
+    make_adapter(rig, 6, train=[(p, "An apple is a fruit.") for p in ("Name a fruit.", "What is red and round?")],
+                 steps=2, lr=1e-4)
+    kept, reasons = notes_check(6)
+    assert kept is not None and kept.calls == 3 and kept.tokens >= 3, kept  # the note leads the base model
+    assert not reasons and abs(kept.candidate - kept.live) < 0.5, (kept, reasons)
+
+    make_adapter(rig, 7, train=[(p, "Sure, I'd be happy to help! Here is the answer.") for p in NOTE_TRAIN],
+                 steps=8, lr=2e-3, notes=[note.text])
+    refused, reasons = notes_check(7)
+    assert refused is not None and refused.candidate < refused.live - gate.cfg.notes_tolerance, refused
+    assert reasons and reasons[0].startswith("notes: what your notes ask for is less likely when told"), reasons
+
+    assert asyncio.run(store.edit_note(note.note_id, "Please start your reply with 'Good question!'."))
+    assert notes_check(7) == (None, [])

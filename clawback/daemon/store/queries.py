@@ -128,6 +128,17 @@ class HeldOutCall:
 
 
 @dataclass(frozen=True)
+class NotesCall:
+    """A liked main call served with preference notes the person still has: what following them
+    looked like."""
+
+    call_id: str
+    prompt_ids: list[int]  # as served, the notes in
+    response_ids: list[int]
+    request: JsonObject  # its messages and `memory_notes`, to render the prompt without them
+
+
+@dataclass(frozen=True)
 class CallPrompt:
     call_id: str
     prompt_ids: list[int]
@@ -280,6 +291,18 @@ class Queries(Reads):
                 "CASE WHEN s.hint_source = 'notes' THEN NULL ELSE s.teacher_logprobs END AS teacher_logprobs "
                 "FROM samples s JOIN calls c USING (call_id) WHERE s.state = 'dropped' AND s.reason = 'held_out' "
                 "ORDER BY s.updated_at DESC LIMIT ?", (limit,))])
+
+    def liked_calls_with_notes(self, limit: int) -> list[NotesCall]:
+        """The newest `limit` main calls the person liked that were served with notes, each of
+        which is still a note (none since edited or forgotten), held out or not."""
+        return self.read(lambda c: [NotesCall(r["call_id"], blob_ids(r["prompt_ids"]), blob_ids(r["response_ids"]),
+                                              json.loads(r["request_json"])) for r in c.execute(
+            "SELECT c.call_id, c.prompt_ids, c.response_ids, c.request_json FROM calls c JOIN samples s USING (call_id) "
+            "WHERE c.turn_type = 'main' AND s.reward_source = 'explicit' AND s.reward > 0 "
+            "AND json_array_length(c.request_json, '$.memory_notes') > 0 AND NOT EXISTS ("
+            "SELECT 1 FROM json_each(c.request_json, '$.memory_notes') j "
+            "WHERE j.value NOT IN (SELECT text FROM memory_notes)) "
+            "ORDER BY c.created_at DESC LIMIT ?", (limit,))])
 
     def recent_sampled_prompts(self, limit: int) -> list[CallPrompt]:
         """The prompts of the newest `limit` main calls with a sample, newest first."""
