@@ -477,7 +477,9 @@ class CandidateGate:
         """The notes check's numbers (None: nothing to check), and its reason to refuse."""
         if not self.cfg.notes_calls:
             return None, []
-        calls = [c for c in await asyncio.to_thread(self._notes_calls) if await self._led(c)]
+        newest = await asyncio.to_thread(self._notes_calls)
+        self._notes_led = {c.call_id: self._notes_led[c.call_id] for c in newest if c.call_id in self._notes_led}
+        calls = [c for c in newest if await self._led(c)]
         if not calls:
             return None, []
         tokens = sum(len(self._notes_led[c.call_id]) for c in calls)
