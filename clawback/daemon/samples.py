@@ -18,7 +18,7 @@ This pipeline turns it into `ready` or `dropped(reason)`:
   teacher that trains token-level records why (`token_level_reason`).
 - the student context (`consolidate_notes`): a reply served with preference notes trains in its
   request without them, against the serving version's logprobs there (`_consolidate`); a liked
-  one without a hint has the served request, notes included, as its teacher context.
+  one without a hint has the base model given the served request, notes included, as its teacher.
 
 It runs as a bounded pool of asyncio tasks beside the server, never on the serving path.
 """
@@ -347,11 +347,14 @@ class SamplePipeline:
         the notes then teach the weights to do without being told what the notes asked for, so a
         note can retire (retirement.py); trained where it was served, a reply's teacher differs
         from its policy by the hint alone, which repeats a note. A liked reply without a hint has the notes
-        for one: its teacher is the request as it was served, so it is distilled, not only
-        rewarded. Not an unrated one: the serving version with the notes may have drifted from
-        them and would teach its drift (bench/README.md, "Four updates per batch on top"). The baseline is the serving version's logprobs in the request without the
-        notes (sampled token and top-K; without the latter it trains token-level); when that
-        version is no longer loaded the sample trains as it was served."""
+        for one: its teacher is the base model given the request as it was served, so it is
+        distilled, not only rewarded. The base model whichever version served: training a version
+        without the notes moves it with them too (the weights are shared), so as its own teacher
+        it would chase its own drift (bench/README.md, "The notes' teacher is the base model").
+        Not an unrated reply: a version's reply with the notes may have drifted from them ("Four
+        updates per batch on top"). The baseline is the serving version's logprobs in the request
+        without the notes (sampled token and top-K; without the latter it trains token-level);
+        when that version is no longer loaded the sample trains as it was served."""
         adapter = Version.name_of(inp.adapter_version)
         if adapter is not None and adapter not in self.engine.loaded_versions():
             log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)
@@ -362,8 +365,7 @@ class SamplePipeline:
         if prompt_ids == inp.prompt_ids:  # the notes are not where inject put them
             return sample
         if sample.teacher_logprobs is None and (sample.reward or 0) > 0 and self.cfg.method != "binary":
-            teacher = adapter if self.cfg.teacher == "self" else None
-            sample = await self._scored_teacher(inp, inp.request["messages"], inp.prompt_ids, teacher,
+            sample = await self._scored_teacher(inp, inp.request["messages"], inp.prompt_ids, None,
                                                 replace(sample, hint_source="notes"))
         top, token_level = None, sample.token_level_reason
         if sample.teacher_top_logprobs is not None and inp.top_ids:

@@ -369,6 +369,41 @@ def test_a_liked_reply_served_with_notes_has_the_notes_for_a_hint(store, engine,
     assert held.reward == 1.0 and held.teacher_logprobs is None, "no corrected behaviour for the gate to measure against"
 
 
+def test_the_notes_teacher_is_the_base_model_whichever_version_served(store, engine, renderer, tiny_model_dir,
+                                                                      tmp_path):
+    """A liked reply v1 served with notes: the base model with the notes teaches it (a version as
+    its own teacher would chase its own drift), v1 without them is the baseline."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from clawback.adapter_format import publish
+    from clawback.trainer.config import TrainConfig
+    from clawback.trainer.step import make_lora_model, make_optimizer
+
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8)
+    model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    asyncio.run(engine.load_adapter("v1", str(publish(tmp_path, 1, model, make_optimizer(model, cfg), {}))))
+    notes = ["Please start with 'Sure!'."]
+    served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
+    call_id = served_call(store, renderer, engine, None, request=served, adapter_version=1)
+    feedback(store, "thumbs_up")
+    drain(pipe(store, engine, renderer, None, method="combined", consolidate_notes=True, teacher="self"))
+    row = sample_row(store, call_id)
+    ready, = store.ready_samples(10)
+    _, served_prompt = renderer.render(ChatRequest.model_validate(served))
+    _, bare_prompt = renderer.render(ChatRequest.model_validate(REQUEST))
+    assert (row["hint_source"], row["teacher_adapter"]) == ("notes", None)
+    base = asyncio.run(engine.score(served_prompt, ready.response_ids, None))
+    assert ready.teacher_logprobs == pytest.approx(base, abs=1e-4)
+    assert base != pytest.approx(asyncio.run(engine.score(served_prompt, ready.response_ids, "v1")), abs=1e-3)
+    assert ready.behaviour_logprobs == pytest.approx(
+        asyncio.run(engine.score(bare_prompt, ready.response_ids, "v1")), abs=1e-4), "v1 without the notes"
+
+
 def test_a_disliked_reply_served_with_notes_trains_as_it_was_served(store, engine, renderer):
     """Without the notes, a 👎's penalty would fall hardest on the tokens the notes asked for."""
     notes = ["Please start with 'Sure!'."]
