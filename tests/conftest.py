@@ -56,6 +56,25 @@ def make_tiny_llama(embedded_model_dir: Path, out: Path, **shape: int) -> Path:
     return out
 
 
+def random_lora(model_dir: Path, root: Path, version: int, method: str = "combined") -> Path:
+    """A published adapter version of `model_dir` whose LoRA weights are random (it answers
+    unlike the base model)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from clawback.adapter_format import publish
+    from clawback.trainer.config import TrainConfig
+    from clawback.trainer.step import make_lora_model, make_optimizer
+
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8)
+    model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(model_dir)), cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    return publish(root, version, model, make_optimizer(model, cfg), {"method": method})
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(embedded_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama(embedded_model_dir, tmp_path_factory.mktemp("tiny-llama"), hidden_size=32,

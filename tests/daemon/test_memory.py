@@ -22,7 +22,7 @@ from clawback.daemon.retirement import NoteRetirement
 from clawback.daemon.store import Store, blob_ids
 from clawback.engine import EngineError
 from clawback.records import Call, FeedbackRecord, JudgedSample, StepRecord
-from tests.conftest import DaemonProcess, query, wait_for
+from tests.conftest import DaemonProcess, query, random_lora, wait_for
 
 
 def test_notes_are_the_request_sentences_of_a_correction():
@@ -403,26 +403,14 @@ def test_a_retired_note_stays_out_only_while_its_version_or_a_descendant_serves(
 def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The daemon's own state and app in-process (tiny Llama, no training, no background tasks, so
     nothing judges the samples this test writes), with v1: a LoRA with random weights."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from clawback.adapter_format import publish
     from clawback.daemon.config import Settings
     from clawback.daemon.server import build_state, daemon_app
-    from clawback.trainer.config import TrainConfig
-    from clawback.trainer.step import make_lora_model, make_optimizer
 
     tmp = tmp_path_factory.mktemp("retire")
     settings = Settings(data_dir=tmp, model=str(tiny_model_dir), device="cpu", no_auth=True, log_level="warning",
                         served_model_name="policy", train={"enabled": False})
     state = build_state(settings)
-    cfg = TrainConfig(lora_rank=4, lora_alpha=8)
-    model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    path = publish(tmp / "adapters", 1, model, make_optimizer(model, cfg), {"method": "combined"})
+    path = random_lora(tiny_model_dir, tmp / "adapters", 1)
     asyncio.run(state.store.record_step(StepRecord(1, None, time.time(), "combined", (), "committed", path=str(path))))
     yield state, daemon_app(settings, state)
     asyncio.run(state.engine.close())

@@ -24,6 +24,7 @@ from clawback.daemon.store import Store, blob_logprobs
 from clawback.engine import Token
 from clawback.engines.embedded import EmbeddedEngine
 from clawback.records import Call, Feedback, FeedbackRecord
+from tests.conftest import random_lora
 
 
 class ScriptedJudge:
@@ -373,20 +374,7 @@ def test_the_notes_teacher_is_the_base_model_whichever_version_served(store, eng
                                                                       tmp_path):
     """A liked reply v1 served with notes: the base model with the notes teaches it (a version as
     its own teacher would chase its own drift), v1 without them is the baseline."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from clawback.adapter_format import publish
-    from clawback.trainer.config import TrainConfig
-    from clawback.trainer.step import make_lora_model, make_optimizer
-
-    cfg = TrainConfig(lora_rank=4, lora_alpha=8)
-    model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    asyncio.run(engine.load_adapter("v1", str(publish(tmp_path, 1, model, make_optimizer(model, cfg), {}))))
+    asyncio.run(engine.load_adapter("v1", str(random_lora(tiny_model_dir, tmp_path, 1))))
     notes = ["Please start with 'Sure!'."]
     served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
     call_id = served_call(store, renderer, engine, None, request=served, adapter_version=1)
