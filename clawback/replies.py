@@ -210,3 +210,22 @@ class TextGate:
                     held = max(held, k)
                     break
         return held
+
+
+_FENCED = re.compile(r"```.*?(?:```|$)", re.DOTALL)
+_SENTENCE_END = re.compile(r"[!?\n]+|\.(?!\d)")  # "2.50" is one number
+_WORD = re.compile(r"[A-Za-z0-9']+")
+
+
+def repeats_a_sentence(text: str) -> bool:
+    """Says one sentence (or line) twice, word for word: a stutter or a loop, not an answer ("Great
+    question! Great question! The gardener…"). A list's item number ("1." in two lists) is no
+    sentence, and code inside ``` fences is not prose (a program repeats lines on purpose)."""
+    seen = set()
+    for part in _SENTENCE_END.split(_FENCED.sub("\n", text).lower()):
+        key = " ".join(_WORD.findall(part))
+        if key in seen:
+            return True
+        if key and not key.isdigit():
+            seen.add(key)
+    return False

@@ -62,6 +62,7 @@ class GateConfig(BaseModel):
     empty_rise: float = Field(default=0.15, ge=0)  # empty-reply share more than this above live's
     cut_rise: float = Field(default=0.25, ge=0)  # cut-reply share this much or more above live's
     loop_rise: float = Field(default=0.15, ge=0)  # share of replies ending in a repetition loop
+    repeat_rise: float = Field(default=0.15, ge=0)  # share of replies that say one sentence twice
     meta_rise: float = Field(default=0.15, ge=0)  # share of replies about the conversation itself
     refusal_rise: float = Field(default=0.15, ge=0)  # share of replies that decline the task
     # share of replies to requests offering tools that make no call an agent could run (your requests)

@@ -21,7 +21,7 @@ from importlib import resources
 from itertools import combinations
 
 from clawback.records import JsonObject
-from clawback.replies import parse_tool_calls
+from clawback.replies import parse_tool_calls, repeats_a_sentence
 
 from .config import GateConfig
 
@@ -177,6 +177,9 @@ class CollapseStats:
     empty_rate: float  # share of replies with no text
     cut_rate: float  # share of replies that hit the token limit
     loop_rate: float  # share of replies that end in a repetition loop (`ends_in_loop`)
+    # Share of replies that say one sentence twice, word for word (`replies.repeats_a_sentence`):
+    # a stutter ("Great question! Great question!") long before a loop fills the reply.
+    repeat_rate: float
     meta_rate: float  # share of replies about the conversation itself (META_REPLY)
     refusal_rate: float  # share of replies that decline the task (REFUSAL_REPLY)
     # Of the replies to requests that offered tools, the share that make no call an agent could run
@@ -203,6 +206,7 @@ def collapse_stats(gens: list[Generation], tools: Sequence[Sequence[JsonObject]]
         empty_rate=sum(not g.text.strip() for g in gens) / n,
         cut_rate=sum(g.finish == "length" for g in gens) / n,
         loop_rate=sum(ends_in_loop(g.ids) for g in gens) / n,
+        repeat_rate=sum(repeats_a_sentence(g.text) for g in gens) / n,
         meta_rate=sum(META_REPLY.search(g.text) is not None for g in gens) / n,
         refusal_rate=sum(REFUSAL_REPLY.search(g.text) is not None for g in gens) / n,
         no_working_call_rate=sum(not working_calls(g.text, t) for g, t in offered) / max(len(offered), 1),
@@ -211,7 +215,8 @@ def collapse_stats(gens: list[Generation], tools: Sequence[Sequence[JsonObject]]
 
 # What a person never wants more of, whatever they asked for: also held to the base model, so
 # that small rises that each pass against the live version cannot add up over versions.
-NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "meta_rate", "refusal_rate", "no_working_call_rate")
+NEVER_WANTED = ("distinct_2", "self_similarity", "empty_rate", "repeat_rate", "meta_rate", "refusal_rate",
+                "no_working_call_rate")
 # What the person's own requests are not held to: what they ask for often changes how long their
 # replies are ("answer in under 20 words"); runaway and empty replies are still caught there by
 # the cut-off and empty detectors.
@@ -242,6 +247,7 @@ def collapse_reasons(cand: CollapseStats, live: CollapseStats, cfg: GateConfig, 
         out.append(f"collapse: reply length {a:.0f} vs {b:.0f} tokens on {live_name}")
     for key, limit, what in (("empty_rate", cfg.empty_rise, "empty replies"), ("cut_rate", cfg.cut_rise, "cut-off replies"),
                              ("loop_rate", cfg.loop_rise, "looping replies"),
+                             ("repeat_rate", cfg.repeat_rise, "replies that repeat a sentence"),
                              ("meta_rate", cfg.meta_rise, "replies about the conversation"),
                              ("refusal_rate", cfg.refusal_rise, "replies that decline the task"),
                              ("no_working_call_rate", cfg.tool_call_drop, "replies with no tool call that could run")):

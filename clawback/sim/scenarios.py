@@ -21,6 +21,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from clawback.replies import repeats_a_sentence
+
 from .answers import answer_right, arithmetic_holds
 from .tasks import EVAL_ANSWERS, EVAL_PROBLEMS, PROBLEMS, STUDENT_ANSWERS
 
@@ -156,19 +158,6 @@ def echoes(text: str, asks: list[str]) -> bool:
         w = words(ask.lower())
         if any(f" {' '.join(w[i:i + ECHO_WORDS])} " in f" {said} " for i in range(len(w) - ECHO_WORDS + 1)):
             return True
-    return False
-
-
-def repeats_a_sentence(text: str) -> bool:
-    """Says one sentence (or line) twice, word for word: a stutter or a loop, not an answer. A
-    list's item number ("1." in two lists) is no sentence."""
-    seen = set()
-    for part in re.split(r"[!?\n]+|\.(?!\d)", text.lower()):  # "2.50" is one number
-        key = " ".join(words(part))
-        if key in seen:
-            return True
-        if key and not key.isdigit():
-            seen.add(key)
     return False
 
 

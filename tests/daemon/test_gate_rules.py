@@ -217,6 +217,29 @@ def test_a_rise_by_the_limit_counts_and_loops_are_a_detector():
     assert any("looping replies 25% vs 0%" in r for r in collapse_reasons(looping, live, cfg, "v1"))
 
 
+def test_a_reply_that_says_a_sentence_twice_is_a_detector_held_to_the_base_too():
+    from clawback.replies import repeats_a_sentence
+
+    # Replies of a trained Qwen2.5-Coder-0.5B version to its person's homework tasks (64 tokens:
+    # none ends in a loop yet), against the base model's.
+    stutter = ["Great question! Great question! The gardener can plant 13 full pots.",
+               "Great question! Let's multiply: 17 × 3 = 51 kg. Great question! Let's multiply"]
+    fine = ["Great question! 17 bags of 3 kg each weigh 17 × 3 = 51 kg.",
+            "1. Count the hens.\n2. Multiply by 5.\n\n1. 11 hens.\n2. 55 eggs.",  # item numbers are no sentence
+            "```python\nx = 1\nprint(x)\nx = 1\nprint(x)\n```\nIt prints 1 twice.",  # code repeats on purpose
+            "The price is $2.50. The total is $2.505."]
+    assert all(map(repeats_a_sentence, stutter)) and not any(map(repeats_a_sentence, fine))
+    cfg = GateConfig()
+    base = collapse_stats([gen(t) for t in fine])
+    cand = collapse_stats([gen(t) for t in stutter + fine[:2]])
+    assert (cand.repeat_rate, cand.loop_rate, base.repeat_rate) == (0.5, 0.0, 0.0)
+    reasons = against_live_and_base(cand, replace(base, repeat_rate=0.25), base, cfg, "v3", "your requests",
+                                    NOT_ON_OWN_REQUESTS)
+    # 50% vs 25% on live is a rise by the limit or more, and against the base as well.
+    assert reasons == ["collapse (your requests): replies that repeat a sentence 50% vs 25% on v3",
+                       "collapse (your requests): replies that repeat a sentence 50% vs 0% on base"]
+
+
 EXEC = {"type": "function", "function": {"name": "exec", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 
