@@ -46,6 +46,15 @@ document.addEventListener("click", (e) => {
   htmx.process(section);
   htmx.ajax("GET", button.dataset.page, { target: section, swap: "innerHTML" });
 });
+// A section's refresh answered after the person paged it elsewhere (sent, or due, before the
+// click) would put the old page back: only the page the section now asks for is swapped in.
+document.addEventListener("htmx:beforeSwap", (e) => {
+  const elt = e.detail.target;
+  if (elt.tagName === "SECTION" && elt.hasAttribute("hx-get") && e.detail.requestConfig.verb === "get"
+      && e.detail.pathInfo.requestPath !== elt.getAttribute("hx-get")) {
+    e.detail.shouldSwap = false;
+  }
+});
 // A live refresh never replaces a form being filled in (a memory note being edited).
 document.addEventListener("htmx:beforeRequest", (e) => {
   const elt = e.detail.elt;
