@@ -13,13 +13,17 @@ token with the note off, on the scenario's held-out tasks:
   top-K ids' logprobs scored there by the policy being trained (the serving version, refreshed
   before each step); teacher: the base model with the note, sampled token and top-K (distill=True);
 - one step per batch of `--batch` train tasks, cycling through them; `TrainConfig` defaults
-  (combined, top-K 4, distill_weight 1) at `--lr`.
+  (combined, top-K 4, distill_weight 1) at `--lr`; with `--token-level` the teacher scores the
+  reply's own tokens only (no top-K, so no distillation term), as the daemon teaches a liked reply;
+- `--eval-told` also rates whole replies with the note in context (does the trained model overdo
+  what the note asks when told it?).
 
 Simplification against the daemon: the teacher stays the base model with the note (the daemon's
 teacher is the serving version with the note and the correction's hint), and the served replies
 are the base model's (the daemon's come from the version live at the time).
 
     python bench/consolidation_steps.py --scenario great --steps 12 --out bench/results/consolidation_steps_great.json
+    python bench/consolidation_steps.py --scenario great --steps 8 --eval-at 0,8 --eval-told --token-level --out OUT.json
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from clawback.chat import ChatRenderer, ChatRequest
+    from clawback.replies import repeats_a_sentence
     from clawback.sim.probe import opener_ids
     from clawback.sim.scenarios import SCENARIOS
     from clawback.trainer.config import TrainConfig
@@ -111,11 +116,13 @@ def main(args: argparse.Namespace) -> dict:
     def sample(i: int) -> Sample:
         student_prompt, _, reply = served[i]
         t_lp, _ = teacher[i]
-        top_ids = t_lp.topk(cfg.opd_top_k, dim=-1).indices  # the serving policy (with the note) = the teacher here
         s_lp = logprobs(student_prompt, reply)
         resp = torch.tensor(reply)[:, None]
-        return Sample(student_prompt, reply, s_lp.gather(1, resp)[:, 0].tolist(), 1.0,
-                      teacher_logprobs=t_lp.gather(1, resp)[:, 0].tolist(), top_ids=top_ids.tolist(),
+        behaviour, teacher_lp = s_lp.gather(1, resp)[:, 0].tolist(), t_lp.gather(1, resp)[:, 0].tolist()
+        if args.token_level:  # the reply's own tokens only: nothing it did not say is raised
+            return Sample(student_prompt, reply, behaviour, 1.0, teacher_logprobs=teacher_lp)
+        top_ids = t_lp.topk(cfg.opd_top_k, dim=-1).indices  # the serving policy (with the note) = the teacher here
+        return Sample(student_prompt, reply, behaviour, 1.0, teacher_logprobs=teacher_lp, top_ids=top_ids.tolist(),
                       top_logprobs=s_lp.gather(1, top_ids).tolist(),
                       teacher_top_logprobs=t_lp.gather(1, top_ids).tolist(), distill=True)
 
@@ -124,16 +131,22 @@ def main(args: argparse.Namespace) -> dict:
         row = {"step": step, "mass_mean": sum(mass) / len(mass),
                "log10_mass_median": sorted(math.log10(max(m, 1e-30)) for m in mass)[len(mass) // 2],
                "metrics": metrics, "elapsed_s": round(time.perf_counter() - t0)}
-        if step in eval_at:  # whole replies, no note: do they meet the preference, and are they right?
-            got = greedy([ids_of(plain(t)) for t in held], args.eval_tokens, teacher=False)
+        # Whole replies, without the note and with it: do they meet the preference, are they right,
+        # and does training without the note make the told replies overdo it (say a sentence twice)?
+        for key, with_note in (("no_note", False), ("note", True)):
+            if step not in eval_at or with_note and not args.eval_told:
+                continue
+            got = greedy([ids_of(told(plain(t), hint, "memory/user") if with_note else plain(t)) for t in held],
+                         args.eval_tokens, teacher=False)
             texts = [tok.decode(r, skip_special_tokens=True) for r, _ in got]
             ratings = [scen.rate(text, t, stopped) for text, t, (_, stopped) in zip(texts, held, got)]
-            row["no_note"] = {"meets": sum(r.meets for r in ratings) / len(held),
-                              "right": sum(r.right for r in ratings) / len(held),
-                              "cut": sum(r.gate == "cut" for r in ratings), "replies": texts}
-        print(json.dumps({k: v for k, v in row.items() if k not in ("metrics", "no_note")}
-                         | ({"no_note": {k: v for k, v in row["no_note"].items() if k != "replies"}} if "no_note" in row else {})),
-              flush=True)
+            row[key] = {"meets": sum(r.meets for r in ratings) / len(held),
+                        "right": sum(r.right for r in ratings) / len(held),
+                        "cut": sum(r.gate == "cut" for r in ratings),
+                        "repeat": sum(repeats_a_sentence(text) for text in texts), "replies": texts}
+        print(json.dumps({k: v for k, v in row.items() if k not in ("metrics", "no_note", "note")}
+                         | {key: {k: v for k, v in row[key].items() if k != "replies"} for key in ("no_note", "note")
+                            if key in row}), flush=True)
         return row
 
     curve = [point(0, None)]
@@ -142,6 +155,7 @@ def main(args: argparse.Namespace) -> dict:
         metrics = train_step(model, opt, batch, cfg)
         curve.append(point(step, {k: metrics[k] for k in ("loss", "grad_norm", "topk_adv", "adv") if k in metrics}))
     return {"scenario": args.scenario, "model": str(args.model), "lr": args.lr, "batch": args.batch,
+            "token_level": args.token_level,
             "tasks": len(train), "held_out": len(held), "hint": hint, "train_config": dataclasses.asdict(cfg), "curve": curve}
 
 
@@ -158,6 +172,9 @@ if __name__ == "__main__":
     ap.add_argument("--eval-at", default="0,4,8", help="steps after which whole no-note replies are rated")
     ap.add_argument("--eval-tokens", type=int, default=320)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--token-level", action="store_true",
+                    help="train on the reply's own tokens only (no top-K teacher, no distillation term)")
+    ap.add_argument("--eval-told", action="store_true", help="also rate whole replies with the note in context")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = main(args)
