@@ -31,6 +31,7 @@ SAMPLE_REASONS = {
     # Why a sample with a teacher trains token-level OPD (samples.token_level_reason)
     "no_top_k_recorded": "the call was served without the policy's top-K (opd_top_k = 0, or the engine sent none)",
     "candidate_scoring_failed": "the engine could not score the teacher's view of the top-K",
+    "notes_teacher": "a liked reply taught by the base model told your notes: only the words it said are raised",
 }
 SAMPLE_STATES = {"pending_judge": "waiting for the judge", "ready": "ready to train on"}
 

@@ -309,12 +309,15 @@ class SamplePipeline:
         return await self._evidence(inp, prompt_ids, adapter, sample) if self.cfg.positive_evidence else sample
 
     async def _scored_teacher(self, inp: SampleInputs, msgs: list[JsonObject], prompt_ids: list[int],
-                              adapter: str | None, sample: JudgedSample) -> JudgedSample:
+                              adapter: str | None, sample: JudgedSample, own_tokens: bool = False) -> JudgedSample:
         """The sample with the teacher context `prompt_ids`: the exact response ids and the
-        recorded top-K scored there by `adapter`, or why it trains token-level."""
+        recorded top-K scored there by `adapter`, or why it trains token-level (`own_tokens`:
+        the reply's own tokens only)."""
         logprobs = await self.engine.score(prompt_ids, inp.response_ids, adapter)
         top, token_level = None, None
-        if not inp.top_ids:
+        if own_tokens:
+            token_level = "notes_teacher"
+        elif not inp.top_ids:
             token_level = "no_top_k_recorded"
         else:
             try:
@@ -348,9 +351,12 @@ class SamplePipeline:
         note can retire (retirement.py); trained where it was served, a reply's teacher differs
         from its policy by the hint alone, which repeats a note. A liked reply without a hint has the notes
         for one: its teacher is the base model given the request as it was served, so it is
-        distilled, not only rewarded. The base model whichever version served: training a version
+        taught, not only rewarded. The base model whichever version served: training a version
         without the notes moves it with them too (the weights are shared), so as its own teacher
         it would chase its own drift (bench/README.md, "The notes' teacher is the base model").
+        It teaches the reply's own tokens, not the top-K: what the notes make a few percent likely
+        where the reply did not say it, raised in the bare context, becomes near-certain with the
+        notes ("Consolidating the reply's own tokens").
         Not an unrated reply: a version's reply with the notes may have drifted from them ("Four
         updates per batch on top"). The baseline is the serving version's logprobs in the request
         without the notes (sampled token and top-K; without the latter it trains token-level);
@@ -366,7 +372,7 @@ class SamplePipeline:
             return sample
         if sample.teacher_logprobs is None and (sample.reward or 0) > 0 and self.cfg.method != "binary":
             sample = await self._scored_teacher(inp, inp.request["messages"], inp.prompt_ids, None,
-                                                replace(sample, hint_source="notes"))
+                                                replace(sample, hint_source="notes"), own_tokens=True)
         top, token_level = None, sample.token_level_reason
         if sample.teacher_top_logprobs is not None and inp.top_ids:
             try:

@@ -341,8 +341,9 @@ def test_a_reply_served_with_notes_trains_without_them(store, engine, renderer, 
 @pytest.mark.parametrize("method", ["opd", "combined", "binary"])
 def test_a_liked_reply_served_with_notes_has_the_notes_for_a_hint(store, engine, renderer, method):
     """A 👍 without a correction gives no hint; consolidating, the notes are the hint: the teacher
-    is the request as it was served (notes in), scored on the reply and its recorded top-K, and
-    the trainer distils it in the request without them. So top-K OPD keeps a liked reply it would
+    is the request as it was served (notes in), scored on the reply's own tokens, not its top-K
+    (what the notes make likely where the reply did not say it would be raised everywhere), and
+    the trainer teaches it in the request without them. So OPD keeps a liked reply it would
     otherwise drop for want of a teacher; Binary RL has no use for a teacher and gets none."""
     notes = ["Please start with 'Sure!'."]
     served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
@@ -361,9 +362,8 @@ def test_a_liked_reply_served_with_notes_has_the_notes_for_a_hint(store, engine,
     assert json.loads(row["teacher_messages"]) == served["messages"]
     assert ready.teacher_logprobs == pytest.approx(
         asyncio.run(engine.score(served_prompt, ready.response_ids, None)), abs=1e-4)
-    expected = asyncio.run(engine.score_candidates(served_prompt, ready.response_ids, ready.top_ids))
-    assert ready.teacher_top_logprobs is not None and ready.distill
-    assert [x for r in ready.teacher_top_logprobs for x in r] == pytest.approx([x for r in expected for x in r], abs=1e-4)
+    assert (row["token_level_reason"], row["teacher_top_logprobs"], row["student_top_logprobs"]) == ("notes_teacher", None, None)
+    assert ready.teacher_top_logprobs is None and ready.top_ids is None, "the reply's own tokens only"
     assert ready.teacher_logprobs != pytest.approx(ready.behaviour_logprobs, abs=1e-4), "the notes change the context"
     asyncio.run(store.drop_samples([call_id], "held_out"))
     held, = store.held_out_calls(10)
