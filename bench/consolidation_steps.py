@@ -17,6 +17,11 @@ token with the note off, on the scenario's held-out tasks:
   reply's own tokens only (no top-K, so no distillation term), as the daemon teaches a liked reply;
 - `--eval-told` also rates whole replies with the note in context (does the trained model overdo
   what the note asks when told it?).
+- `--corrected`: corrections instead of liked replies. The served reply is the base model's greedy
+  reply without the note (it misses the preference), rated −1 with the note as the correction's
+  hint; it trains where it was served, against its teacher there plus the hint (`hint/user`, as
+  the daemon appends a hint), top-K from the serving policy, no distillation. `--topk-until N`
+  sets `TrainConfig.topk_until_nats` (top-K only up to where the reply left the teacher's path).
 
 Simplification against the daemon: the teacher stays the base model with the note (the daemon's
 teacher is the serving version with the note and the correction's hint), and the served replies
@@ -24,6 +29,7 @@ are the base model's (the daemon's come from the version live at the time).
 
     python bench/consolidation_steps.py --scenario great --steps 12 --out bench/results/consolidation_steps_great.json
     python bench/consolidation_steps.py --scenario great --steps 8 --eval-at 0,8 --eval-told --token-level --out OUT.json
+    python bench/consolidation_steps.py --scenario great --steps 8 --eval-at 0,8 --eval-told --corrected --topk-until 1 --out OUT.json
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ def main(args: argparse.Namespace) -> dict:
     from clawback.sim.probe import opener_ids
     from clawback.sim.scenarios import SCENARIOS
     from clawback.trainer.config import TrainConfig
-    from clawback.trainer.step import Sample, make_lora_model, make_optimizer, train_step
+    from clawback.trainer.step import Sample, make_lora_model, make_optimizer, topk_end, train_step
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -57,7 +63,7 @@ def main(args: argparse.Namespace) -> dict:
     tok = AutoTokenizer.from_pretrained(str(args.model))
     renderer = ChatRenderer(tok)
     hint = hint_of(scen)
-    cfg = TrainConfig(lr=args.lr, batch_size=args.batch)
+    cfg = TrainConfig(lr=args.lr, batch_size=args.batch, topk_until_nats=args.topk_until)
     model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32), cfg)
     opt = make_optimizer(model, cfg)
     good_ids = torch.tensor(opener_ids(tok, scen.name, scen.good_opener))
@@ -106,8 +112,10 @@ def main(args: argparse.Namespace) -> dict:
     train = list(scen.train[: args.tasks])
     held = list(scen.eval[: args.held_out])
     t0 = time.perf_counter()
-    teacher_prompts = [ids_of(told(plain(task), hint, "memory/user")) for task in train]
-    replies = greedy(teacher_prompts, args.max_tokens, teacher=True)
+    teacher_prompts = [ids_of(told(plain(task), hint, "hint/user" if args.corrected else "memory/user")) for task in train]
+    # a liked reply is the told model's; a corrected one is the untold model's, which missed
+    replies = greedy([ids_of(plain(t)) for t in train] if args.corrected else teacher_prompts, args.max_tokens,
+                     teacher=True)
     served = [(ids_of(plain(task)), tp, reply) for task, tp, (reply, _) in zip(train, teacher_prompts, replies)]
     print(f"served {len(served)} replies in {time.perf_counter() - t0:.0f} s; first: {tok.decode(served[0][2])[:80]!r}",
           flush=True)
@@ -119,6 +127,11 @@ def main(args: argparse.Namespace) -> dict:
         s_lp = logprobs(student_prompt, reply)
         resp = torch.tensor(reply)[:, None]
         behaviour, teacher_lp = s_lp.gather(1, resp)[:, 0].tolist(), t_lp.gather(1, resp)[:, 0].tolist()
+        if args.corrected:  # trained where served: the serving policy's top-K, no distillation
+            top_ids = s_lp.topk(cfg.opd_top_k, dim=-1).indices
+            return Sample(student_prompt, reply, behaviour, -1.0, teacher_logprobs=teacher_lp, top_ids=top_ids.tolist(),
+                          top_logprobs=s_lp.gather(1, top_ids).tolist(),
+                          teacher_top_logprobs=t_lp.gather(1, top_ids).tolist())
         if args.token_level:  # the reply's own tokens only: nothing it did not say is raised
             return Sample(student_prompt, reply, behaviour, 1.0, teacher_logprobs=teacher_lp)
         top_ids = t_lp.topk(cfg.opd_top_k, dim=-1).indices  # the serving policy (with the note) = the teacher here
@@ -149,13 +162,16 @@ def main(args: argparse.Namespace) -> dict:
                             if key in row}), flush=True)
         return row
 
+    # where each corrected reply left the teacher's path (1 nat), before any training
+    diverged_at = [topk_end(sample(i), 1.0) - 1 for i in range(len(served))] if args.corrected else None
     curve = [point(0, None)]
     for step in range(1, args.steps + 1):
         batch = [sample(((step - 1) * args.batch + j) % len(served)) for j in range(args.batch)]
         metrics = train_step(model, opt, batch, cfg)
         curve.append(point(step, {k: metrics[k] for k in ("loss", "grad_norm", "topk_adv", "adv") if k in metrics}))
     return {"scenario": args.scenario, "model": str(args.model), "lr": args.lr, "batch": args.batch,
-            "token_level": args.token_level,
+            "token_level": args.token_level, "corrected": args.corrected, "topk_until": args.topk_until,
+            "diverged_at": diverged_at,
             "tasks": len(train), "held_out": len(held), "hint": hint, "train_config": dataclasses.asdict(cfg), "curve": curve}
 
 
@@ -175,6 +191,10 @@ if __name__ == "__main__":
     ap.add_argument("--token-level", action="store_true",
                     help="train on the reply's own tokens only (no top-K teacher, no distillation term)")
     ap.add_argument("--eval-told", action="store_true", help="also rate whole replies with the note in context")
+    ap.add_argument("--corrected", action="store_true",
+                    help="train on corrected replies (the untold reply, rated -1, the note as the hint)")
+    ap.add_argument("--topk-until", type=float, default=None,
+                    help="TrainConfig.topk_until_nats (default: top-K at every position)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = main(args)

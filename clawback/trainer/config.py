@@ -39,6 +39,14 @@ class TrainConfig:
     # 0 = token-level OPD: A_t = w_opd·(teacher_t − behaviour_t) on the sampled token, unclipped.
     opd_top_k: int = 4
     opd_clip: float = 1.0
+    # Where a reply left what the hint asks: from the first position at which the teacher puts the
+    # reply's own token more than `topk_until_nats` below the behaviour policy, the teacher saw a
+    # prefix it would not have written, and its top-K there repairs that prefix ("Great question!"
+    # at the final answer of a reply that did not open with it) rather than says what the next
+    # token should have been. Top-K OPD (and distillation) then cover the positions up to and
+    # including that one; the later ones train on the sampled token (A_t = w_opd·(teacher_t −
+    # behaviour_t)). None = top-K at every position (bench/README.md, "Top-K up to the divergence").
+    topk_until_nats: float | None = 1.0
     # Distilled samples (opd, combined): a sample that trains in another context than its teacher
     # beyond the hint (note consolidation: the request without the preference notes its reply was
     # served with) adds distill_weight·KL(teacher ‖ π) over its recorded top-K and the rest of
@@ -120,6 +128,8 @@ class TrainConfig:
                 or self.distill_weight < 0):
             raise ValueError("need opd_top_k >= 0, opd_clip > 0, and evidence_weight, loop_penalty and "
                              "distill_weight >= 0")
+        if self.topk_until_nats is not None and self.topk_until_nats < 0:
+            raise ValueError("topk_until_nats must be >= 0 (or None: top-K at every position)")
         if self.updates_per_batch < 1:
             raise ValueError("updates_per_batch must be >= 1")
         if self.lora_rank < 1 or self.batch_size < 1 or (self.micro_batch_tokens is not None and self.micro_batch_tokens < 1):

@@ -161,6 +161,17 @@ def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sam
     return out
 
 
+def topk_end(s: TrainSample, until_nats: float | None) -> int:
+    """How many leading positions a sample's top-K teacher covers: all of them, or up to and
+    including the first where the teacher puts the reply's token more than `until_nats` below
+    the behaviour policy (TrainConfig.topk_until_nats)."""
+    R = len(s.response_ids)
+    if until_nats is None or s.teacher_logprobs is None:
+        return R
+    gaps = zip(s.teacher_logprobs, s.behaviour_logprobs, strict=True)
+    return next((t + 1 for t, (teacher, behaviour) in enumerate(gaps) if teacher - behaviour < -until_nats), R)
+
+
 def has_topk(s: TrainSample, k: int) -> bool:
     """The sample carries at least k recorded top tokens per position, with the teacher's view."""
     rows = s.top_ids
@@ -168,7 +179,8 @@ def has_topk(s: TrainSample, k: int) -> bool:
                 and len(rows) == len(s.response_ids) and all(len(r) >= k for r in rows))
 
 
-def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0) -> dict[str, torch.Tensor]:
+def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0,
+            topk_until_nats: float | None = None) -> dict[str, torch.Tensor]:
     """Prompts right-aligned at column C, responses left-aligned from C:
 
         [pad pad p p p | r r r pad]
@@ -177,6 +189,8 @@ def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0) -> 
     so the logits that predict every response token sit in the same last T+1 columns of every
     row, and the model computes logits for those columns only (`logits_to_keep`). Explicit
     position_ids keep each row's positions starting at 0 despite the left padding.
+    `topk_B_T` marks the positions a top-K teacher covers (TrainConfig.topk_until_nats); the
+    others carry the sampled-token teacher.
     """
     B = len(samples)
     C = max(len(s.prompt_ids) for s in samples)
@@ -190,7 +204,7 @@ def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0) -> 
     top_ids_B_T_K = torch.zeros(B, T, K, dtype=torch.long)
     top_behaviour_B_T_K = torch.zeros(B, T, K)
     top_teacher_B_T_K = torch.zeros(B, T, K)
-    topk_B = torch.zeros(B)
+    topk_B_T = torch.zeros(B, T)
     distill_B = torch.zeros(B)
     bonus_B_T = torch.zeros(B, T)
     for i, s in enumerate(samples):
@@ -203,11 +217,12 @@ def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0) -> 
         sampling_B_T[i, :R] = torch.tensor(list(sampled if sampled is not None else s.behaviour_logprobs))
         # No teacher, or a top-K teacher: the sampled-token OPD term is exactly 0 (teacher = behaviour).
         use_topk = has_topk(s, top_k)
-        teacher = s.teacher_logprobs if s.teacher_logprobs is not None and not use_topk else s.behaviour_logprobs
-        teacher_B_T[i, :R] = torch.tensor(list(teacher))
+        teacher = s.teacher_logprobs if s.teacher_logprobs is not None else s.behaviour_logprobs
+        topk_to = topk_end(s, topk_until_nats) if use_topk else 0
+        teacher_B_T[i, :R] = torch.tensor(list(s.behaviour_logprobs[:topk_to]) + list(teacher[topk_to:]))
         bonus_B_T[i, s.bonus_from:R] = float(s.bonus)
         if use_topk:
-            topk_B[i] = 1.0
+            topk_B_T[i, :topk_to] = 1.0
             distill_B[i] = float(s.distill)
             assert s.top_ids and s.top_logprobs and s.teacher_top_logprobs  # has_topk: it carries all three
             top_ids_B_T_K[i, :R] = torch.tensor([list(r[:K]) for r in s.top_ids])
@@ -226,7 +241,7 @@ def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0) -> 
         "top_ids_B_T_K": top_ids_B_T_K,
         "top_behaviour_B_T_K": top_behaviour_B_T_K,
         "top_teacher_B_T_K": top_teacher_B_T_K,
-        "topk_B": topk_B,
+        "topk_B_T": topk_B_T,
         "distill_B": distill_B,
         "reward_B": torch.tensor([float(s.reward) for s in samples]),
         "bonus_B_T": bonus_B_T,
@@ -370,8 +385,8 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
             optimizer.zero_grad(set_to_none=True)
             for g, group in enumerate(groups):
                 before_micro_batch()
-                batch = collate(group, device, cfg.opd_top_k if w_opd else 0)
-                use_topk = bool(batch["topk_B"].any())
+                batch = collate(group, device, cfg.opd_top_k if w_opd else 0, cfg.topk_until_nats)
+                use_topk = bool(batch["topk_B_T"].any())
                 ref_B_T = None
                 if update == 0 and cfg.kl_coef:
                     with torch.no_grad(), model.disable_adapter():
@@ -389,7 +404,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
                 k = sum(len(s.response_ids) for s in group)
                 if use_topk:
                     assert top_B_T_K is not None  # response_logprobs gathers it when top_k > 0
-                    rows_B_T = batch["mask_B_T"] * batch["topk_B"][:, None]
+                    rows_B_T = batch["mask_B_T"] * batch["topk_B_T"]
                     top_adv_B_T_K = topk_advantages(batch["top_teacher_B_T_K"], batch["top_behaviour_B_T_K"],
                                                     rows_B_T, w_opd=w_opd, clip=cfg.opd_clip)
                     topk_B_T = topk_policy_term(top_B_T_K, top_adv_B_T_K, old_top_B_T_K,

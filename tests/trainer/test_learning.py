@@ -304,6 +304,47 @@ def test_topk_opd_raises_a_token_the_student_did_not_sample():
     assert moved[4] > 0.5 and abs(moved[0]) < 1e-3, moved
 
 
+def test_top_k_stops_where_the_reply_left_the_teachers_path():
+    """Each reply's first token is one the teacher puts 3 nats below the student (the reply did not
+    do what the hint asks); at the second, the teacher prefers the student's 4th token, as a
+    teacher repairing a prefix it would not have written does. With `topk_until_nats` the top-K
+    term covers the first position only, so the second position's wanted token is not raised, and
+    the second position trains on its sampled token."""
+    P = prompts()
+    moved = {}
+    for until in (None, 1.0):
+        cfg = TrainConfig(method="opd", lora_rank=8, lora_alpha=16, lr=1e-2, opd_top_k=4, topk_until_nats=until)
+        model, opt = tiny_policy(cfg)
+        with torch.no_grad():
+            first_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+            first_B = first_B_V.argmax(-1)
+            second_B_V = model(input_ids=torch.cat([P, first_B[:, None]], 1)).logits[:, -1].float().log_softmax(-1)
+        top0_B_K, ids0_B_K = first_B_V.topk(4)
+        top1_B_K, ids1_B_K = second_B_V.topk(4)
+        wanted_B = ids1_B_K[:, 3]
+        teacher0_B_K = top0_B_K - 3.0
+        teacher1_B_K = top1_B_K + torch.tensor([0.0, 0.0, 0.0, 2.0])
+        samples = [Sample(P[i].tolist(), [int(ids0_B_K[i, 0]), int(ids1_B_K[i, 0])],
+                          [float(top0_B_K[i, 0]), float(top1_B_K[i, 0])], 0.0,
+                          [float(teacher0_B_K[i, 0]), float(top1_B_K[i, 0]) - 0.5],
+                          top_ids=[ids0_B_K[i].tolist(), ids1_B_K[i].tolist()],
+                          top_logprobs=[top0_B_K[i].tolist(), top1_B_K[i].tolist()],
+                          teacher_top_logprobs=[teacher0_B_K[i].tolist(), teacher1_B_K[i].tolist()])
+                   for i in range(N)]
+        batch = collate(samples[:1], torch.device("cpu"), top_k=4, topk_until_nats=until)
+        assert batch["topk_B_T"].tolist() == [[1.0, 1.0] if until is None else [1.0, 0.0]]
+        # where top-K covers a position its sampled-token term is 0 (teacher = behaviour)
+        sampled_gap = float(batch["teacher_B_T"][0, 1] - batch["behaviour_B_T"][0, 1])
+        assert sampled_gap == pytest.approx(0.0 if until is None else -0.5)
+        start = second_B_V.gather(-1, wanted_B[:, None]).mean()
+        for _ in range(5):
+            train_step(model, opt, samples, cfg)
+        with torch.no_grad():
+            end = model(input_ids=torch.cat([P, first_B[:, None]], 1)).logits[:, -1].float().log_softmax(-1)
+        moved[until] = float(end.gather(-1, wanted_B[:, None]).mean() - start)
+    assert moved[None] > 0.5 and moved[1.0] < 0.1, moved
+
+
 def test_a_distilled_sample_raises_a_token_the_student_finds_unlikely():
     """Note consolidation: in the context it trains in, the student gives the teacher's favourite
     token little probability (its 40th most likely), so the π-weighted top-K term barely moves
