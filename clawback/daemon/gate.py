@@ -140,7 +140,7 @@ class GateReport:
     ends the review), and how long the review took."""
 
     OPTIONAL: ClassVar = ("health", "retention", "collapse", "collapse_own_requests", "replay", "notes",
-                          "newly_failed", "seconds")
+                          "newly_failed", "check_seconds", "seconds")
     health: HealthCheck | None = None
     retention: RetentionCheck | None = None
     collapse: CollapseCheck | None = None
@@ -149,6 +149,8 @@ class GateReport:
     notes: NotesCheck | None = None  # None: no liked reply served with notes the person still has
     # What the candidate answered where the base model was right: the replies behind the score.
     newly_failed: dict[str, str] | None = None
+    # Where the review's time went: seconds per check (probes, your_requests, replay, notes).
+    check_seconds: dict[str, float] | None = None
     seconds: float | None = None
 
     def json(self) -> JsonObject:
@@ -156,6 +158,19 @@ class GateReport:
         out = _json(self)
         assert isinstance(out, dict)
         return out
+
+
+class _Stopwatch:
+    """Seconds between successive laps, by name."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 3)
+        self._last = now
 
 
 def _json(value: object) -> object:
@@ -301,6 +316,7 @@ class CandidateGate:
         if reasons:
             return Verdict(False, tuple(reasons), report)
         cand_name, live_name = Version.name_of(version), Version.name_of(live)
+        clock = _Stopwatch()
         base = await self._probe(None)
         cand = await self._probe(cand_name)
         ref = base if live is None else await self._probe(live_name)
@@ -311,20 +327,25 @@ class CandidateGate:
                            f"of 100 on {len(self.probes)} probes: {lost} newly failed, {gained} newly passed, "
                            f"p = {p:.3g} < {cfg.retention_alpha:g})")
         reasons += against_live_and_base(cand.stats, ref.stats, base.stats, cfg, live_name)
+        clock.lap("probes")
         held_out = await asyncio.to_thread(self._held_out_calls)  # read once: generated and replayed
         own = await self._own_requests(held_out, cand_name, live_name)
         if own:
             reasons += against_live_and_base(own.candidate, own.live, own.base, cfg, live_name,
                                              "your requests", NOT_ON_OWN_REQUESTS)
+        clock.lap("your_requests")
         replay, replay_reasons = await self._replay(held_out, cand_name, live_name)
+        clock.lap("replay")
         notes, notes_reasons = await self._notes(cand_name, live_name)
+        clock.lap("notes")
         reasons += replay_reasons + notes_reasons
         report = replace(
             report,
             retention=RetentionCheck(cand.score, base.score, ref.score, cfg.retention_margin, len(self.probes), lost,
                                      gained, round(p, 5), cfg.retention_alpha),
             collapse=CollapseCheck(cand.stats, ref.stats, base.stats), collapse_own_requests=own, replay=replay, notes=notes,
-            newly_failed={pid: cand.replies[pid] for pid in cand.failed if pid not in base.failed})
+            newly_failed={pid: cand.replies[pid] for pid in cand.failed if pid not in base.failed},
+            check_seconds=clock.laps)
         if reasons:
             return Verdict(False, tuple(reasons), report)
         history.append(HealthPoint(float(metrics.get("loss", 0.0)), float(metrics.get("grad_norm", 0.0))))

@@ -104,7 +104,9 @@ def test_a_candidate_that_answers_as_the_base_model_is_promoted(store):
     assert report.newly_failed == {} and report.replay is not None
     assert report.replay.margin == "skipped: no rated held-out calls"  # nothing held out yet
     assert report.collapse_own_requests is None  # nor requests of the person's to answer
-    assert list(report.json()) == ["health", "retention", "collapse", "replay", "newly_failed", "seconds"]
+    assert list(report.json()) == ["health", "retention", "collapse", "replay", "newly_failed", "check_seconds",
+                                   "seconds"]
+    assert list(report.check_seconds or {}) == ["probes", "your_requests", "replay", "notes"]
 
 
 def test_a_candidate_that_says_one_phrase_to_everything_is_refused_for_retention_and_collapse(store):
