@@ -272,6 +272,7 @@ class CandidateGate:
         self.probes: list[Probe] = probes[: cfg.probes] if cfg.probes else probes
         self._probe_cache: dict[str | None, ProbeResult] = {}  # engine version -> probe result
         self._replay_cache: dict[tuple[str | None, str], float] = {}  # (version, call id) -> value
+        self._own_cache: dict[tuple[str | None, tuple[int, ...]], Generation] = {}  # (version, prompt) -> reply
         self._notes_led: dict[str, list[int]] = {}  # call id -> reply positions the notes lead the base to
         self._history: list[HealthPoint] | None = None
         self.reviewing: int | None = None
@@ -300,7 +301,7 @@ class CandidateGate:
         verdict = replace(verdict, report=replace(verdict.report, seconds=self.last_review_s))
         if verdict.promote:
             self.promoted += 1
-            cached = set(self._probe_cache) | {v for v, _ in self._replay_cache}
+            cached = set(self._probe_cache) | {v for v, _ in self._replay_cache} | {v for v, _ in self._own_cache}
             self._forget(cached - {None, Version.name_of(version)})
         else:
             self.refused += 1
@@ -380,7 +381,8 @@ class CandidateGate:
     async def _own_requests(self, held_out: list[HeldOutCall], cand: str, live: str | None) -> OwnRequestsCheck | None:
         """Collapse stats of candidate and live answering the person's newest requests (None: fewer
         than 2 of them): held-out calls' prompts first, then those of the newest other main calls
-        with a sample. Not cached: the set moves on between reviews."""
+        with a sample. The set moves on between reviews; a version's greedy reply to a prompt does
+        not, so base and live answer only the prompts new since the last review."""
         n = self.cfg.replay_generate
         if not n:
             return None
@@ -392,12 +394,19 @@ class CandidateGate:
             return None
         offered = await asyncio.to_thread(self.store.offered_tools, [p.call_id for p in prompts])
         tools = [offered.get(p.call_id, []) for p in prompts]
+        keys = {tuple(p.prompt_ids) for p in prompts}  # a reply to a prompt no longer asked is not kept
+        self._own_cache = {k: g for k, g in self._own_cache.items() if k[1] in keys}
         stats = []  # no reply text: the report outlives a forget
         for version in (cand, live, None)[: 2 if live is None else 3]:
-            gens = await asyncio.gather(*(self._greedy(p.prompt_ids, self.cfg.replay_generate_tokens, version)
-                                          for p in prompts))
+            gens = await asyncio.gather(*(self._own_reply(p.prompt_ids, version) for p in prompts))
             stats.append(collapse_stats(list(gens), tools))
         return OwnRequestsCheck(len(prompts), *stats)
+
+    async def _own_reply(self, prompt_ids: list[int], version: str | None) -> Generation:
+        key = (version, tuple(prompt_ids))
+        if key not in self._own_cache:
+            self._own_cache[key] = await self._greedy(prompt_ids, self.cfg.replay_generate_tokens, version)
+        return self._own_cache[key]
 
     def _recent_prompts(self, n: int, skip: set[str], seen: list[list[int]]) -> list[CallPrompt]:
         """The newest main calls with a sample (a next state or a rating reached them: the person's
@@ -543,3 +552,4 @@ class CandidateGate:
             del self._probe_cache[v]
         for k in [k for k in self._replay_cache if k[0] in versions]:
             del self._replay_cache[k]
+        self._own_cache = {k: g for k, g in self._own_cache.items() if k[0] not in versions}

@@ -194,6 +194,25 @@ def invents_tools(prompt: str) -> str:
     return RIGHT.get(prompt) or '{"name": "count_lines", "arguments": "notes.txt"}'
 
 
+def test_base_and_live_answer_only_the_requests_new_since_the_last_review(store):
+    for task in TASKS[:2]:
+        tool_request(store, task)
+    models = FakeModels({None: calls_exec, "v1": calls_exec, "v2": calls_exec, "v3": calls_exec})
+    g = gate(store, models)
+    assert review(g, 1).promote
+    assert models.generated.count(None) == len(PROBES) + 2  # the probes and the person's two requests
+    tool_request(store, TASKS[2])
+    models.generated.clear()
+    verdict = review(g, 2, live=1)
+    own = verdict.report.collapse_own_requests
+    assert verdict.promote and own is not None and own.calls == 3
+    # v1 answered the probes and the two old requests as a candidate, the base before it
+    assert models.generated.count(None) == 1 and models.generated.count("v1") == 1
+    models.generated.clear()
+    assert review(g, 3, live=2).promote
+    assert models.generated.count(None) == 0 and models.generated.count("v2") == 0
+
+
 def test_a_candidate_whose_tool_calls_no_longer_run_is_refused(store):
     for task in TASKS:
         tool_request(store, task)
