@@ -176,9 +176,14 @@ class AdapterManager:
         if row.state in ("failed", "pruned"):
             raise AdapterError(f"{Version(version).name} is {row.state} and cannot serve")
         overrides = row.reason if row.state == "refused" else None
-        swap_s = await self.go_live(version, row.path)
-        # The person decided: neither a pending review nor the live guard takes it back.
+        # The person decided: neither a pending review nor the live guard takes it back. Marked
+        # before it serves, so a guard check already under way sees the mark before it rolls back.
         await self.record_gate(version, {"promoted_by_hand": time.time()})
+        try:
+            swap_s = await self.go_live(version, row.path)
+        except BaseException:
+            await self.store.update_adapter(version, gate=row.gate)  # it never served: no mark
+            raise
         self.store.add_event("adapter.promoted", str(version), {"overrides": overrides, "previous_state": row.state})
         return Promotion(version, swap_s, row.state, overrides)
 

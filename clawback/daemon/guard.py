@@ -122,7 +122,7 @@ class LiveGuard:
                 reasons.append(f"{label} rate {k_new}/{n} vs {k_old}/{old.replies} on "
                                f"{Version.name_of(parent) or 'base'} (Fisher one-sided p={p:.3g} < {alpha:.3g})")
         self.last = result
-        if reasons and self.adapters.live() == live:
+        if reasons and not await asyncio.to_thread(self._by_hand, live) and self.adapters.live() == live:
             reason = "rolled back after going live: " + "; ".join(reasons)
             await self.adapters.rollback(parent, force=True)  # the guard's own choice, whatever the parent's state
             await self.adapters.refuse(live, reason, {"guard": result})
@@ -132,6 +132,11 @@ class LiveGuard:
             self.on_rollback(Rollback(Version(live), Version.of(parent), reason))
         return result
 
+
+    def _by_hand(self, version: int) -> bool:
+        """Whether the person has put `version` live by hand (read again: it may have happened
+        while the feedback was counted)."""
+        return any(a.version == version and "promoted_by_hand" in a.gate for a in self.store.adapters())
 
     def _feedback(self, live: int, parent: int | None) -> tuple[ReplyFeedback, ReplyFeedback]:
         """The live version's first replies (its window) and the parent's newest ones (the baseline)."""

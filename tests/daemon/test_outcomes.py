@@ -366,3 +366,46 @@ def test_the_live_guard_rolls_back_a_version_whose_tool_calls_start_to_fail(tmp_
         assert store.adapters()[0].state == "refused"
     finally:
         store.close()
+
+
+def test_the_live_guard_leaves_a_version_the_person_promotes_while_it_counts(tmp_path, engine, renderer):  # noqa: F811
+    """v1's tool calls fail 7 times in 10 against 2 in 20 on the base, a significant rise; while
+    the guard counts them the person promotes v1 by hand (`clawback adapters promote 1`), and
+    the guard's rollback would undo what the person just did."""
+    from clawback.daemon.adapters import AdapterManager
+    from clawback.daemon.config import GateConfig
+    from clawback.daemon.guard import LiveGuard
+    from tests.daemon.engine_slots import Slots
+    from tests.daemon.test_loop_decisions import versions
+    from tests.daemon.test_samples import drain, pipe, served_call
+
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        adapters = AdapterManager(Slots(), store, tmp_path / "live", keep=2)  # type: ignore[arg-type]
+        root = versions(tmp_path, store, 1)
+        ok, failed = tool(exec_result("43 maple_4.txt", 0)), tool(exec_result(shape("python_traceback.txt"), 1))
+        for k in range(20):
+            served_call(store, renderer, engine, [failed if k < 2 else ok])
+        for k in range(10):
+            served_call(store, renderer, engine, [failed if k < 7 else ok], adapter_version=1)
+        drain(pipe(store, engine, renderer, None, method="binary"))
+        guard = LiveGuard(store, adapters, GateConfig(guard_replies=10, guard_baseline=200))
+        counted = guard._feedback
+
+        async def check():
+            await adapters.go_live(1, str(root / "v1"))
+            loop = asyncio.get_running_loop()
+
+            def promote_meanwhile(live, parent):
+                asyncio.run_coroutine_threadsafe(adapters.promote(1), loop).result(60)
+                return counted(live, parent)
+
+            guard._feedback = promote_meanwhile  # type: ignore[method-assign]
+            return await guard.check()
+
+        result = asyncio.run(check())
+        assert result is not None and result["tests"]["failed_outcome"] < 0.0167  # a rise the guard acts on ...
+        assert adapters.live() == 1 and "rolled_back" not in result  # ... but the person put v1 live
+        assert store.adapters()[0].state == "live"
+    finally:
+        store.close()
