@@ -21,7 +21,8 @@ token with the note off, on the scenario's held-out tasks:
   reply without the note (it misses the preference), rated −1 with the note as the correction's
   hint; it trains where it was served, against its teacher there plus the hint (`hint/user`, as
   the daemon appends a hint), top-K from the serving policy, no distillation. `--topk-until N`
-  sets `TrainConfig.topk_until_nats` (top-K only up to where the reply left the teacher's path).
+  sets `TrainConfig.topk_until_nats` (top-K only up to where the reply left the teacher's path);
+  `--method binary` trains the reward alone (no teacher term).
 
 Simplification against the daemon: the teacher stays the base model with the note (the daemon's
 teacher is the serving version with the note and the correction's hint), and the served replies
@@ -63,7 +64,7 @@ def main(args: argparse.Namespace) -> dict:
     tok = AutoTokenizer.from_pretrained(str(args.model))
     renderer = ChatRenderer(tok)
     hint = hint_of(scen)
-    cfg = TrainConfig(lr=args.lr, batch_size=args.batch, topk_until_nats=args.topk_until)
+    cfg = TrainConfig(method=args.method, lr=args.lr, batch_size=args.batch, topk_until_nats=args.topk_until)
     model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32), cfg)
     opt = make_optimizer(model, cfg)
     good_ids = torch.tensor(opener_ids(tok, scen.name, scen.good_opener))
@@ -170,7 +171,8 @@ def main(args: argparse.Namespace) -> dict:
         metrics = train_step(model, opt, batch, cfg)
         curve.append(point(step, {k: metrics[k] for k in ("loss", "grad_norm", "topk_adv", "adv") if k in metrics}))
     return {"scenario": args.scenario, "model": str(args.model), "lr": args.lr, "batch": args.batch,
-            "token_level": args.token_level, "corrected": args.corrected, "topk_until": args.topk_until,
+            "method": args.method, "token_level": args.token_level, "corrected": args.corrected,
+            "topk_until": args.topk_until,
             "diverged_at": diverged_at,
             "tasks": len(train), "held_out": len(held), "hint": hint, "train_config": dataclasses.asdict(cfg), "curve": curve}
 
@@ -193,6 +195,7 @@ if __name__ == "__main__":
     ap.add_argument("--eval-told", action="store_true", help="also rate whole replies with the note in context")
     ap.add_argument("--corrected", action="store_true",
                     help="train on corrected replies (the untold reply, rated -1, the note as the hint)")
+    ap.add_argument("--method", default="combined", choices=("combined", "binary", "opd"))
     ap.add_argument("--topk-until", type=float, default=None,
                     help="TrainConfig.topk_until_nats (default: top-K at every position)")
     ap.add_argument("--out", required=True)
