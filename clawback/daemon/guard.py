@@ -132,7 +132,6 @@ class LiveGuard:
             self.on_rollback(Rollback(Version(live), Version.of(parent), reason))
         return result
 
-
     def _by_hand(self, version: int) -> bool:
         """Whether the person has put `version` live by hand (read again: it may have happened
         while the feedback was counted)."""

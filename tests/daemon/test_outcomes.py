@@ -328,26 +328,35 @@ def test_where_the_reward_comes_from(tmp_path, engine, renderer, rules, signals,
         store.close()
 
 
-def test_the_live_guard_rolls_back_a_version_whose_tool_calls_start_to_fail(tmp_path, engine, renderer):  # noqa: F811
-    """Rewards from exec tool results through the real pipeline (tiny random Llama, real store); the
-    adapter slots without a model (tests/daemon/engine_slots.py), as the guard only swaps them.
-    The base model's commands failed 2 times in 20; v1's start to fail, and no person rates any."""
+def guarded_v1(tmp_path, store, renderer, engine):  # noqa: F811
+    """Adapter slots without a model (tests/daemon/engine_slots.py), as the guard only swaps them;
+    v1 committed; the base model's 20 replies, whose commands failed 2 times; a live guard over 10
+    replies. Returns (adapters, guard, versions root, an ok and a failed exec result)."""
     from clawback.daemon.adapters import AdapterManager
     from clawback.daemon.config import GateConfig
     from clawback.daemon.guard import LiveGuard
     from tests.daemon.engine_slots import Slots
     from tests.daemon.test_loop_decisions import versions
+    from tests.daemon.test_samples import served_call
+
+    adapters = AdapterManager(Slots(), store, tmp_path / "live", keep=2)  # type: ignore[arg-type]
+    root = versions(tmp_path, store, 1)
+    ok, failed = tool(exec_result("43 maple_4.txt", 0)), tool(exec_result(shape("python_traceback.txt"), 1))
+    for k in range(20):
+        served_call(store, renderer, engine, [failed if k < 2 else ok])
+    return adapters, LiveGuard(store, adapters, GateConfig(guard_replies=10, guard_baseline=200)), root, ok, failed
+
+
+def test_the_live_guard_rolls_back_a_version_whose_tool_calls_start_to_fail(tmp_path, engine, renderer):  # noqa: F811
+    """Rewards from exec tool results through the real pipeline (tiny random Llama, real store); the
+    adapter slots without a model (tests/daemon/engine_slots.py), as the guard only swaps them.
+    The base model's commands failed 2 times in 20; v1's start to fail, and no person rates any."""
     from tests.daemon.test_samples import drain, pipe, served_call
 
     store = Store(tmp_path / "db.sqlite")
     try:
-        adapters = AdapterManager(Slots(), store, tmp_path / "live", keep=2)  # type: ignore[arg-type]
-        root = versions(tmp_path, store, 1)
+        adapters, guard, root, ok, failed = guarded_v1(tmp_path, store, renderer, engine)
         asyncio.run(adapters.go_live(1, str(root / "v1")))
-        ok, failed = tool(exec_result("43 maple_4.txt", 0)), tool(exec_result(shape("python_traceback.txt"), 1))
-        for k in range(20):
-            served_call(store, renderer, engine, [failed if k < 2 else ok])
-        guard = LiveGuard(store, adapters, GateConfig(guard_replies=10, guard_baseline=200))
 
         def serve_v1(fails: int, fine: int = 0) -> dict:
             for state in [failed] * fails + [ok] * fine:
@@ -372,24 +381,14 @@ def test_the_live_guard_leaves_a_version_the_person_promotes_while_it_counts(tmp
     """v1's tool calls fail 7 times in 10 against 2 in 20 on the base, a significant rise; while
     the guard counts them the person promotes v1 by hand (`clawback adapters promote 1`), and
     the guard's rollback would undo what the person just did."""
-    from clawback.daemon.adapters import AdapterManager
-    from clawback.daemon.config import GateConfig
-    from clawback.daemon.guard import LiveGuard
-    from tests.daemon.engine_slots import Slots
-    from tests.daemon.test_loop_decisions import versions
     from tests.daemon.test_samples import drain, pipe, served_call
 
     store = Store(tmp_path / "db.sqlite")
     try:
-        adapters = AdapterManager(Slots(), store, tmp_path / "live", keep=2)  # type: ignore[arg-type]
-        root = versions(tmp_path, store, 1)
-        ok, failed = tool(exec_result("43 maple_4.txt", 0)), tool(exec_result(shape("python_traceback.txt"), 1))
-        for k in range(20):
-            served_call(store, renderer, engine, [failed if k < 2 else ok])
+        adapters, guard, root, ok, failed = guarded_v1(tmp_path, store, renderer, engine)
         for k in range(10):
             served_call(store, renderer, engine, [failed if k < 7 else ok], adapter_version=1)
         drain(pipe(store, engine, renderer, None, method="binary"))
-        guard = LiveGuard(store, adapters, GateConfig(guard_replies=10, guard_baseline=200))
         counted = guard._feedback
 
         async def check():
