@@ -21,12 +21,15 @@ token with the note off, on the scenario's held-out tasks:
   reply without the note (it misses the preference), rated −1 with the note as the correction's
   hint; it trains where it was served, against its teacher there plus the hint (`hint/user`, as
   the daemon appends a hint), top-K from the serving policy, no distillation. `--topk-until N`
-  sets `TrainConfig.topk_until_nats` (top-K only up to where the reply left the teacher's path);
+  sets `TrainConfig.topk_until_nats` (top-K only up to where the reply left the teacher's path),
+  `--penalty-until N` `TrainConfig.penalty_until_nats` (the −1 only up to there);
   `--method binary` trains the reward alone (no teacher term).
 
-Simplification against the daemon: the teacher stays the base model with the note (the daemon's
-teacher is the serving version with the note and the correction's hint), and the served replies
-are the base model's (the daemon's come from the version live at the time).
+Simplifications against the daemon: the teacher is the base model with the note, where a
+correction's teacher in the daemon is the serving version given the hint (`--teacher self`: the
+policy being trained, given the note as the hint, scored again before each step); the served
+replies are the base model's (the daemon's come from the version live at the time); and each
+reply trains once per pass over the tasks, its behaviour logprobs scored again each time.
 
     python bench/consolidation_steps.py --scenario great --steps 12 --out bench/results/consolidation_steps_great.json
     python bench/consolidation_steps.py --scenario great --steps 8 --eval-at 0,8 --eval-told --token-level --out OUT.json
@@ -55,7 +58,7 @@ def main(args: argparse.Namespace) -> dict:
     from clawback.sim.probe import opener_ids
     from clawback.sim.scenarios import SCENARIOS
     from clawback.trainer.config import TrainConfig
-    from clawback.trainer.step import Sample, make_lora_model, make_optimizer, topk_end, train_step
+    from clawback.trainer.step import Sample, make_lora_model, make_optimizer, divergence_end, train_step
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -64,7 +67,8 @@ def main(args: argparse.Namespace) -> dict:
     tok = AutoTokenizer.from_pretrained(str(args.model))
     renderer = ChatRenderer(tok)
     hint = hint_of(scen)
-    cfg = TrainConfig(method=args.method, lr=args.lr, batch_size=args.batch, topk_until_nats=args.topk_until)
+    cfg = TrainConfig(method=args.method, lr=args.lr, batch_size=args.batch, topk_until_nats=args.topk_until,
+                      penalty_until_nats=args.penalty_until)
     model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32), cfg)
     opt = make_optimizer(model, cfg)
     good_ids = torch.tensor(opener_ids(tok, scen.name, scen.good_opener))
@@ -120,11 +124,11 @@ def main(args: argparse.Namespace) -> dict:
     served = [(ids_of(plain(task)), tp, reply) for task, tp, (reply, _) in zip(train, teacher_prompts, replies)]
     print(f"served {len(served)} replies in {time.perf_counter() - t0:.0f} s; first: {tok.decode(served[0][2])[:80]!r}",
           flush=True)
-    teacher = [(logprobs(tp, r, teacher=True), r) for _, tp, r in served]
+    teacher = [logprobs(tp, r, teacher=True) for _, tp, r in served] if args.teacher == "base" else []
 
     def sample(i: int) -> Sample:
-        student_prompt, _, reply = served[i]
-        t_lp, _ = teacher[i]
+        student_prompt, teacher_prompt, reply = served[i]
+        t_lp = teacher[i] if args.teacher == "base" else logprobs(teacher_prompt, reply)
         s_lp = logprobs(student_prompt, reply)
         resp = torch.tensor(reply)[:, None]
         behaviour, teacher_lp = s_lp.gather(1, resp)[:, 0].tolist(), t_lp.gather(1, resp)[:, 0].tolist()
@@ -164,7 +168,7 @@ def main(args: argparse.Namespace) -> dict:
         return row
 
     # where each corrected reply left the teacher's path (1 nat), before any training
-    diverged_at = [topk_end(sample(i), 1.0) - 1 for i in range(len(served))] if args.corrected else None
+    diverged_at = [divergence_end(sample(i), 1.0) - 1 for i in range(len(served))] if args.corrected else None
     curve = [point(0, None)]
     for step in range(1, args.steps + 1):
         batch = [sample(((step - 1) * args.batch + j) % len(served)) for j in range(args.batch)]
@@ -172,7 +176,7 @@ def main(args: argparse.Namespace) -> dict:
         curve.append(point(step, {k: metrics[k] for k in ("loss", "grad_norm", "topk_adv", "adv") if k in metrics}))
     return {"scenario": args.scenario, "model": str(args.model), "lr": args.lr, "batch": args.batch,
             "method": args.method, "token_level": args.token_level, "corrected": args.corrected,
-            "topk_until": args.topk_until,
+            "topk_until": args.topk_until, "penalty_until": args.penalty_until, "teacher": args.teacher,
             "diverged_at": diverged_at,
             "tasks": len(train), "held_out": len(held), "hint": hint, "train_config": dataclasses.asdict(cfg), "curve": curve}
 
@@ -198,6 +202,10 @@ if __name__ == "__main__":
     ap.add_argument("--method", default="combined", choices=("combined", "binary", "opd"))
     ap.add_argument("--topk-until", type=float, default=None,
                     help="TrainConfig.topk_until_nats (default: top-K at every position)")
+    ap.add_argument("--penalty-until", type=float, default=None,
+                    help="TrainConfig.penalty_until_nats (default: a correction's -1 on every token)")
+    ap.add_argument("--teacher", default="base", choices=("base", "self"),
+                    help="the base model with the note, or the policy being trained with it (a correction's in the daemon)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = main(args)

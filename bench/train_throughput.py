@@ -79,7 +79,7 @@ def plain_step(model, opt, samples: list[Sample], cfg: TrainConfig, per_micro: i
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
         logp = logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         reward = torch.tensor([s.reward for s in group])
-        adv = advantages(reward, behaviour, behaviour, resp, w_binary=1.0, w_opd=0.0)
+        adv = advantages(reward[:, None] * resp, behaviour, behaviour, resp, w_binary=1.0, w_opd=0.0)
         loss, _ = policy_loss(logp, logp.detach(), behaviour, adv, resp, tis_cap=cfg.tis_cap)
         (loss * len(group) / n).backward()
         tokens += int(attn.sum())

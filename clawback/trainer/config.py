@@ -47,6 +47,15 @@ class TrainConfig:
     # including that one; the later ones train on the sampled token (A_t = w_opd·(teacher_t −
     # behaviour_t)). None = top-K at every position (bench/README.md, "Top-K up to the divergence").
     topk_until_nats: float | None = 1.0
+    # A negative reward on a sample with a teacher (a 👎 or correction with a hint) falls on its
+    # positions up to and including the first where the teacher puts the reply's own token more
+    # than `penalty_until_nats` below the behaviour policy: what the person rejected is where the
+    # reply left what they asked (its opener, say), not the working and answer after it. The later
+    # positions get no reward term (their OPD term stays). A negative reward on every token taught
+    # the model to stop answering ("Sure, I'd be happy to help! What's your homework about?") and,
+    # told the note, to loop on it (bench/README.md, "A correction's penalty up to the
+    # divergence"). None = the reward on every token, as for every other sample.
+    penalty_until_nats: float | None = 1.0
     # Distilled samples (opd, combined): a sample that trains in another context than its teacher
     # beyond the hint (note consolidation: the request without the preference notes its reply was
     # served with) adds distill_weight·KL(teacher ‖ π) over its recorded top-K and the rest of
@@ -130,6 +139,8 @@ class TrainConfig:
                              "distill_weight >= 0")
         if self.topk_until_nats is not None and self.topk_until_nats < 0:
             raise ValueError("topk_until_nats must be >= 0 (or None: top-K at every position)")
+        if self.penalty_until_nats is not None and self.penalty_until_nats < 0:
+            raise ValueError("penalty_until_nats must be >= 0 (or None: a penalty on every token)")
         if self.updates_per_batch < 1:
             raise ValueError("updates_per_batch must be >= 1")
         if self.lora_rank < 1 or self.batch_size < 1 or (self.micro_batch_tokens is not None and self.micro_batch_tokens < 1):

@@ -14,7 +14,7 @@ Tensor = torch.Tensor
 
 
 def advantages(
-    reward_B: Tensor,
+    reward_B_T: Tensor,
     teacher_logp_B_T: Tensor,
     behaviour_logp_B_T: Tensor,
     mask_B_T: Tensor,
@@ -23,13 +23,14 @@ def advantages(
     w_opd: float,
     bonus_B_T: Tensor | None = None,
 ) -> Tensor:
-    """A_t = w_binary·r + w_opd·(teacher_t − behaviour_t) (+ bonus_B_T), zero on padding.
+    """A_t = w_binary·r_t + w_opd·(teacher_t − behaviour_t) (+ bonus_B_T), zero on padding.
 
+    r_t is the sample's reward on the positions it falls on (step.collate) and 0 elsewhere.
     Binary RL is w_opd = 0, OPD is w_binary = 0 (TrainConfig.advantage_weights). The OPD baseline
     is the recorded behaviour logprob, not the trainer's recomputed one, so engine/trainer drift
     does not leak into the advantage. Pass teacher = behaviour for a sample without a teacher.
     """
-    adv_B_T = w_binary * reward_B[:, None] + w_opd * (teacher_logp_B_T - behaviour_logp_B_T)
+    adv_B_T = w_binary * reward_B_T + w_opd * (teacher_logp_B_T - behaviour_logp_B_T)
     if bonus_B_T is not None:  # positive evidence and loop rows (TrainConfig.evidence_weight, loop_penalty)
         adv_B_T = adv_B_T + bonus_B_T
     return torch.where(mask_B_T.bool(), adv_B_T, 0.0)

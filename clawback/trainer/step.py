@@ -161,10 +161,10 @@ def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sam
     return out
 
 
-def topk_end(s: TrainSample, until_nats: float | None) -> int:
-    """How many leading positions a sample's top-K teacher covers: all of them, or up to and
-    including the first where the teacher puts the reply's token more than `until_nats` below
-    the behaviour policy (TrainConfig.topk_until_nats)."""
+def divergence_end(s: TrainSample, until_nats: float | None) -> int:
+    """How many leading positions reach where the reply left its teacher's path: all of them, or
+    up to and including the first where the teacher puts the reply's token more than `until_nats`
+    below the behaviour policy (TrainConfig.topk_until_nats, penalty_until_nats)."""
     R = len(s.response_ids)
     if until_nats is None or s.teacher_logprobs is None:
         return R
@@ -180,7 +180,7 @@ def has_topk(s: TrainSample, k: int) -> bool:
 
 
 def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0,
-            topk_until_nats: float | None = None) -> dict[str, torch.Tensor]:
+            topk_until_nats: float | None = None, penalty_until_nats: float | None = None) -> dict[str, torch.Tensor]:
     """Prompts right-aligned at column C, responses left-aligned from C:
 
         [pad pad p p p | r r r pad]
@@ -190,7 +190,8 @@ def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0,
     row, and the model computes logits for those columns only (`logits_to_keep`). Explicit
     position_ids keep each row's positions starting at 0 despite the left padding.
     `topk_B_T` marks the positions a top-K teacher covers (TrainConfig.topk_until_nats); the
-    others carry the sampled-token teacher.
+    others carry the sampled-token teacher. `reward_B_T` is each sample's reward on the positions
+    it falls on: all of them, or a negative reward's up to the divergence (penalty_until_nats).
     """
     B = len(samples)
     C = max(len(s.prompt_ids) for s in samples)
@@ -205,6 +206,7 @@ def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0,
     top_behaviour_B_T_K = torch.zeros(B, T, K)
     top_teacher_B_T_K = torch.zeros(B, T, K)
     topk_B_T = torch.zeros(B, T)
+    reward_B_T = torch.zeros(B, T)
     distill_B = torch.zeros(B)
     bonus_B_T = torch.zeros(B, T)
     for i, s in enumerate(samples):
@@ -218,7 +220,8 @@ def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0,
         # No teacher, or a top-K teacher: the sampled-token OPD term is exactly 0 (teacher = behaviour).
         use_topk = has_topk(s, top_k)
         teacher = s.teacher_logprobs if s.teacher_logprobs is not None else s.behaviour_logprobs
-        topk_to = topk_end(s, topk_until_nats) if use_topk else 0
+        topk_to = divergence_end(s, topk_until_nats) if use_topk else 0
+        reward_B_T[i, : divergence_end(s, penalty_until_nats) if s.reward < 0 else R] = float(s.reward)
         teacher_B_T[i, :R] = torch.tensor(list(s.behaviour_logprobs[:topk_to]) + list(teacher[topk_to:]))
         bonus_B_T[i, s.bonus_from:R] = float(s.bonus)
         if use_topk:
@@ -243,7 +246,7 @@ def collate(samples: Sequence[Sample], device: torch.device, top_k: int = 0,
         "top_teacher_B_T_K": top_teacher_B_T_K,
         "topk_B_T": topk_B_T,
         "distill_B": distill_B,
-        "reward_B": torch.tensor([float(s.reward) for s in samples]),
+        "reward_B_T": reward_B_T,
         "bonus_B_T": bonus_B_T,
     }
     return {k: v.to(device) for k, v in batch.items()}
@@ -385,7 +388,8 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
             optimizer.zero_grad(set_to_none=True)
             for g, group in enumerate(groups):
                 before_micro_batch()
-                batch = collate(group, device, cfg.opd_top_k if w_opd else 0, cfg.topk_until_nats)
+                batch = collate(group, device, cfg.opd_top_k if w_opd else 0, cfg.topk_until_nats,
+                                cfg.penalty_until_nats)
                 use_topk = bool(batch["topk_B_T"].any())
                 ref_B_T = None
                 if update == 0 and cfg.kl_coef:
@@ -397,7 +401,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[T
                     old.append((logp_B_T.detach(), None if top_B_T_K is None else top_B_T_K.detach(), ref_B_T))
                 old_B_T, old_top_B_T_K, ref_B_T = old[g]
                 adv_B_T = advantages(
-                    batch["reward_B"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
+                    batch["reward_B_T"], batch["teacher_B_T"], batch["behaviour_B_T"], batch["mask_B_T"],
                     w_binary=w_binary, w_opd=w_opd, bonus_B_T=batch["bonus_B_T"],
                 )
                 topk_B_T = None

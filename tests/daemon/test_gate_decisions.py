@@ -168,7 +168,8 @@ def test_the_report_is_stored_as_the_gate_wrote_it(store):
     row, = store.adapters()
     assert (row.state, row.reason) == ("refused", verdict.reason)
     assert json.dumps(row.gate) == json.dumps(verdict.report.json())  # the same keys, in the same order
-    assert row.gate["collapse"]["candidate"]["self_similarity"] == verdict.report.collapse.candidate.self_similarity
+    collapse = verdict.report.collapse
+    assert collapse is not None and row.gate["collapse"]["candidate"]["self_similarity"] == collapse.candidate.self_similarity
 
 
 EXEC = {"type": "function", "function": {"name": "exec", "parameters": {

@@ -345,6 +345,40 @@ def test_top_k_stops_where_the_reply_left_the_teachers_path():
     assert moved[None] > 0.5 and moved[1.0] < 0.1, moved
 
 
+def test_a_corrections_penalty_falls_up_to_where_the_reply_left_the_hint():
+    """A corrected reply (−1, with its hint's teacher): the teacher puts its first token 3 nats
+    below the policy and agrees with its second. With `penalty_until_nats` the −1 falls on the
+    first token only, and the second (what followed a wrong opener: the working, the answer)
+    falls less than half as far as with the −1 on every token (the shared weights still move it). A liked reply's reward and a 👎 without a
+    teacher still cover every token."""
+    P = prompts()
+    with torch.no_grad():
+        model, _ = tiny_policy(TrainConfig())
+        first_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+        first_B = first_B_V.argmax(-1)
+        second_B_V = model(input_ids=torch.cat([P, first_B[:, None]], 1)).logits[:, -1].float().log_softmax(-1)
+        second_B = second_B_V.argmax(-1)
+    lp0_B, lp1_B = first_B_V.gather(-1, first_B[:, None])[:, 0], second_B_V.gather(-1, second_B[:, None])[:, 0]
+    samples = [Sample(P[i].tolist(), [int(first_B[i]), int(second_B[i])], [float(lp0_B[i]), float(lp1_B[i])], -1.0,
+                      [float(lp0_B[i]) - 3.0, float(lp1_B[i])]) for i in range(N)]
+    liked = replace(samples[0], reward=1.0)
+    untaught = replace(samples[0], teacher_logprobs=None)
+    batch = collate([samples[0], liked, untaught], torch.device("cpu"), penalty_until_nats=1.0)
+    assert batch["reward_B_T"].tolist() == [[-1.0, 0.0], [1.0, 1.0], [-1.0, -1.0]]
+    moved = {}
+    for until in (None, 1.0):
+        cfg = TrainConfig(method="binary", lora_rank=8, lora_alpha=16, lr=1e-2, penalty_until_nats=until)
+        model, opt = tiny_policy(cfg)
+        for _ in range(5):
+            train_step(model, opt, samples, cfg)
+        with torch.no_grad():
+            lp0 = model(input_ids=P).logits[:, -1].float().log_softmax(-1).gather(-1, first_B[:, None])[:, 0]
+            after = model(input_ids=torch.cat([P, first_B[:, None]], 1)).logits[:, -1].float().log_softmax(-1)
+        moved[until] = (float((lp0 - lp0_B).mean()), float((after.gather(-1, second_B[:, None])[:, 0] - lp1_B).mean()))
+    assert moved[None][0] < -1.0 and moved[1.0][0] < -1.0, moved
+    assert moved[None][1] < -1.0 and moved[1.0][1] > 0.5 * moved[None][1], moved
+
+
 def test_a_distilled_sample_raises_a_token_the_student_finds_unlikely():
     """Note consolidation: in the context it trains in, the student gives the teacher's favourite
     token little probability (its 40th most likely), so the π-weighted top-K term barely moves

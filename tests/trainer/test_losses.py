@@ -90,7 +90,7 @@ def test_padding_is_ignored_and_each_sample_is_a_token_mean_then_batch_mean():
 
 
 def test_combined_advantage_weights_and_methods():
-    reward = t(1.0, -1.0)
+    reward = t([1.0, 1.0], [-1.0, -1.0])
     teacher = t([-1.0, -2.0], [-0.5, 9.0])
     behaviour = t([-2.0, -2.0], [-1.5, 0.0])
     mask = t([1.0, 1.0], [1.0, 0.0])
