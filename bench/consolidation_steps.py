@@ -58,7 +58,7 @@ def main(args: argparse.Namespace) -> dict:
     from clawback.sim.probe import opener_ids
     from clawback.sim.scenarios import SCENARIOS
     from clawback.trainer.config import TrainConfig
-    from clawback.trainer.step import Sample, make_lora_model, make_optimizer, divergence_end, train_step
+    from clawback.trainer.step import Sample, divergence_end, make_lora_model, make_optimizer, train_step
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
