@@ -51,10 +51,8 @@ class TrainConfig:
     # positions up to and including the first where the teacher puts the reply's own token more
     # than `penalty_until_nats` below the behaviour policy: what the person rejected is where the
     # reply left what they asked (its opener, say), not the working and answer after it. The later
-    # positions get no reward term (their OPD term stays). A negative reward on every token taught
-    # the model to stop answering ("Sure, I'd be happy to help! What's your homework about?") and,
-    # told the note, to loop on it (bench/README.md, "A correction's penalty up to the
-    # divergence"). None = the reward on every token, as for every other sample.
+    # positions get no reward term (their OPD term stays). None = the reward on every token, as
+    # for every other sample (bench/README.md, "A correction's penalty up to the divergence").
     penalty_until_nats: float | None = 1.0
     # Distilled samples (opd, combined): a sample that trains in another context than its teacher
     # beyond the hint (note consolidation: the request without the preference notes its reply was
