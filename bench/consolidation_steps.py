@@ -23,7 +23,10 @@ token with the note off, on the scenario's held-out tasks:
   the daemon appends a hint), top-K from the serving policy, no distillation. `--topk-until N`
   sets `TrainConfig.topk_until_nats` (top-K only up to where the reply left the teacher's path),
   `--penalty-until N` `TrainConfig.penalty_until_nats` (the −1 only up to there);
-  `--method binary` trains the reward alone (no teacher term).
+  `--method binary` trains the reward alone (no teacher term); `--teacher-top` takes the top-K
+  ids from the teacher instead and distils them (what the teacher would have said where the
+  reply diverged); `--evidence W` adds the teacher's own greedy reply under the hint as a row with
+  advantage W (`TrainConfig.evidence_weight`).
 
 Simplifications against the daemon: the teacher is the base model with the note, where a
 correction's teacher in the daemon is the serving version given the hint (`--teacher self`: the
@@ -68,7 +71,7 @@ def main(args: argparse.Namespace) -> dict:
     renderer = ChatRenderer(tok)
     hint = hint_of(scen)
     cfg = TrainConfig(method=args.method, lr=args.lr, batch_size=args.batch, topk_until_nats=args.topk_until,
-                      penalty_until_nats=args.penalty_until)
+                      penalty_until_nats=args.penalty_until, evidence_weight=args.evidence)
     model = make_lora_model(AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32), cfg)
     opt = make_optimizer(model, cfg)
     good_ids = torch.tensor(opener_ids(tok, scen.name, scen.good_opener))
@@ -133,10 +136,17 @@ def main(args: argparse.Namespace) -> dict:
         resp = torch.tensor(reply)[:, None]
         behaviour, teacher_lp = s_lp.gather(1, resp)[:, 0].tolist(), t_lp.gather(1, resp)[:, 0].tolist()
         if args.corrected:  # trained where served: the serving policy's top-K, no distillation
-            top_ids = s_lp.topk(cfg.opd_top_k, dim=-1).indices
+            top_ids = (t_lp if args.teacher_top else s_lp).topk(cfg.opd_top_k, dim=-1).indices
+            evidence_ids = evidence_lps = None
+            if args.evidence:  # the teacher's own greedy reply, as the daemon's _evidence makes it
+                (ids, stopped), = greedy([teacher_prompt], 2 * len(reply) + 32, teacher=args.teacher == "base")
+                if stopped and ids:
+                    evidence_ids = ids
+                    evidence_lps = logprobs(student_prompt, ids).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
             return Sample(student_prompt, reply, behaviour, -1.0, teacher_logprobs=teacher_lp, top_ids=top_ids.tolist(),
                           top_logprobs=s_lp.gather(1, top_ids).tolist(),
-                          teacher_top_logprobs=t_lp.gather(1, top_ids).tolist())
+                          teacher_top_logprobs=t_lp.gather(1, top_ids).tolist(), evidence_ids=evidence_ids,
+                          evidence_logprobs=evidence_lps, distill=args.teacher_top)
         if args.token_level:  # the reply's own tokens only: nothing it did not say is raised
             return Sample(student_prompt, reply, behaviour, 1.0, teacher_logprobs=teacher_lp)
         top_ids = t_lp.topk(cfg.opd_top_k, dim=-1).indices  # the serving policy (with the note) = the teacher here
@@ -173,10 +183,11 @@ def main(args: argparse.Namespace) -> dict:
     for step in range(1, args.steps + 1):
         batch = [sample(((step - 1) * args.batch + j) % len(served)) for j in range(args.batch)]
         metrics = train_step(model, opt, batch, cfg)
-        curve.append(point(step, {k: metrics[k] for k in ("loss", "grad_norm", "topk_adv", "adv") if k in metrics}))
+        curve.append(point(step, {k: metrics[k] for k in ("loss", "grad_norm", "topk_adv", "adv", "evidence_rows") if k in metrics}))
     return {"scenario": args.scenario, "model": str(args.model), "lr": args.lr, "batch": args.batch,
             "method": args.method, "token_level": args.token_level, "corrected": args.corrected,
             "topk_until": args.topk_until, "penalty_until": args.penalty_until, "teacher": args.teacher,
+            "teacher_top": args.teacher_top, "evidence": args.evidence,
             "diverged_at": diverged_at,
             "tasks": len(train), "held_out": len(held), "hint": hint, "train_config": dataclasses.asdict(cfg), "curve": curve}
 
@@ -206,6 +217,10 @@ if __name__ == "__main__":
                     help="TrainConfig.penalty_until_nats (default: a correction's -1 on every token)")
     ap.add_argument("--teacher", default="base", choices=("base", "self"),
                     help="the base model with the note, or the policy being trained with it (a correction's in the daemon)")
+    ap.add_argument("--teacher-top", action="store_true",
+                    help="--corrected: the teacher's top-K ids, distilled, instead of the serving policy's")
+    ap.add_argument("--evidence", type=float, default=0.0,
+                    help="--corrected: TrainConfig.evidence_weight (the teacher's greedy reply as a row)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = main(args)
