@@ -129,7 +129,7 @@ def main(args: argparse.Namespace) -> dict:
           flush=True)
     teacher = [logprobs(tp, r, teacher=True) for _, tp, r in served] if args.teacher == "base" else []
 
-    def sample(i: int) -> Sample:
+    def sample(i: int, evidence: bool = True) -> Sample:
         student_prompt, teacher_prompt, reply = served[i]
         t_lp = teacher[i] if args.teacher == "base" else logprobs(teacher_prompt, reply)
         s_lp = logprobs(student_prompt, reply)
@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> dict:
         if args.corrected:  # trained where served: the serving policy's top-K, no distillation
             top_ids = (t_lp if args.teacher_top else s_lp).topk(cfg.opd_top_k, dim=-1).indices
             evidence_ids = evidence_lps = None
-            if args.evidence:  # the teacher's own greedy reply, as the daemon's _evidence makes it
+            if args.evidence and evidence:  # the teacher's own greedy reply, as the daemon's _evidence makes it
                 (ids, stopped), = greedy([teacher_prompt], 2 * len(reply) + 32, teacher=args.teacher == "base")
                 if stopped and ids:
                     evidence_ids = ids
@@ -178,7 +178,7 @@ def main(args: argparse.Namespace) -> dict:
         return row
 
     # where each corrected reply left the teacher's path (1 nat), before any training
-    diverged_at = [divergence_end(sample(i), 1.0) - 1 for i in range(len(served))] if args.corrected else None
+    diverged_at = [divergence_end(sample(i, evidence=False), 1.0) - 1 for i in range(len(served))] if args.corrected else None
     curve = [point(0, None)]
     for step in range(1, args.steps + 1):
         batch = [sample(((step - 1) * args.batch + j) % len(served)) for j in range(args.batch)]
