@@ -26,7 +26,8 @@ token with the note off, on the scenario's held-out tasks:
   `--method binary` trains the reward alone (no teacher term); `--teacher-top` takes the top-K
   ids from the teacher instead and distils them (what the teacher would have said where the
   reply diverged); `--evidence W` adds the teacher's own greedy reply under the hint as a row with
-  advantage W (`TrainConfig.evidence_weight`).
+  advantage W plus the OPD term on its tokens (`TrainConfig.evidence_weight`; `--evidence-bonus-only`:
+  W alone, as before the teacher's logprobs of its reply were kept).
 
 Simplifications against the daemon: the teacher is the base model with the note, where a
 correction's teacher in the daemon is the serving version given the hint (`--teacher self`: the
@@ -137,16 +138,20 @@ def main(args: argparse.Namespace) -> dict:
         behaviour, teacher_lp = s_lp.gather(1, resp)[:, 0].tolist(), t_lp.gather(1, resp)[:, 0].tolist()
         if args.corrected:  # trained where served: the serving policy's top-K, no distillation
             top_ids = (t_lp if args.teacher_top else s_lp).topk(cfg.opd_top_k, dim=-1).indices
-            evidence_ids = evidence_lps = None
+            evidence_ids = evidence_lps = evidence_teacher = None
             if args.evidence and evidence:  # the teacher's own greedy reply, as the daemon's _evidence makes it
                 (ids, stopped), = greedy([teacher_prompt], 2 * len(reply) + 32, teacher=args.teacher == "base")
                 if stopped and ids:
-                    evidence_ids = ids
-                    evidence_lps = logprobs(student_prompt, ids).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+                    evidence_ids, column = ids, torch.tensor(ids)[:, None]
+                    evidence_lps = logprobs(student_prompt, ids).gather(1, column)[:, 0].tolist()
+                    if not args.evidence_bonus_only:
+                        evidence_teacher = logprobs(teacher_prompt, ids, teacher=args.teacher == "base").gather(
+                            1, column)[:, 0].tolist()
             return Sample(student_prompt, reply, behaviour, -1.0, teacher_logprobs=teacher_lp, top_ids=top_ids.tolist(),
                           top_logprobs=s_lp.gather(1, top_ids).tolist(),
                           teacher_top_logprobs=t_lp.gather(1, top_ids).tolist(), evidence_ids=evidence_ids,
-                          evidence_logprobs=evidence_lps, distill=args.teacher_top)
+                          evidence_logprobs=evidence_lps, evidence_teacher_logprobs=evidence_teacher,
+                          distill=args.teacher_top)
         if args.token_level:  # the reply's own tokens only: nothing it did not say is raised
             return Sample(student_prompt, reply, behaviour, 1.0, teacher_logprobs=teacher_lp)
         top_ids = t_lp.topk(cfg.opd_top_k, dim=-1).indices  # the serving policy (with the note) = the teacher here
@@ -187,7 +192,7 @@ def main(args: argparse.Namespace) -> dict:
     return {"scenario": args.scenario, "model": str(args.model), "lr": args.lr, "batch": args.batch,
             "method": args.method, "token_level": args.token_level, "corrected": args.corrected,
             "topk_until": args.topk_until, "penalty_until": args.penalty_until, "teacher": args.teacher,
-            "teacher_top": args.teacher_top, "evidence": args.evidence,
+            "teacher_top": args.teacher_top, "evidence": args.evidence, "evidence_bonus_only": args.evidence_bonus_only,
             "diverged_at": diverged_at,
             "tasks": len(train), "held_out": len(held), "hint": hint, "train_config": dataclasses.asdict(cfg), "curve": curve}
 
@@ -221,6 +226,8 @@ if __name__ == "__main__":
                     help="--corrected: the teacher's top-K ids, distilled, instead of the serving policy's")
     ap.add_argument("--evidence", type=float, default=0.0,
                     help="--corrected: TrainConfig.evidence_weight (the teacher's greedy reply as a row)")
+    ap.add_argument("--evidence-bonus-only", action="store_true",
+                    help="--evidence: the row without its OPD term (the teacher's logprobs of its reply unknown)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = main(args)

@@ -212,6 +212,7 @@ class JudgedSample:
     # in the original context (the sample's prompt, no hint).
     evidence_ids: list[int] | None = None
     evidence_logprobs: list[float] | None = None
+    evidence_teacher_logprobs: list[float] | None = None  # the teacher's, of its own reply under the hint
     # Note consolidation: a reply served with preference notes trains under the request without
     # them (the rendered prompt) against the serving version's logprobs there, sampled token and
     # top-K, so the weights learn what the notes asked for. None = it trains as it was served.
@@ -244,6 +245,7 @@ class ReadySample:
     teacher_top_logprobs: list[list[float]] | None = None
     evidence_ids: list[int] | None = None  # see JudgedSample
     evidence_logprobs: list[float] | None = None
+    evidence_teacher_logprobs: list[float] | None = None
     reward_source: str | None = None  # see JudgedSample
     correction: str | None = None  # the person's correction, if any
     # The prompt as it was served, where `prompt_ids` is another one (note consolidation): the

@@ -339,10 +339,12 @@ class SamplePipeline:
             return sample
         stops = self.engine.info.eos_token_ids
         sampling = Sampling(temperature=0.0, max_tokens=budget, stop_token_ids=stops)
-        ids = [t.id async for t in self.engine.generate(prompt_ids, sampling, adapter, background=True)]
+        tokens = [t async for t in self.engine.generate(prompt_ids, sampling, adapter, background=True)]
+        ids = [t.id for t in tokens]
         if degenerate(ids, "stop" if ids and ids[-1] in stops else "length") is not None:
             return sample
-        return replace(sample, evidence_ids=ids, evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, adapter))
+        return replace(sample, evidence_ids=ids, evidence_teacher_logprobs=[t.logprob for t in tokens],
+                       evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, adapter))
 
     async def _consolidate(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
         """The sample of a reply not disliked, set to train in the request without its preference

@@ -63,7 +63,8 @@ class TrainConfig:
     distill_weight: float = 1.0
     # Positive evidence (opd, combined): a sample that carries the teacher's own reply under the
     # hint adds that reply as one more row of the batch, in the sample's original context, with
-    # A_t = evidence_weight on every token (weighted distillation of the teacher's reply; its
+    # A_t = evidence_weight + w_opd·(teacher_t − behaviour_t) on every token: the teacher's reply
+    # weighted as a whole, and most where the policy without the hint is furthest from it (its
     # behaviour logprobs are the policy's own, so the importance weight is 1). 0 = off.
     evidence_weight: float = 0.0
     # > 0: a reply that falls into a repetition loop (the same 6 tokens three times) and that the

@@ -250,7 +250,7 @@ def test_a_sample_that_trains_token_level_records_why(store, engine, renderer, c
 def test_positive_evidence_is_the_teachers_own_reply_scored_without_the_hint(ending_model_dir, tmp_path):
     """On a model that ends its replies (a random one never does, and a cut reply is no evidence):
     the teacher's greedy reply under the hint is stored with the policy's logprobs of it in the
-    original context."""
+    original context and the teacher's under the hint."""
     from transformers import AutoTokenizer
 
     from clawback.engine import Sampling
@@ -275,6 +275,8 @@ def test_positive_evidence_is_the_teachers_own_reply_scored_without_the_hint(end
         assert ids[-1] in engine.info.eos_token_ids and ready.evidence_ids == ids
         expected = asyncio.run(engine.score(ready.prompt_ids, ids))
         assert ready.evidence_logprobs == pytest.approx(expected, abs=1e-4)
+        # the teacher's logprobs of its reply, as generated, are what scoring it under the hint gives
+        assert ready.evidence_teacher_logprobs == pytest.approx(asyncio.run(engine.score(hinted, ids)), abs=1e-3)
     finally:
         store.close()
         asyncio.run(engine.close())

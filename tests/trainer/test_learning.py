@@ -20,6 +20,7 @@ from clawback.trainer.step import (
     micro_batches,
     response_logprobs,
     train_step,
+    with_evidence,
 )
 
 V, PROMPT_LEN, RESPONSE_LEN, N = 64, 4, 8, 32
@@ -426,6 +427,32 @@ def test_positive_evidence_teaches_the_teachers_reply():
         moved[weight] = first_token_logp(model, P, TARGET) - start
         assert m["samples"] == N and m["evidence_rows"] == (N if weight else 0)
     assert moved[1.0] > 0.5 and abs(moved[0.0]) < 1e-3, moved
+
+
+def test_evidence_with_the_teachers_logprobs_weighs_most_where_the_policy_is_furthest():
+    """The teacher's reply is [TARGET, 8]: the teacher is sure of both, the policy (no hint) finds
+    TARGET unlikely and 8 after it as likely as the teacher does. With the teacher's logprobs the
+    row's advantage is evidence_weight + (teacher − behaviour): TARGET's share of the update
+    grows, and it gains more than under the weight alone, which spreads evenly over both."""
+    P = prompts()
+    cfg = TrainConfig(method="opd", lora_rank=8, lora_alpha=16, lr=1e-2, opd_top_k=0, evidence_weight=1.0)
+    with torch.no_grad():
+        model, _ = tiny_policy(cfg)
+        first_B_V = model(input_ids=P).logits[:, -1].float().log_softmax(-1)
+        then_B_V = model(input_ids=torch.cat([P, torch.full((N, 1), TARGET)], 1)).logits[:, -1].float().log_softmax(-1)
+    behaviour = [[float(first_B_V[i, TARGET]), float(then_B_V[i, 8])] for i in range(N)]
+    moved = {}
+    for knows in (False, True):
+        samples = [Sample(P[i].tolist(), [8], [float(first_B_V[i, 8])], 0.0, [float(first_B_V[i, 8])],
+                          evidence_ids=[TARGET, 8], evidence_logprobs=behaviour[i],
+                          evidence_teacher_logprobs=[-0.05, behaviour[i][1]] if knows else None) for i in range(N)]
+        row = with_evidence(samples[:1], 1.0)[1]
+        assert list(row.teacher_logprobs or []) == ([-0.05, behaviour[0][1]] if knows else behaviour[0])
+        model, opt = tiny_policy(cfg)
+        for _ in range(3):
+            train_step(model, opt, samples, cfg)
+        moved[knows] = first_token_logp(model, P, TARGET) - float(first_B_V[:, TARGET].mean())
+    assert moved[False] > 0.2 and moved[True] > moved[False] + 0.2, moved
 
 
 def test_a_loop_row_pushes_down_the_repeat_only():
