@@ -213,6 +213,9 @@ class JudgedSample:
     evidence_ids: list[int] | None = None
     evidence_logprobs: list[float] | None = None
     evidence_teacher_logprobs: list[float] | None = None  # the teacher's, of its own reply under the hint
+    # The context the evidence trains in where it is not the sample's (a disliked reply's
+    # evidence, consolidated: the request without the notes); evidence_logprobs are scored there.
+    evidence_prompt_ids: list[int] | None = None
     # Note consolidation: a reply served with preference notes trains under the request without
     # them (the rendered prompt) against the serving version's logprobs there, sampled token and
     # top-K, so the weights learn what the notes asked for. None = it trains as it was served.
@@ -246,6 +249,7 @@ class ReadySample:
     evidence_ids: list[int] | None = None  # see JudgedSample
     evidence_logprobs: list[float] | None = None
     evidence_teacher_logprobs: list[float] | None = None
+    evidence_prompt_ids: list[int] | None = None
     reward_source: str | None = None  # see JudgedSample
     correction: str | None = None  # the person's correction, if any
     # The prompt as it was served, where `prompt_ids` is another one (note consolidation): the

@@ -260,6 +260,8 @@ class SamplePipeline:
         unrated_trains = sample.teacher_logprobs is not None or cfg.count_zero_signal
         if cfg.consolidate_notes and inp.request.get("memory_notes") and (reward > 0 or reward == 0 and unrated_trains):
             sample = await self._consolidate(inp, sample)
+        elif cfg.consolidate_notes and inp.request.get("memory_notes") and sample.evidence_ids:
+            sample = await self._evidence_without_notes(inp, sample)
         has_teacher = sample.teacher_logprobs is not None
         has_signal = {"binary": reward != 0, "opd": has_teacher, "combined": reward != 0 or has_teacher}[cfg.method]
         keep = has_signal or cfg.count_zero_signal
@@ -364,13 +366,8 @@ class SamplePipeline:
         without the notes (sampled token and top-K; without the latter it trains token-level);
         when that version is no longer loaded the sample trains as it was served."""
         adapter = Version.name_of(inp.adapter_version)
-        if adapter is not None and adapter not in self.engine.loaded_versions():
-            log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)
-            return sample
-        messages = strip(inp.request["messages"], inp.request["memory_notes"])
-        req = ChatRequest.model_validate({**inp.request, "messages": messages, "memory_notes": None})
-        _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
-        if prompt_ids == inp.prompt_ids:  # the notes are not where inject put them
+        prompt_ids = await self._without_notes(inp, adapter)
+        if prompt_ids is None:
             return sample
         if sample.teacher_logprobs is None and (sample.reward or 0) > 0 and self.cfg.method != "binary":
             sample = await self._scored_teacher(inp, inp.request["messages"], inp.prompt_ids, None,
@@ -388,6 +385,27 @@ class SamplePipeline:
                        token_level_reason=token_level,
                        student_logprobs=await self.engine.score(prompt_ids, inp.response_ids, adapter),
                        evidence_logprobs=evidence)
+
+    async def _without_notes(self, inp: SampleInputs, adapter: str | None) -> list[int] | None:
+        """The request rendered without its preference notes, to score in with `adapter`; None
+        when that version is unloaded or the notes are not where inject put them."""
+        if adapter is not None and adapter not in self.engine.loaded_versions():
+            log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)
+            return None
+        messages = strip(inp.request["messages"], inp.request["memory_notes"])
+        req = ChatRequest.model_validate({**inp.request, "messages": messages, "memory_notes": None})
+        _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
+        return None if prompt_ids == inp.prompt_ids else list(prompt_ids)
+
+    async def _evidence_without_notes(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
+        """A disliked reply trains as it was served, but its teacher's own reply is what the notes
+        and the hint led to: like a liked reply, it trains in the request without the notes."""
+        adapter = Version.name_of(inp.adapter_version)
+        prompt_ids = await self._without_notes(inp, adapter)
+        if prompt_ids is None or sample.evidence_ids is None:
+            return sample
+        return replace(sample, evidence_prompt_ids=prompt_ids,
+                       evidence_logprobs=await self.engine.score(prompt_ids, sample.evidence_ids, adapter))
 
     async def _write(self, sample: JudgedSample, votes: list[VoteRecord]) -> bool:
         return await self.store.write_sample(replace(sample, votes=tuple(votes)))

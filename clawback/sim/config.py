@@ -58,6 +58,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("default_consolidated", "combined", memory=True, consolidate=True),
     # ... with four clipped updates per batch (every sample of it, liked or corrected).
     Method("default_consolidated_updates", "combined", memory=True, consolidate=True, train={"updates_per_batch": 4}),
+    # ... with the teacher's own hinted reply to each correction as positive evidence, trained without the notes.
+    Method("default_consolidated_evidence", "combined", memory=True, consolidate=True, train={"evidence_weight": 1.0}),
     Method("combined_ungated", "combined", gated=False),
     # The original OpenClaw-RL recipe (daemon/config.py PRESET_SIGNALS and trainer/config.py
     # PRESETS "seed"): combined advantage on the sampled token with its hint wording, teacher = the

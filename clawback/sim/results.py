@@ -231,7 +231,8 @@ COMPARISONS = (("default", "memory"), ("default", "binary"), ("default", "combin
                ("combined", "none"), ("opd", "none"), ("combined", "seed"), ("seed", "none"),
                ("default", "default_ungated"), ("combined", "combined_ungated"),
                ("default_consolidated", "default"), ("default_consolidated", "memory"),
-               ("default_consolidated_updates", "default_consolidated"), ("default_consolidated_updates", "memory"))
+               ("default_consolidated_updates", "default_consolidated"), ("default_consolidated_updates", "memory"),
+               ("default_consolidated_evidence", "default_consolidated"), ("default_consolidated_evidence", "memory"))
 
 
 def _first_last(cell: CellRecord, key: HeldOutKey) -> tuple[float, float] | None:

@@ -49,6 +49,8 @@ class TrainSample(Protocol):
     @property
     def evidence_teacher_logprobs(self) -> Sequence[float] | None: ...
     @property
+    def evidence_prompt_ids(self) -> Sequence[int] | None: ...
+    @property
     def loop_from(self) -> int | None: ...
     @property
     def distill(self) -> bool: ...
@@ -69,10 +71,12 @@ class Sample:
     top_logprobs: Sequence[Sequence[float]] | None = None
     teacher_top_logprobs: Sequence[Sequence[float]] | None = None
     # Positive evidence: the teacher's own reply under the hint, the policy's logprobs of it (no
-    # hint) and the teacher's (under the hint); `with_evidence` turns it into a row of its own.
+    # hint; in evidence_prompt_ids when given, else in prompt_ids) and the teacher's (under the
+    # hint); `with_evidence` turns it into a row of its own.
     evidence_ids: Sequence[int] | None = None
     evidence_logprobs: Sequence[float] | None = None
     evidence_teacher_logprobs: Sequence[float] | None = None
+    evidence_prompt_ids: Sequence[int] | None = None
     # A loop sample: the response ends with the loop's first repeat, which starts here.
     loop_from: int | None = None
     # Its top-K teacher saw another context than prompt_ids plus a hint: distil it (TrainConfig.distill_weight).
@@ -85,21 +89,22 @@ class Sample:
     def of(cls, s: TrainSample) -> Sample:
         return cls(s.prompt_ids, s.response_ids, s.behaviour_logprobs, s.reward, s.teacher_logprobs,
                    s.sampling_logprobs, s.top_ids, s.top_logprobs, s.teacher_top_logprobs, s.evidence_ids,
-                   s.evidence_logprobs, s.evidence_teacher_logprobs, s.loop_from, s.distill)
+                   s.evidence_logprobs, s.evidence_teacher_logprobs, s.evidence_prompt_ids, s.loop_from, s.distill)
 
 
 def with_evidence(samples: Sequence[Sample], weight: float) -> list[Sample]:
     """The samples plus, for each that carries positive evidence, a row of the teacher's reply in
-    the sample's own context: advantage `weight` on every token plus the OPD term where the
-    teacher's logprobs of its reply are known (the row then trains as a liked reply taught by the
-    same teacher would), no reward."""
+    the context its logprobs were scored in: advantage `weight` on every token plus the OPD term
+    where the teacher's logprobs of its reply are known (the row then trains as a liked reply
+    taught by the same teacher would), no reward."""
     out = list(samples)
     if weight > 0:
         for s in samples:
             ids, lps, teacher = s.evidence_ids, s.evidence_logprobs, s.evidence_teacher_logprobs
             if ids and lps and len(ids) == len(lps):
                 known = teacher is not None and len(teacher) == len(ids)
-                out.append(Sample(s.prompt_ids, ids, lps, 0.0, teacher if known else lps, bonus=weight))
+                out.append(Sample(s.evidence_prompt_ids or s.prompt_ids, ids, lps, 0.0, teacher if known else lps,
+                                  bonus=weight))
     return out
 
 

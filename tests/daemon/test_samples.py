@@ -408,6 +408,37 @@ def test_a_disliked_reply_served_with_notes_trains_as_it_was_served(store, engin
     assert ready.prompt_ids == served_prompt and ready.served_prompt_ids is None and not ready.distill
 
 
+@pytest.mark.parametrize("consolidate", [True, False])
+def test_a_disliked_replys_evidence_trains_without_the_notes(ending_model_dir, tmp_path, consolidate):
+    """The reply trains as served, but its teacher's own reply is what the notes and the hint led
+    to: consolidating, it is scored in the request without the notes and trains there (a model
+    that ends its replies: a cut teacher reply is no evidence)."""
+    from transformers import AutoTokenizer
+
+    engine = EmbeddedEngine(ending_model_dir)
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(ending_model_dir)))
+    store = Store(tmp_path / "db.sqlite")
+    notes = ["Please start with 'Sure!'."]
+    served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
+    try:
+        served_call(store, renderer, engine, None, request=served)
+        feedback(store, "thumbs_down")
+        feedback(store, "correction", "Start with 'Sure!'.")
+        drain(pipe(store, engine, renderer, None, method="combined", consolidate_notes=consolidate,
+                   positive_evidence=True))
+        ready, = store.ready_samples(10)
+        _, served_prompt = renderer.render(ChatRequest.model_validate(served))
+        _, bare_prompt = renderer.render(ChatRequest.model_validate(REQUEST))
+        assert ready.prompt_ids == served_prompt and ready.evidence_ids
+        context = bare_prompt if consolidate else served_prompt
+        assert ready.evidence_prompt_ids == (bare_prompt if consolidate else None)
+        assert ready.evidence_logprobs == pytest.approx(
+            asyncio.run(engine.score(context, ready.evidence_ids)), abs=1e-4)
+    finally:
+        store.close()
+        asyncio.run(engine.close())
+
+
 @pytest.mark.parametrize("consolidate, rated", [(False, True), (True, False)])
 def test_no_teacher_for_a_reply_without_a_hint_unless_consolidating_a_liked_one(store, engine, renderer,
                                                                                   consolidate, rated):

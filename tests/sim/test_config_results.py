@@ -89,6 +89,7 @@ def test_method_lists():
                                      "opd_token",
                                      "opd_evidence",
                                      "combined", "default_ungated", "default_consolidated", "default_consolidated_updates",
+                                     "default_consolidated_evidence",
                                      "combined_ungated",
                                      "seed")
     assert parse_methods("combined, binary,combined") == ("combined", "binary")

@@ -448,6 +448,8 @@ def test_evidence_with_the_teachers_logprobs_weighs_most_where_the_policy_is_fur
                           evidence_teacher_logprobs=[-0.05, behaviour[i][1]] if knows else None) for i in range(N)]
         row = with_evidence(samples[:1], 1.0)[1]
         assert list(row.teacher_logprobs or []) == ([-0.05, behaviour[0][1]] if knows else behaviour[0])
+        assert row.prompt_ids == samples[0].prompt_ids
+        assert with_evidence([replace(samples[0], evidence_prompt_ids=[3, 4])], 1.0)[1].prompt_ids == [3, 4]
         model, opt = tiny_policy(cfg)
         for _ in range(3):
             train_step(model, opt, samples, cfg)

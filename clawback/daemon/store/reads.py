@@ -147,7 +147,7 @@ class Reads:
         def q(c: sqlite3.Connection) -> list[ReadySample]:
             rows = c.execute(
                 "SELECT s.call_id, s.reward, s.reward_source, s.correction, s.teacher_logprobs, s.teacher_top_logprobs, s.evidence_ids, "
-                "s.evidence_logprobs, s.evidence_teacher_logprobs, s.loop_from, s.loop_to, s.student_prompt_ids, s.student_logprobs, "
+                "s.evidence_logprobs, s.evidence_teacher_logprobs, s.evidence_prompt_ids, s.loop_from, s.loop_to, s.student_prompt_ids, s.student_logprobs, "
                 "s.student_top_logprobs, c.prompt_ids, c.response_ids, "
                 "c.behaviour_logprobs, c.sampling_logprobs, c.top_ids, c.top_logprobs, c.adapter_version "
                 "FROM samples s JOIN calls c USING (call_id) "
@@ -183,6 +183,7 @@ class Reads:
                     evidence_ids=_opt(blob_ids, r["evidence_ids"]),
                     evidence_logprobs=_opt(blob_logprobs, r["evidence_logprobs"]),
                     evidence_teacher_logprobs=_opt(blob_logprobs, r["evidence_teacher_logprobs"]),
+                    evidence_prompt_ids=_opt(blob_ids, r["evidence_prompt_ids"]),
                     loop_from=r["loop_from"],
                     served_prompt_ids=blob_ids(r["prompt_ids"]) if consolidated else None,
                 ))

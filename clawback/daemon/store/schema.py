@@ -130,7 +130,7 @@ SAMPLE_VERDICT_COLUMNS = tuple(f.name for f in fields(JudgedSample) if f.name no
 SAMPLE_BLOBS: dict[str, Callable[[Any], bytes]] = {
     "teacher_prompt_ids": ids_blob, "teacher_logprobs": logprobs_blob, "teacher_top_logprobs": logprobs_blob,
     "evidence_ids": ids_blob, "evidence_logprobs": logprobs_blob, "evidence_teacher_logprobs": logprobs_blob,
-    "student_prompt_ids": ids_blob,
+    "evidence_prompt_ids": ids_blob, "student_prompt_ids": ids_blob,
     "student_logprobs": logprobs_blob, "student_top_logprobs": logprobs_blob}
 TRAIN_STEP_COLUMNS = ("version", "parent", "started_at", "finished_at", "samples", "outcome", "error", "metrics")
 ADAPTER_COLUMNS = ("version", "parent", "path", "state", "reason", "method", "samples", "metrics", "created_at",
