@@ -27,7 +27,8 @@ token with the note off, on the scenario's held-out tasks:
   ids from the teacher instead and distils them (what the teacher would have said where the
   reply diverged); `--evidence W` adds the teacher's own greedy reply under the hint as a row with
   advantage W plus the OPD term on its tokens (`TrainConfig.evidence_weight`; `--evidence-bonus-only`:
-  W alone, as before the teacher's logprobs of its reply were kept).
+  W alone, as before the teacher's logprobs of its reply were kept; `--evidence-teacher base`: the
+  base model given the hint writes and scores it, whatever `--teacher` is).
 
 Simplifications against the daemon: the teacher is the base model with the note, where a
 correction's teacher in the daemon is the serving version given the hint (`--teacher self`: the
@@ -140,12 +141,13 @@ def main(args: argparse.Namespace) -> dict:
             top_ids = (t_lp if args.teacher_top else s_lp).topk(cfg.opd_top_k, dim=-1).indices
             evidence_ids = evidence_lps = evidence_teacher = None
             if args.evidence and evidence:  # the teacher's own greedy reply, as the daemon's _evidence makes it
-                (ids, stopped), = greedy([teacher_prompt], 2 * len(reply) + 32, teacher=args.teacher == "base")
+                base_writes = (args.evidence_teacher or args.teacher) == "base"
+                (ids, stopped), = greedy([teacher_prompt], 2 * len(reply) + 32, teacher=base_writes)
                 if stopped and ids:
                     evidence_ids, column = ids, torch.tensor(ids)[:, None]
                     evidence_lps = logprobs(student_prompt, ids).gather(1, column)[:, 0].tolist()
                     if not args.evidence_bonus_only:
-                        evidence_teacher = logprobs(teacher_prompt, ids, teacher=args.teacher == "base").gather(
+                        evidence_teacher = logprobs(teacher_prompt, ids, teacher=base_writes).gather(
                             1, column)[:, 0].tolist()
             return Sample(student_prompt, reply, behaviour, -1.0, teacher_logprobs=teacher_lp, top_ids=top_ids.tolist(),
                           top_logprobs=s_lp.gather(1, top_ids).tolist(),
@@ -193,6 +195,7 @@ def main(args: argparse.Namespace) -> dict:
             "method": args.method, "token_level": args.token_level, "corrected": args.corrected,
             "topk_until": args.topk_until, "penalty_until": args.penalty_until, "teacher": args.teacher,
             "teacher_top": args.teacher_top, "evidence": args.evidence, "evidence_bonus_only": args.evidence_bonus_only,
+            "evidence_teacher": args.evidence_teacher or args.teacher,
             "diverged_at": diverged_at,
             "tasks": len(train), "held_out": len(held), "hint": hint, "train_config": dataclasses.asdict(cfg), "curve": curve}
 
@@ -226,6 +229,8 @@ if __name__ == "__main__":
                     help="--corrected: the teacher's top-K ids, distilled, instead of the serving policy's")
     ap.add_argument("--evidence", type=float, default=0.0,
                     help="--corrected: TrainConfig.evidence_weight (the teacher's greedy reply as a row)")
+    ap.add_argument("--evidence-teacher", choices=("base", "self"), default=None,
+                    help="--evidence: who writes (and scores) the evidence reply under the hint (default: --teacher)")
     ap.add_argument("--evidence-bonus-only", action="store_true",
                     help="--evidence: the row without its OPD term (the teacher's logprobs of its reply unknown)")
     ap.add_argument("--out", required=True)

@@ -334,9 +334,12 @@ class SamplePipeline:
     async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], adapter: str | None,
                         sample: JudgedSample) -> JudgedSample:
         """The teacher's own greedy reply under the hinted context and the policy's logprobs of it
-        in the original context; none when that reply is degenerate (cut, empty, a loop)."""
+        in the original context; none when that reply is degenerate (cut, empty, a loop). It gets
+        the room the request gave the served reply: a reply corrected for stopping short needs
+        more than its own length."""
         room = self.engine.info.context_length - max(len(prompt_ids), len(inp.prompt_ids))
-        budget = min(2 * len(inp.response_ids) + 32, room)
+        asked = inp.request.get("max_completion_tokens") or inp.request.get("max_tokens")
+        budget = min(asked if isinstance(asked, int) else 2 * len(inp.response_ids) + 32, room)
         if budget <= 0:
             return sample
         stops = self.engine.info.eos_token_ids

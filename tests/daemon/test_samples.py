@@ -250,7 +250,7 @@ def test_a_sample_that_trains_token_level_records_why(store, engine, renderer, c
 def test_positive_evidence_is_the_teachers_own_reply_scored_without_the_hint(ending_model_dir, tmp_path):
     """On a model that ends its replies (a random one never does, and a cut reply is no evidence):
     the teacher's greedy reply under the hint is stored with the policy's logprobs of it in the
-    original context and the teacher's under the hint."""
+    original context and the teacher's under the hint; its budget is the request's max_tokens."""
     from transformers import AutoTokenizer
 
     from clawback.engine import Sampling
@@ -277,6 +277,19 @@ def test_positive_evidence_is_the_teachers_own_reply_scored_without_the_hint(end
         assert ready.evidence_logprobs == pytest.approx(expected, abs=1e-4)
         # the teacher's logprobs of its reply, as generated, are what scoring it under the hint gives
         assert ready.evidence_teacher_logprobs == pytest.approx(asyncio.run(engine.score(hinted, ids)), abs=1e-3)
+
+        # the teacher gets the room the request gave the reply (without one, twice the reply's)
+        budgets, generate = [], engine.generate
+
+        def recording(prompt_ids, sampling, *args, **kw):
+            budgets.append(sampling.max_tokens)
+            return generate(prompt_ids, sampling, *args, **kw)
+
+        engine.generate = recording
+        served_call(store, renderer, engine, None, request={**REQUEST, "max_tokens": 300})
+        feedback(store, "correction", "Shorter please.")
+        drain(pipe(store, engine, renderer, None, method="opd", positive_evidence=True))
+        assert budgets[-1] == 300
     finally:
         store.close()
         asyncio.run(engine.close())
