@@ -308,7 +308,11 @@ class SamplePipeline:
         if adapter is not None and adapter not in self.engine.loaded_versions():
             return replace(sample, reason="teacher_version_unloaded")
         sample = await self._scored_teacher(inp, msgs, prompt_ids, adapter, sample)
-        return await self._evidence(inp, prompt_ids, adapter, sample) if self.cfg.positive_evidence else sample
+        if not self.cfg.positive_evidence:
+            return sample
+        # Consolidating, the evidence teaches the weights without the notes, as a liked reply does,
+        # and is written by the same teacher: the base model (see _consolidate).
+        return await self._evidence(inp, prompt_ids, None if self.cfg.consolidate_notes else adapter, sample)
 
     async def _scored_teacher(self, inp: SampleInputs, msgs: list[JsonObject], prompt_ids: list[int],
                               adapter: str | None, sample: JudgedSample, own_tokens: bool = False) -> JudgedSample:
@@ -331,12 +335,15 @@ class SamplePipeline:
                        teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top,
                        token_level_reason=token_level)
 
-    async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], adapter: str | None,
+    async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], writer: str | None,
                         sample: JudgedSample) -> JudgedSample:
-        """The teacher's own greedy reply under the hinted context and the policy's logprobs of it
-        in the original context; none when that reply is degenerate (cut, empty, a loop). It gets
-        the room the request gave the served reply: a reply corrected for stopping short needs
-        more than its own length."""
+        """The teacher's (`writer`'s) own greedy reply under the hinted context and the serving
+        policy's logprobs of it in the original context; none when that reply is degenerate (cut,
+        empty, a loop) or the serving version is unloaded. It gets the room the request gave the
+        served reply: a reply corrected for stopping short needs more than its own length."""
+        policy = Version.name_of(inp.adapter_version)
+        if policy is not None and policy not in self.engine.loaded_versions():
+            return sample
         room = self.engine.info.context_length - max(len(prompt_ids), len(inp.prompt_ids))
         asked = inp.request.get("max_completion_tokens") or inp.request.get("max_tokens")
         budget = min(asked if isinstance(asked, int) else 2 * len(inp.response_ids) + 32, room)
@@ -344,12 +351,12 @@ class SamplePipeline:
             return sample
         stops = self.engine.info.eos_token_ids
         sampling = Sampling(temperature=0.0, max_tokens=budget, stop_token_ids=stops)
-        tokens = [t async for t in self.engine.generate(prompt_ids, sampling, adapter, background=True)]
+        tokens = [t async for t in self.engine.generate(prompt_ids, sampling, writer, background=True)]
         ids = [t.id for t in tokens]
         if degenerate(ids, "stop" if ids and ids[-1] in stops else "length") is not None:
             return sample
         return replace(sample, evidence_ids=ids, evidence_teacher_logprobs=[t.logprob for t in tokens],
-                       evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, adapter))
+                       evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, policy))
 
     async def _consolidate(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
         """The sample of a reply not disliked, set to train in the request without its preference

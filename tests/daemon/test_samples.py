@@ -423,30 +423,45 @@ def test_a_disliked_reply_served_with_notes_trains_as_it_was_served(store, engin
 
 @pytest.mark.parametrize("consolidate", [True, False])
 def test_a_disliked_replys_evidence_trains_without_the_notes(ending_model_dir, tmp_path, consolidate):
-    """The reply trains as served, but its teacher's own reply is what the notes and the hint led
-    to: consolidating, it is scored in the request without the notes and trains there (a model
-    that ends its replies: a cut teacher reply is no evidence)."""
+    """v1 served a disliked reply with notes. The reply trains as served, but its teacher's own
+    reply is what the notes and the hint led to: consolidating, it is written by the base model
+    (the notes' teacher, as for a liked reply) and scored by v1 in the request without the notes,
+    where it trains; otherwise v1 writes it, scored where the reply was served (a model that ends
+    its replies: a cut teacher reply is no evidence)."""
     from transformers import AutoTokenizer
 
     engine = EmbeddedEngine(ending_model_dir)
+    asyncio.run(engine.load_adapter("v1", str(random_lora(ending_model_dir, tmp_path, 1))))
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(ending_model_dir)))
     store = Store(tmp_path / "db.sqlite")
     notes = ["Please start with 'Sure!'."]
     served = {**REQUEST, "memory_notes": notes, "messages": inject(REQUEST["messages"], notes)}
+    writers, generate = [], engine.generate
+
+    def recording(prompt_ids, sampling, adapter=None, **kw):
+        writers.append(adapter)
+        return generate(prompt_ids, sampling, adapter, **kw)
+
     try:
-        served_call(store, renderer, engine, None, request=served)
+        call_id = served_call(store, renderer, engine, None, request=served, adapter_version=1)
         feedback(store, "thumbs_down")
         feedback(store, "correction", "Start with 'Sure!'.")
+        engine.generate = recording
         drain(pipe(store, engine, renderer, None, method="combined", consolidate_notes=consolidate,
-                   positive_evidence=True))
+                   positive_evidence=True, teacher="self"))
+        assert writers == [None if consolidate else "v1"], "who wrote the evidence"
         ready, = store.ready_samples(10)
         _, served_prompt = renderer.render(ChatRequest.model_validate(served))
         _, bare_prompt = renderer.render(ChatRequest.model_validate(REQUEST))
+        msgs = json.loads(sample_row(store, call_id)["teacher_messages"])
+        _, hinted = renderer.render(ChatRequest.model_validate({**REQUEST, "messages": msgs}))
         assert ready.prompt_ids == served_prompt and ready.evidence_ids
         context = bare_prompt if consolidate else served_prompt
         assert ready.evidence_prompt_ids == (bare_prompt if consolidate else None)
         assert ready.evidence_logprobs == pytest.approx(
-            asyncio.run(engine.score(context, ready.evidence_ids)), abs=1e-4)
+            asyncio.run(engine.score(context, ready.evidence_ids, "v1")), abs=1e-4)
+        assert ready.evidence_teacher_logprobs == pytest.approx(
+            asyncio.run(engine.score(hinted, ready.evidence_ids, writers[0])), abs=1e-3)
     finally:
         store.close()
         asyncio.run(engine.close())
