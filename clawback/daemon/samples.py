@@ -260,8 +260,6 @@ class SamplePipeline:
         unrated_trains = sample.teacher_logprobs is not None or cfg.count_zero_signal
         if cfg.consolidate_notes and inp.request.get("memory_notes") and (reward > 0 or reward == 0 and unrated_trains):
             sample = await self._consolidate(inp, sample)
-        elif cfg.consolidate_notes and inp.request.get("memory_notes") and sample.evidence_ids:
-            sample = await self._evidence_without_notes(inp, sample)
         has_teacher = sample.teacher_logprobs is not None
         has_signal = {"binary": reward != 0, "opd": has_teacher, "combined": reward != 0 or has_teacher}[cfg.method]
         keep = has_signal or cfg.count_zero_signal
@@ -310,9 +308,7 @@ class SamplePipeline:
         sample = await self._scored_teacher(inp, msgs, prompt_ids, adapter, sample)
         if not self.cfg.positive_evidence:
             return sample
-        # Consolidating, the evidence teaches the weights without the notes, as a liked reply does,
-        # and is written by the same teacher: the base model (see _consolidate).
-        return await self._evidence(inp, prompt_ids, None if self.cfg.consolidate_notes else adapter, sample)
+        return await self._evidence(inp, prompt_ids, adapter, sample)
 
     async def _scored_teacher(self, inp: SampleInputs, msgs: list[JsonObject], prompt_ids: list[int],
                               adapter: str | None, sample: JudgedSample, own_tokens: bool = False) -> JudgedSample:
@@ -335,15 +331,21 @@ class SamplePipeline:
                        teacher_prompt_ids=list(prompt_ids), teacher_logprobs=logprobs, teacher_top_logprobs=top,
                        token_level_reason=token_level)
 
-    async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], writer: str | None,
+    async def _evidence(self, inp: SampleInputs, prompt_ids: list[int], adapter: str | None,
                         sample: JudgedSample) -> JudgedSample:
-        """The teacher's (`writer`'s) own greedy reply under the hinted context and the serving
-        policy's logprobs of it in the original context; none when that reply is degenerate (cut,
-        empty, a loop) or the serving version is unloaded. It gets the room the request gave the
-        served reply: a reply corrected for stopping short needs more than its own length."""
+        """The teacher's own greedy reply under the hinted context and the serving policy's
+        logprobs of it where it trains; none when that reply is degenerate (cut, empty, a loop) or
+        the serving version is unloaded. It gets the room the request gave the served reply: a
+        reply corrected for stopping short needs more than its own length. Consolidating notes,
+        the evidence teaches the weights without them, as a liked reply does, whatever the reply's
+        rating: it is written by the liked replies' teacher, the base model (see _consolidate), and
+        trains in the request without the notes; otherwise `adapter` writes it, and it trains in the
+        original context."""
         policy = Version.name_of(inp.adapter_version)
         if policy is not None and policy not in self.engine.loaded_versions():
             return sample
+        writer, context = (None, await self._without_notes(inp, policy)) if self.cfg.consolidate_notes else (adapter, None)
+        context = context or inp.prompt_ids
         room = self.engine.info.context_length - max(len(prompt_ids), len(inp.prompt_ids))
         asked = inp.request.get("max_completion_tokens") or inp.request.get("max_tokens")
         budget = min(asked if isinstance(asked, int) else 2 * len(inp.response_ids) + 32, room)
@@ -356,7 +358,8 @@ class SamplePipeline:
         if degenerate(ids, "stop" if ids and ids[-1] in stops else "length") is not None:
             return sample
         return replace(sample, evidence_ids=ids, evidence_teacher_logprobs=[t.logprob for t in tokens],
-                       evidence_logprobs=await self.engine.score(inp.prompt_ids, ids, policy))
+                       evidence_prompt_ids=None if context == inp.prompt_ids else context,
+                       evidence_logprobs=await self.engine.score(context, ids, policy))
 
     async def _consolidate(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
         """The sample of a reply not disliked, set to train in the request without its preference
@@ -389,16 +392,15 @@ class SamplePipeline:
             except EngineError as e:
                 log.warning("the top-K baseline for %s could not be scored: %s", inp.call_id, e)
                 token_level = f"candidate_scoring_failed: {e}"[:500]
-        evidence = (await self.engine.score(prompt_ids, sample.evidence_ids, adapter)
-                    if sample.evidence_ids else sample.evidence_logprobs)
         return replace(sample, student_prompt_ids=list(prompt_ids), student_top_logprobs=top,
                        token_level_reason=token_level,
-                       student_logprobs=await self.engine.score(prompt_ids, inp.response_ids, adapter),
-                       evidence_logprobs=evidence)
+                       student_logprobs=await self.engine.score(prompt_ids, inp.response_ids, adapter))
 
     async def _without_notes(self, inp: SampleInputs, adapter: str | None) -> list[int] | None:
         """The request rendered without its preference notes, to score in with `adapter`; None
-        when that version is unloaded or the notes are not where inject put them."""
+        when it has none, that version is unloaded or the notes are not where inject put them."""
+        if not inp.request.get("memory_notes"):
+            return None
         if adapter is not None and adapter not in self.engine.loaded_versions():
             log.debug("not consolidating %s: %s is unloaded", inp.call_id, adapter)
             return None
@@ -406,16 +408,6 @@ class SamplePipeline:
         req = ChatRequest.model_validate({**inp.request, "messages": messages, "memory_notes": None})
         _, prompt_ids = await asyncio.to_thread(self.renderer.render, req)
         return None if prompt_ids == inp.prompt_ids else list(prompt_ids)
-
-    async def _evidence_without_notes(self, inp: SampleInputs, sample: JudgedSample) -> JudgedSample:
-        """A disliked reply trains as it was served, but its teacher's own reply is what the notes
-        and the hint led to: like a liked reply, it trains in the request without the notes."""
-        adapter = Version.name_of(inp.adapter_version)
-        prompt_ids = await self._without_notes(inp, adapter)
-        if prompt_ids is None or sample.evidence_ids is None:
-            return sample
-        return replace(sample, evidence_prompt_ids=prompt_ids,
-                       evidence_logprobs=await self.engine.score(prompt_ids, sample.evidence_ids, adapter))
 
     async def _write(self, sample: JudgedSample, votes: list[VoteRecord]) -> bool:
         return await self.store.write_sample(replace(sample, votes=tuple(votes)))
